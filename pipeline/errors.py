@@ -1,0 +1,132 @@
+"""One error hierarchy; each failure class carries its exit code.
+
+The library raises these; only the CLI (`pipeline.cli`) catches them, prints
+`str(err)` (one paragraph that says what to do next) and exits with
+`err.exit_code`. The exit-code table in README.md is generated from EXIT_CODES.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug in the pipeline itself
+    USAGE = 2  # bad command line or configuration (click also uses 2)
+    SOURCE = 3  # a repository, ref or lock file problem
+    INCOMPATIBLE = 4  # the static ATOM x aiter check found breaking calls
+    PATCH = 5  # the patch series does not apply / is malformed
+    RENDER = 6  # templates or build context could not be rendered
+    BUILD = 7  # the image build failed
+    SMOKE_FAILED = 8  # the smoke test ran and a gate failed
+    NO_HARDWARE = 9  # the smoke test could not run: GPUs / model cache missing
+    TAG = 10  # tagging or pushing refused or failed
+    INFRA = 11  # Docker engine, registry or network unreachable
+    NOT_IMPLEMENTED = 12  # the stage is not built yet
+    LOCKED = 13  # another run holds the run directory or tag lock
+    INTERRUPTED = 130  # Ctrl-C / SIGTERM
+
+
+EXIT_CODES: dict[ExitCode, str] = {
+    ExitCode.OK: "success",
+    ExitCode.INTERNAL: "internal error (a bug: please report it with the run log)",
+    ExitCode.USAGE: "bad command line, configuration or recipe",
+    ExitCode.SOURCE: "source problem: unknown ref, bad repository, corrupt lock file",
+    ExitCode.INCOMPATIBLE: "ATOM calls that do not match aiter's signatures",
+    ExitCode.PATCH: "patch series malformed, conflicting or refused",
+    ExitCode.RENDER: "Dockerfile/build context could not be rendered",
+    ExitCode.BUILD: "image build failed",
+    ExitCode.SMOKE_FAILED: "smoke test ran and a gate failed",
+    ExitCode.NO_HARDWARE: "smoke test could not run here (GPUs, model cache or token missing)",
+    ExitCode.TAG: "tag or push refused or failed",
+    ExitCode.INFRA: "infrastructure unreachable: Docker engine, registry, network",
+    ExitCode.NOT_IMPLEMENTED: "stage not built yet",
+    ExitCode.LOCKED: "another run holds the lock on this run directory or tag",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); everything started was cleaned up",
+}
+
+
+class PipelineError(Exception):
+    """Base class. `str(err)` is the user-facing paragraph.
+
+    `hint` says what to do next; `evidence` keeps what the failing tool said
+    (stderr, build log tail, container logs) for the run log, not the console.
+    """
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None, evidence: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.evidence = evidence
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}" if self.hint else self.message
+
+
+class UsageError(PipelineError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    """Configuration or recipe problem; the message names file, key, expected type."""
+
+
+class SourceError(PipelineError):
+    exit_code = ExitCode.SOURCE
+
+
+class LockFileError(SourceError):
+    pass
+
+
+class IncompatibleError(PipelineError):
+    exit_code = ExitCode.INCOMPATIBLE
+
+
+class PatchError(PipelineError):
+    exit_code = ExitCode.PATCH
+
+
+class RenderError(PipelineError):
+    exit_code = ExitCode.RENDER
+
+
+class BuildError(PipelineError):
+    exit_code = ExitCode.BUILD
+
+
+class SmokeFailed(PipelineError):
+    exit_code = ExitCode.SMOKE_FAILED
+
+
+class NoHardware(PipelineError):
+    exit_code = ExitCode.NO_HARDWARE
+
+
+class TagError(PipelineError):
+    exit_code = ExitCode.TAG
+
+
+class InfraError(PipelineError):
+    exit_code = ExitCode.INFRA
+
+
+class NotImplementedStage(PipelineError):
+    exit_code = ExitCode.NOT_IMPLEMENTED
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(
+            f"The '{stage}' stage is not built yet in this version of atom-image-pipeline.",
+            hint="Nothing was done. See the project's issues for its status.",
+        )
+
+
+class RunLocked(PipelineError):
+    exit_code = ExitCode.LOCKED
+
+
+class Interrupted(PipelineError):
+    exit_code = ExitCode.INTERRUPTED
