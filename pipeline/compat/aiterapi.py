@@ -18,7 +18,14 @@ import ast
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.compat.pysource import SummaryCache, Tree, module_files, parse_source, resolve_relative
+from pipeline.compat.pysource import (
+    SummaryCache,
+    Tree,
+    module_files,
+    parse_source,
+    resolve_relative,
+    strip_bodies,
+)
 
 ParamKind = Literal["posonly", "pos", "vararg", "kwonly", "varkw"]
 
@@ -132,7 +139,10 @@ def _attr_path(node: ast.expr) -> tuple[str, ...] | None:
 def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
     is_pkg = path.endswith("__init__.py")
     s = ModSummary(module, is_pkg)
-    tree = parse_source(data, path)
+    stripped = strip_bodies(data)
+    tree = parse_source(stripped, path) if stripped is not None else "not stripped"
+    if isinstance(tree, str):
+        tree = parse_source(data, path)
     if isinstance(tree, str):
         s.error = tree
         return s
@@ -177,12 +187,17 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                         names = [e.value for e in value.elts if isinstance(e, ast.Constant)]
                         s.all_names = tuple(str(n) for n in names)
                         continue
-                    if isinstance(value, ast.Dict) and value.keys and all(
-                        isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys
-                    ) and all(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in value.values):
-                        str_maps.append(
-                            {k.value: v.value for k, v in zip(value.keys, value.values, strict=True)}  # type: ignore[union-attr]
-                        )
+                    if isinstance(value, ast.Dict):
+                        pairs = [
+                            (k.value, v.value)
+                            for k, v in zip(value.keys, value.values, strict=True)
+                            if isinstance(k, ast.Constant)
+                            and isinstance(v, ast.Constant)
+                            and isinstance(k.value, str)
+                            and isinstance(v.value, str)
+                        ]
+                        if pairs and len(pairs) == len(value.keys):
+                            str_maps.append(dict(pairs))
                     ap = _attr_path(value) if value is not None else None
                     if ap is not None:
                         s.events.append((t.id, "alias", ap, st.lineno))
@@ -358,8 +373,10 @@ class ApiIndex:
             if kind == "class":
                 return Target("class", sig=payload if isinstance(payload, Signature) else None, module=module)
             if kind == "from":
-                base, orig = payload  # type: ignore[misc]
-                return self._resolve_from(base, orig, depth)
+                assert isinstance(payload, tuple)
+                base_mod: str = payload[0]
+                orig_name: str = payload[1]
+                return self._resolve_from(base_mod, orig_name, depth)
             if kind == "module":
                 assert isinstance(payload, str)
                 t = self.resolve_module_path(payload)
@@ -458,10 +475,15 @@ def pretty_annotation(ann: str | None) -> str:
 
 
 def _pretty(node: ast.expr) -> str:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in (
-        "torch",
-        "typing",
-        "t",
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id
+        in (
+            "torch",
+            "typing",
+            "t",
+        )
     ):
         return node.attr
     if isinstance(node, ast.Subscript):

@@ -93,8 +93,10 @@ def _types(node: ast.expr) -> set[str] | None:
         a, b = _types(node.left), _types(node.right)
         return a | b if a is not None and b is not None else None
     if isinstance(node, ast.Subscript):
-        head = node.value.id if isinstance(node.value, ast.Name) else (
-            node.value.attr if isinstance(node.value, ast.Attribute) else ""
+        head = (
+            node.value.id
+            if isinstance(node.value, ast.Name)
+            else (node.value.attr if isinstance(node.value, ast.Attribute) else "")
         )
         if head == "Optional":
             inner = _types(node.slice)
@@ -103,13 +105,13 @@ def _types(node: ast.expr) -> set[str] | None:
             elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
             out: set[str] = set()
             for e in elts:
-                t = _types(e)
-                if t is None:
+                et = _types(e)
+                if et is None:
                     return None
-                out |= t
+                out |= et
             return out
-        t = _SIMPLE.get(head)
-        return {t} if t else None
+        simple = _SIMPLE.get(head)
+        return {simple} if simple else None
     return None
 
 
@@ -148,7 +150,8 @@ def bind(call: RawCall, sig: Signature) -> Binding:
         b.problems.append(
             Problem(
                 "too-many-positional",
-                f"{n} positional arguments given but `{sig.name}` takes at most {len(positional)} positionally",
+                f"{n} positional arguments given but `{sig.name}` takes at most "
+                f"{len(positional)} positionally",
             )
         )
     by_name = {p.name: p for p in params if p.kind in ("pos", "kwonly", "posonly")}
@@ -167,9 +170,7 @@ def bind(call: RawCall, sig: Signature) -> Binding:
             if varkw is not None:
                 b.keywords[name] = varkw
                 continue
-            b.problems.append(
-                Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`")
-            )
+            b.problems.append(Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`"))
             b.keywords[name] = None
             continue
         if name in assigned:
@@ -193,9 +194,7 @@ def bind(call: RawCall, sig: Signature) -> Binding:
     # Evident types.
     for i, (a, p) in enumerate(zip(call.args, b.positional, strict=True)):
         if p is not None and p.kind != "vararg" and not type_ok(a.etype, p):
-            b.problems.append(
-                Problem("type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`")
-            )
+            b.problems.append(Problem("type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`"))
     for name, a in call.kwargs:
         p = b.keywords.get(name)
         if p is not None and p.kind != "varkw" and not type_ok(a.etype, p):

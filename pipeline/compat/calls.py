@@ -14,9 +14,12 @@ guards that make a missing function a warning: `hasattr(aiter, "f")`,
 from __future__ import annotations
 
 import ast
+import bisect
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pipeline.compat.pysource import parse_source
+from pipeline.compat.pysource import parse_source, strip_bodies
 
 ROOT = "aiter"
 
@@ -129,7 +132,11 @@ def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[s
         return "tuple"
     if isinstance(node, ast.Dict | ast.DictComp):
         return "dict"
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "shape"
+    ):
         if not isinstance(node.slice, ast.Slice):
             return "int"
         return None
@@ -164,12 +171,47 @@ def _attr_chain(node: ast.expr) -> tuple[str, list[str]] | None:
     return None
 
 
+_GUARD_RE = re.compile(
+    r"""\bhasattr\(\s*[\w.]+\s*,\s*["'](\w+)["']\s*\)|\bgetattr\(\s*[\w.]+\s*,\s*["'](\w+)["']\s*,"""
+)
+
+
 class _Scanner:
-    def __init__(self, path: str, tree: ast.Module) -> None:
+    def __init__(self, path: str, tree: ast.Module, text: str) -> None:
         self.path = path
         self.tree = tree
+        self.text = text
         self.out = FileCalls(path)
         self.guard_names: set[str] = set()
+        self.hot_lines: list[int] = []
+        self.inside_function = 0  # statements of a hot function are all scanned (local imports)
+
+    def _compute_hot(self, names: set[str]) -> None:
+        """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
+        names = {n for n in names if n.isidentifier()}
+        pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+        hits: list[int] = []
+        line = 1
+        pos = 0
+        for m in pat.finditer(self.text):
+            line += self.text.count("\n", pos, m.start())
+            pos = m.start()
+            if not hits or hits[-1] != line:
+                hits.append(line)
+        self.hot_lines = hits
+
+    def hot(self, node: ast.AST) -> bool:
+        if self.inside_function:
+            return True  # closures see the enclosing function's local imports
+        lo = getattr(node, "lineno", None)
+        decos = getattr(node, "decorator_list", None)
+        if decos and lo is not None:
+            lo = min(lo, *(d.lineno for d in decos))
+        if lo is None:
+            return True
+        hi: int = getattr(node, "end_lineno", None) or lo
+        i = bisect.bisect_left(self.hot_lines, lo)
+        return i < len(self.hot_lines) and self.hot_lines[i] <= hi
 
     # -- references -------------------------------------------------------
     def ref_of(self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]) -> Binding | None:
@@ -193,12 +235,12 @@ class _Scanner:
             return None
         head, attrs = chain
         if head == "self" and attrs and attrs[0] in cls_env:
-            b = cls_env[attrs[0]]
-            return Binding((b.ref[0], (*b.ref[1], *attrs[1:])), b.guarded, b.line)
-        b = env.get(head)
-        if b is None:
+            cb = cls_env[attrs[0]]
+            return Binding((cb.ref[0], (*cb.ref[1], *attrs[1:])), cb.guarded, cb.line)
+        eb = env.get(head)
+        if eb is None:
             return None
-        return Binding((b.ref[0], (*b.ref[1], *attrs)), b.guarded, b.line)
+        return Binding((eb.ref[0], (*eb.ref[1], *attrs)), eb.guarded, eb.line)
 
     def wrapped_ref(
         self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]
@@ -209,7 +251,7 @@ class _Scanner:
         if self.ref_of(node.func, env, cls_env) is not None:
             return None
         fn = _attr_chain(node.func)
-        if fn and fn[0] in ("functools", "partial") or (fn and fn[1][-1:] == ["partial"]):
+        if (fn and fn[0] in ("functools", "partial")) or (fn and fn[1][-1:] == ["partial"]):
             return None
         return self.ref_of(node.args[0], env, cls_env)
 
@@ -284,7 +326,9 @@ class _Scanner:
                 for h in st.handlers:
                     self.collect_env(h.body, env, cls_env, guarded, module_level=module_level, shadow=shadow)
                 self.collect_env(st.orelse, env, cls_env, g, module_level=module_level, shadow=shadow)
-                self.collect_env(st.finalbody, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+                self.collect_env(
+                    st.finalbody, env, cls_env, guarded, module_level=module_level, shadow=shadow
+                )
             elif isinstance(st, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
                 self.collect_env(st.body, env, cls_env, guarded, module_level=module_level, shadow=shadow)
                 orelse = getattr(st, "orelse", [])
@@ -292,24 +336,27 @@ class _Scanner:
 
     # -- scanning --------------------------------------------------------
     def scan(self) -> FileCalls:
-        self._find_guards()
+        for m in _GUARD_RE.finditer(self.text):
+            self.guard_names.add(m.group(1) or m.group(2))
         env: dict[str, Binding] = {}
         self.collect_env(self.tree.body, env, {}, False, module_level=True, shadow=set())
+        self._compute_hot({ROOT, *env})
+        # Instance attributes bound to aiter functions make their methods hot too.
+        attrs: set[str] = set()
+        for node in _walk_stmts(self.tree, into_defs=True, hot=self.hot) if self._has_self_binding() else ():
+            if isinstance(node, ast.ClassDef):
+                self._class_envs[node] = ce = self._class_env(node, env)
+                attrs.update(ce)
+        if attrs:
+            self._compute_hot({ROOT, *env, *attrs})
         self._scan_body(self.tree.body, env, {}, {}, False)
         return self.out
 
-    def _find_guards(self) -> None:
-        for node in ast.walk(self.tree):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("hasattr", "getattr")
-                and len(node.args) >= 2
-                and isinstance(node.args[1], ast.Constant)
-                and isinstance(node.args[1].value, str)
-                and (node.func.id == "hasattr" or len(node.args) >= 3)
-            ):
-                self.guard_names.add(node.args[1].value)
+    _class_envs: dict[ast.ClassDef, dict[str, Binding]]
+
+    def _has_self_binding(self) -> bool:
+        self._class_envs = {}
+        return "self." in self.text
 
     def _scan_body(
         self,
@@ -330,6 +377,8 @@ class _Scanner:
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
+        if not self.hot(st):
+            return
         if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef):
             for d in st.decorator_list:
                 self._scan_expr(d, env, cls_env, local_types, guarded)
@@ -338,7 +387,9 @@ class _Scanner:
         if isinstance(st, ast.ClassDef):
             for d in [*st.decorator_list, *st.bases]:
                 self._scan_expr(d, env, cls_env, local_types, guarded)
-            new_cls_env = self._class_env(st, env)
+            new_cls_env = self._class_envs.get(st)
+            if new_cls_env is None:
+                new_cls_env = self._class_env(st, env)
             for sub in st.body:
                 if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                     self._scan_stmt(sub, env, new_cls_env, {}, guarded)
@@ -353,8 +404,6 @@ class _Scanner:
             self._scan_body(st.orelse, env, cls_env, local_types, guarded)
             self._scan_body(st.finalbody, env, cls_env, local_types, guarded)
             return
-        for child_field in ("body", "orelse", "finalbody"):
-            pass
         # Generic: scan expressions of this statement, then nested statement lists.
         for name, value in ast.iter_fields(st):
             if isinstance(value, list):
@@ -365,11 +414,11 @@ class _Scanner:
                         if isinstance(v, ast.expr):
                             self._scan_expr(v, env, cls_env, local_types, guarded)
                         elif isinstance(v, ast.AST) and not isinstance(v, ast.stmt):
-                            for sub in ast.iter_child_nodes(v):
-                                if isinstance(sub, ast.expr):
-                                    self._scan_expr(sub, env, cls_env, local_types, guarded)
-                                elif isinstance(sub, ast.stmt):
-                                    self._scan_stmt(sub, env, cls_env, local_types, guarded)
+                            for child in ast.iter_child_nodes(v):
+                                if isinstance(child, ast.expr):
+                                    self._scan_expr(child, env, cls_env, local_types, guarded)
+                                elif isinstance(child, ast.stmt):
+                                    self._scan_stmt(child, env, cls_env, local_types, guarded)
             elif isinstance(value, ast.expr):
                 self._scan_expr(value, env, cls_env, local_types, guarded)
             del name
@@ -378,11 +427,11 @@ class _Scanner:
         """`self.x = <aiter function>` anywhere in the class's methods."""
         out: dict[str, Binding] = {}
         for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not self.hot(fn):
                 continue
             fenv = dict(env)
             self.collect_env(fn.body, fenv, {}, False, module_level=False, shadow=set())
-            for node in ast.walk(fn):
+            for node in _walk_stmts(fn, into_defs=True):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
                     t = node.targets[0]
                     if (
@@ -429,30 +478,37 @@ class _Scanner:
         for name in local_types:
             if name in env and name not in self._aiter_assigned(fn, env, cls_env):
                 env.pop(name, None)
-        self._scan_body(fn.body, env, cls_env, local_types, False)
+        self.inside_function += 1
+        try:
+            self._scan_body(fn.body, env, cls_env, local_types, False)
+        finally:
+            self.inside_function -= 1
 
     def _aiter_assigned(
         self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding], cls_env: dict[str, Binding]
     ) -> set[str]:
         out: set[str] = set()
-        for node in _walk_scope(fn):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                if self.ref_of(node.value, env, cls_env) or self.wrapped_ref(node.value, env, cls_env):
-                    out.add(node.targets[0].id)
+        for node in _walk_stmts(fn):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and (self.ref_of(node.value, env, cls_env) or self.wrapped_ref(node.value, env, cls_env))
+            ):
+                out.add(node.targets[0].id)
         return out
 
-    def _local_types(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding]) -> dict[str, str | None]:
+    def _local_types(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding]
+    ) -> dict[str, str | None]:
         """Names assigned in the function; the evident type when all assignments agree."""
         seen: dict[str, list[ast.expr | None]] = {}
-        for node in _walk_scope(fn):
+        for node in _walk_stmts(fn):
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     for n in _names_in_target(t):
                         seen.setdefault(n, []).append(node.value if isinstance(t, ast.Name) else None)
-            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-                for n in _names_in_target(node.target):
-                    seen.setdefault(n, []).append(None)
-            elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
                 for n in _names_in_target(node.target):
                     seen.setdefault(n, []).append(None)
             elif isinstance(node, ast.With | ast.AsyncWith):
@@ -460,10 +516,10 @@ class _Scanner:
                     if item.optional_vars is not None:
                         for n in _names_in_target(item.optional_vars):
                             seen.setdefault(n, []).append(None)
-            elif isinstance(node, ast.NamedExpr):
-                seen.setdefault(node.target.id, []).append(None)
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                seen.setdefault(node.name, []).append(None)
+            elif isinstance(node, ast.Try | ast.TryStar):
+                for h in node.handlers:
+                    if h.name:
+                        seen.setdefault(h.name, []).append(None)
             elif isinstance(node, ast.Global | ast.Nonlocal):
                 for n in node.names:
                     seen.setdefault(n, []).append(None)
@@ -564,6 +620,33 @@ def _names_in_target(t: ast.expr) -> list[str]:
     return []
 
 
+def _walk_stmts(
+    node: ast.AST, *, into_defs: bool = False, hot: Callable[[ast.AST], bool] | None = None
+) -> Iterator[ast.stmt]:
+    """Statements under `node` (not expressions): cheap, and enough to see assignments.
+
+    Nested functions and classes are yielded but not entered unless `into_defs`.
+    """
+    stack: list[ast.stmt] = list(reversed(getattr(node, "body", [])))
+    while stack:
+        st = stack.pop()
+        if hot is not None and not hot(st):
+            continue
+        yield st
+        if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not into_defs:
+            continue
+        for fname in ("body", "orelse", "finalbody"):
+            sub = getattr(st, fname, None)
+            if sub:
+                stack.extend(reversed(sub))
+        if isinstance(st, ast.Try | ast.TryStar):
+            for h in st.handlers:
+                stack.extend(reversed(h.body))
+        elif isinstance(st, ast.Match):
+            for c in st.cases:
+                stack.extend(reversed(c.body))
+
+
 def _walk_scope(fn: ast.AST) -> list[ast.AST]:
     """Nodes of a function body, not descending into nested functions/classes."""
     out: list[ast.AST] = []
@@ -577,11 +660,40 @@ def _walk_scope(fn: ast.AST) -> list[ast.AST]:
     return out
 
 
+_SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
+
+
 def scan_file(data: bytes, path: str) -> FileCalls:
-    """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed)."""
+    """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
+
+    Speed: the module skeleton (all function bodies stripped, line numbers
+    kept) is parsed first to learn the names bound to aiter; then only the
+    bodies that mention one of them (or `aiter`, or an instance attribute set
+    from one) are parsed. A body that mentions none cannot call aiter.
+    """
     if ROOT.encode() not in data:
         return FileCalls(path)
-    tree = parse_source(data, path)
+    text = data.decode("utf-8", "replace")
+    tree: ast.Module | str | None = None
+    skeleton = strip_bodies(data)
+    if skeleton is not None:
+        sk = parse_source(skeleton, path)
+        if isinstance(sk, ast.Module):
+            env: dict[str, Binding] = {}
+            _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
+            names = {ROOT, *env}
+            pat = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
+            attrs = {m.group(1) for m in _SELF_ATTR_RE.finditer(data) if pat.search(m.group(2))}
+            if attrs:
+                names |= {a.decode() for a in attrs}
+                pat = re.compile(
+                    rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b"
+                )
+            partial = strip_bodies(data, keep=lambda body: pat.search(body) is not None)
+            if partial is not None:
+                tree = parse_source(partial, path)
+    if not isinstance(tree, ast.Module):
+        tree = parse_source(data, path)
     if isinstance(tree, str):
         return FileCalls(path, error=tree)
-    return _Scanner(path, tree).scan()
+    return _Scanner(path, tree, text).scan()

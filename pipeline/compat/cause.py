@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pipeline.compat.aiterapi import ModSummary, Param, Signature, summarize_module
+from pipeline.compat.aiterapi import ModSummary, Signature, summarize_module
 from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
 from pipeline.compat.pysource import SummaryCache, module_of
@@ -38,7 +38,7 @@ class Cause:
 
     def sentence(self) -> str:
         c = self.commit
-        head = f"{self.change} by aiter {c.short} ({c.date.strftime('%Y-%m-%d')}, \"{c.subject}\")"
+        head = f'{self.change} by aiter {c.short} ({c.date.strftime("%Y-%m-%d")}, "{c.subject}")'
         return f"{head}: {self.effect}" if self.effect else head
 
 
@@ -171,11 +171,11 @@ def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | No
             out.append((f"`{p.name}` retyped from `{show_param(q)}` to `{show_param(p)}`", pos))
     # dedupe, keep order
     seen: set[str] = set()
-    uniq = []
-    for phrase, pos in out:
+    uniq: list[tuple[str, int | None]] = []
+    for phrase, where in out:
         if phrase not in seen:
             seen.add(phrase)
-            uniq.append((phrase, pos))
+            uniq.append((phrase, where))
     return uniq
 
 
@@ -202,7 +202,9 @@ def explain(old: Signature, new: Signature | None, call: RawCall, name: str) -> 
         rng = f"{lo}–{hi}" if hi > lo else f"{lo}"
         plural = "s" if hi > lo else ""
         if delta is None:
-            effect_parts.append(f"positional argument{plural} {rng} of this call now bind to different parameters")
+            effect_parts.append(
+                f"positional argument{plural} {rng} of this call now bind to different parameters"
+            )
         else:
             words = {1: "one", 2: "two", 3: "three", 4: "four"}
             count = words.get(abs(delta), str(abs(delta)))

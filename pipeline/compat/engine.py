@@ -232,7 +232,10 @@ class Checker:
         where = f"module `{t.module}`" if what == "module" else f"`{call.qualname}`"
         msg = f"{where} does not exist in aiter {aiter_sha[:10]}"
         if call.guarded:
-            msg += " (the call is guarded by hasattr/getattr or an ImportError handler, so it is skipped at run time)"
+            msg += (
+                " (the call is guarded by hasattr/getattr or an ImportError handler, "
+                "so it is skipped at run time)"
+            )
         cause_info: CauseInfo | None = None
         if with_causes and what == "function" and t.module:
             idx = self.index(aiter_sha)
@@ -252,7 +255,7 @@ class Checker:
                     cause_info = CauseInfo(c, parent, f"`{name}` removed from {path}", "")
                     msg += (
                         f". Cause: `{name}` removed from {path} by aiter {c.short} "
-                        f"({c.date.strftime('%Y-%m-%d')}, \"{c.subject}\")"
+                        f'({c.date.strftime("%Y-%m-%d")}, "{c.subject}")'
                     )
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import os
 import pickle
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable
@@ -156,3 +157,105 @@ def resolve_relative(module: str, is_package: bool, level: int, target: str | No
     if target:
         base = [*base, *target.split(".")]
     return ".".join(base) if base else None
+
+
+_DEF_RE = re.compile(rb"^([ \t]*)(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.M)
+
+
+def strip_bodies(data: bytes, keep: Callable[[bytes], bool] | None = None) -> bytes | None:
+    """The source with function bodies replaced by `...`, line numbers unchanged.
+
+    Parsing an API module only needs its top-level bindings and signatures;
+    the bodies are most of the text. With `keep`, a body for which
+    `keep(body text)` is true is kept whole (nested functions included).
+    None when the text is too unusual for this line-based pass (the caller
+    then parses the full source).
+    """
+    lines = data.split(b"\n")
+    out: list[bytes] = []
+    i = 0
+    n = len(lines)
+    while i < n:
+        line = lines[i]
+        m = _DEF_RE.match(line)
+        if not m:
+            out.append(line)
+            i += 1
+            continue
+        indent = len(m.group(1).expandtabs())
+        j, end_col = _header_end(lines, i)
+        if j < 0:
+            return None
+        out.extend(lines[i:j])
+        header_last = lines[j]
+        rest = header_last[end_col + 1 :].split(b"#", 1)[0].strip()
+        if rest:
+            out.append(header_last)  # one-line def: keep as is
+            i = j + 1
+            continue
+        # The body: lines indented deeper than the def (or blank), minding triple-quoted strings.
+        b0 = k = j + 1
+        in_str: bytes | None = None
+        while k < n:
+            body = lines[k]
+            if in_str is not None:
+                if body.count(in_str) % 2 == 1:
+                    in_str = None
+                k += 1
+                continue
+            stripped = body.lstrip()
+            if (
+                stripped
+                and not stripped.startswith(b"#")
+                and len(body[: len(body) - len(stripped)].expandtabs()) <= indent
+            ):
+                break
+            for q in (b'"""', b"'''"):
+                if body.count(q) % 2 == 1:
+                    in_str = q
+                    break
+            k += 1
+        if in_str is not None:
+            return None
+        if keep is not None and keep(b"\n".join(lines[b0:k])):
+            out.append(header_last)
+            out.extend(lines[b0:k])
+        else:
+            out.append(header_last[: end_col + 1] + b" ...")
+            out.extend([b""] * (k - b0))
+        i = k
+    return b"\n".join(out)
+
+
+def _header_end(lines: list[bytes], i: int) -> tuple[int, int]:
+    """(line index, column) of the ':' closing the def header starting at line i, or (-1, -1)."""
+    depth = 0
+    j = i
+    n = len(lines)
+    while j < n:
+        text = lines[j]
+        k = 0
+        quote = 0
+        while k < len(text):
+            c = text[k]
+            if quote:
+                if c == 92:  # backslash
+                    k += 2
+                    continue
+                if c == quote:
+                    quote = 0
+            elif c in (34, 39):  # " '
+                if text[k : k + 3] in (b'"""', b"'''"):
+                    return -1, -1  # triple quotes in a header: give up
+                quote = c
+            elif c == 35:  # comment
+                break
+            elif c in (40, 91, 123):
+                depth += 1
+            elif c in (41, 93, 125):
+                depth -= 1
+            elif c == 58 and depth == 0:  # ':'
+                return j, k
+            k += 1
+        j += 1
+    return -1, -1
