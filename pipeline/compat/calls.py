@@ -46,6 +46,7 @@ class RawCall:
     star_kwargs: bool
     guarded: bool
     import_line: int | None = None  # line of the import that binds the callee (for missing modules)
+    end_line: int | None = None
 
     @property
     def qualname(self) -> str:
@@ -594,6 +595,7 @@ class _Scanner:
             RawCall(
                 path=self.path,
                 line=node.lineno,
+                end_line=node.end_lineno,
                 col=node.col_offset + 1,
                 display=display,
                 ref=b.ref,

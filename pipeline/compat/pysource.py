@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 7  # bump when a summary's shape or its extraction rules change
+SCHEMA = 8  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass

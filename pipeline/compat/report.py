@@ -56,6 +56,9 @@ class Finding:
     details: tuple[str, ...] = ()
     cause: CauseInfo | None = None
     defined_at: str | None = None  # aiter path:line of the signature checked against
+    # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
+    preexisting: bool = False
+    written_against: str | None = None  # aiter SHA the call was written against (its baseline)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -68,6 +71,8 @@ class Finding:
             "message": self.message,
             "details": list(self.details),
             "defined_at": self.defined_at,
+            "preexisting": self.preexisting,
+            "written_against": self.written_against,
         }
         d["cause"] = self.cause.to_json() if self.cause else None
         return d
