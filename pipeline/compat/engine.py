@@ -82,12 +82,16 @@ def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -
 
 
 def target_of(index: ApiIndex, call: RawCall) -> Target:
+    got = index.ref_memo.get(call.ref)
+    if got is not None:
+        return got
     mod, attrs = call.ref
     t = index.resolve_module_path(mod)
     for a in attrs:
         if t.kind in ("missing", "unknown"):
             break
         t = index.attr_of(t, a)
+    index.ref_memo[call.ref] = t
     return t
 
 
@@ -130,6 +134,12 @@ class Checker:
             got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
             self._index[aiter_sha] = got
         return got
+
+    def drop_index(self, aiter_sha: str) -> None:
+        """Forget an index no baseline needs (a search examines hundreds of commits)."""
+        keep = {self.date_baseline, self.explicit_baseline, self.tip, *self._as_of.values()}
+        if aiter_sha not in keep:
+            self._index.pop(aiter_sha, None)
 
     # -- baselines -----------------------------------------------------------
     def call_baseline(self, call: RawCall) -> str | None:
