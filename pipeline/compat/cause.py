@@ -203,13 +203,15 @@ def explain(old: Signature, new: Signature | None, call: RawCall, name: str) -> 
         plural = "s" if hi > lo else ""
         if delta is None:
             effect_parts.append(
-                f"positional argument{plural} {rng} of this call now bind to different parameters"
+                f"positional argument{plural} {rng} of this call now "
+                f"{'bind' if plural else 'binds'} to different parameters"
             )
         else:
             words = {1: "one", 2: "two", 3: "three", 4: "four"}
             count = words.get(abs(delta), str(abs(delta)))
             how = f"{count} slot{'s' if abs(delta) != 1 else ''} {'later' if delta > 0 else 'earlier'}"
-            effect_parts.append(f"positional argument{plural} {rng} of this call now bind {how}")
+            verb = "bind" if plural else "binds"
+            effect_parts.append(f"positional argument{plural} {rng} of this call now {verb} {how}")
     for p in nb.problems:
         effect_parts.append(p.message)
     if not nb.problems:

@@ -389,12 +389,19 @@ class Checker:
         name = call.ref[1][-1] if call.ref[1] else ""
         if with_causes and what == "function" and t.module and name:
             idx = self.index(aiter_sha)
-            path = idx.mods.get(t.module)
-            if path is not None:
+            # Where it used to live: the module looked up, or its file under a baseline.
+            paths: list[tuple[str, str]] = []
+            if t.module in idx.mods:
+                paths.append((idx.mods[t.module], name))
+            for base in (self.date_baseline, self.call_baseline(call)):
+                old = self._sig_at(base, call)
+                if old is not None and (old.path, old.name) not in paths:
+                    paths.append((old.path, old.name))
+            for path, def_name in paths:
                 newer = None
                 found = False
                 for v in self.hist.file_log(aiter_sha, path):
-                    if self.hist.sig_at(path, v.blob, name) is not None:
+                    if self.hist.sig_at(path, v.blob, def_name) is not None:
                         found = True
                         break
                     newer = v
@@ -402,9 +409,10 @@ class Checker:
                     c = newer.commit
                     cause_info = CauseInfo(c, self.aiter.rev_parse(f"{c.sha}^1"), f"`{name}` removed", "")
                     msg += (
-                        f". Cause: `{name}` removed from {path} by aiter {c.short} "
+                        f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
                         f"({_day(c)}, \"{c.subject}\")"
                     )
+                    break
             if cause_info is None and not call.guarded:
                 cause_info, extra = self._added_later(call, aiter_sha, name)
                 msg += extra
