@@ -72,7 +72,9 @@ def command(
             "--lock and --atom/--aiter both name the commits to check.",
             hint="Give either a lock file or explicit refs.",
         )
-    settings = app.settings(atom_repo=atom_repo, aiter_repo=aiter_repo, atom_ref=atom_ref, aiter_ref=aiter_ref)
+    settings = app.settings(
+        atom_repo=atom_repo, aiter_repo=aiter_repo, atom_ref=atom_ref, aiter_ref=aiter_ref
+    )
     log = app.log
     if lock_path is not None:
         lock = Lock.load(lock_path)
@@ -160,7 +162,8 @@ def _repos_for_lock(
         if repo.rev_parse(pin.sha) is None:
             raise SourceError(
                 f"the locked {name} commit {pin.sha} is not in {repo.path}.",
-                hint="Run `pipeline pin` again, or point --atom-repo/--aiter-repo at a repository that has it.",
+                hint="Run `pipeline pin` again, or point --atom-repo/--aiter-repo at a repository "
+                "that has it.",
             )
     return atom, aiter
 

@@ -1,7 +1,7 @@
 """Static ATOM × aiter API compatibility check (no checkout, no import, no torch).
 
-    run_check(atom, atom_rev, aiter, aiter_rev, *, baseline_aiter_rev=None, cache_dir=None) -> CheckReport
-    search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None) -> SearchResult
+run_check(atom, atom_rev, aiter, aiter_rev, *, baseline_aiter_rev=None, cache_dir=None) -> CheckReport
+search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None) -> SearchResult
 """
 
 from pipeline.compat.engine import run_check

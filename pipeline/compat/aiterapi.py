@@ -482,6 +482,9 @@ class ApiIndex:
         if m.kind != "module":
             return Target("unknown") if m.kind == "unknown" else m
         assert m.module is not None
+        sub = f"{m.module}.{orig}"
+        if self._has(sub):
+            return Target("module", module=sub)  # `from . import mla`: the submodule
         return self.resolve_attr(m.module, orig, depth + 1)
 
     def _star_may_export(self, module: str, name: str, depth: int = 0) -> bool:

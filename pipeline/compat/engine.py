@@ -410,7 +410,7 @@ class Checker:
                     cause_info = CauseInfo(c, self.aiter.rev_parse(f"{c.sha}^1"), f"`{name}` removed", "")
                     msg += (
                         f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
-                        f"({_day(c)}, \"{c.subject}\")"
+                        f'({_day(c)}, "{c.subject}")'
                     )
                     break
             if cause_info is None and not call.guarded:
@@ -437,7 +437,7 @@ class Checker:
         info = CauseInfo(c, parent, f"`{name}` added", "the pinned aiter predates it")
         return info, (
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
-            f"{c.short} ({_day(c)}, \"{c.subject}\"), which the pinned aiter predates"
+            f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
 
 

@@ -131,9 +131,7 @@ def search_compatible(
 
 def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:
     blocking = [f for f in last.errors]
-    return SearchResult(
-        None, None, at_head, examined, None, blocking, why, seconds=time.perf_counter() - t0
-    )
+    return SearchResult(None, None, at_head, examined, None, blocking, why, seconds=time.perf_counter() - t0)
 
 
 def _relevant_paths(idx: object) -> set[str]:
