@@ -167,9 +167,16 @@ def test_reads_the_given_rev_not_the_checkout(fx: CompatRepos, tmp_path: Path) -
 def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
-    assert sorted(p.name for p in cache.iterdir()) == ["compat-aiter-v8.pickle", "compat-atom-v8.pickle"]
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "compat-aiter-v9.pickle",
+        "compat-atom-v9.pickle",
+        "compat-facts-v9.pickle",
+        "compat-reports-v9.pickle",
+    ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
+    (cache / "compat-reports-v9.pickle").unlink()  # summaries and git facts only
+    assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
     for p in cache.iterdir():
         p.write_bytes(b"not a pickle")
     again = check(fx, "T1", "A4", cache_dir=cache)
