@@ -13,6 +13,8 @@ incompatibility of the pin.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,8 +71,49 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
 
 def scan_atom(atom: GitRepo, atom_sha: str, caches: Caches) -> list[FileCalls]:
     tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
-    got = caches.atom.get_many(atom, sorted(tree.blobs.items()), scan_file)
+    pairs = sorted(tree.blobs.items())
+    missing = [(p, s) for p, s in pairs if f"{s}:{p}" not in caches.atom.data]
+    if len(missing) >= PARALLEL_MIN_FILES and (os.cpu_count() or 1) > 1:
+        blobs = dict(atom.read_blobs(sorted({s for _, s in missing})))
+        for (path, sha), calls in zip(
+            missing, _parallel_scan([(p, blobs[s]) for p, s in missing]), strict=True
+        ):
+            caches.atom.data[f"{sha}:{path}"] = calls
+        caches.atom.dirty = True
+    got = caches.atom.get_many(atom, pairs, scan_file)
     return [got[p] for p in sorted(got)]
+
+
+# A cold check parses a hundred ATOM files: split them over the CPUs (fork: no re-import,
+# the sources are inherited, only the small per-file results travel back).
+PARALLEL_MIN_FILES = 40
+_WORK: list[tuple[str, bytes]] = []
+
+
+def _scan_one(i: int) -> FileCalls:
+    path, data = _WORK[i]
+    return scan_file(data, path)
+
+
+def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
+    global _WORK
+    todo = [i for i, (_, d) in enumerate(work) if b"aiter" in d]
+    out = [FileCalls(p) for p, _ in work]
+    if not todo:
+        return out
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform
+        return [scan_file(d, p) for p, d in work]
+    _WORK = work
+    todo.sort(key=lambda i: -len(work[i][1]))  # big files first: better balance
+    try:
+        with ctx.Pool(min(os.cpu_count() or 2, 4)) as pool:
+            for i, fc in zip(todo, pool.imap(_scan_one, todo, chunksize=4), strict=True):
+                out[i] = fc
+    finally:
+        _WORK = []
+    return out
 
 
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:
