@@ -67,7 +67,8 @@ def main() -> None:
     verdict = "OK" if r["wall_s"] <= TARGET_S else "OVER"
     print(
         f"cold: {r['wall_s']:.2f} s wall (CPU incl. git and workers {r['cpu_s']:.2f} s)  "
-        f"target ≤ {TARGET_S:.0f} s -> {verdict} ({r['wall_s'] / TARGET_S:.2f}× target); peak RSS {r['rss_mb']:.0f} MB"
+        f"target ≤ {TARGET_S:.0f} s -> {verdict} ({r['wall_s'] / TARGET_S:.2f}× target); "
+        f"peak RSS {r['rss_mb']:.0f} MB"
     )
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
 
