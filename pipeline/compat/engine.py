@@ -13,6 +13,7 @@ incompatibility of the pin.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import time
@@ -299,6 +300,10 @@ class Checker:
                         "value": "callable object, not a function aiter defines",
                         "unknown": "resolved through dynamic attribute access or an unparseable module",
                     }[t.kind]
+                    if t.kind == "unknown" and call.ref[1]:
+                        owner = target_of(idx, dataclasses.replace(call, ref=(call.ref[0], call.ref[1][:-1])))
+                        if owner.kind in ("class", "value", "func"):
+                            reason = "method or attribute of an aiter object (no static signature)"
                     unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))

@@ -65,6 +65,7 @@ AITER = {
         from .ops.a import *
         from .ops.b import *
         from .ops.c import *
+        from .ops.dyn import *
         from .ops.norm import rms_norm as rmsnorm
         from . import mla
         try:
@@ -97,6 +98,7 @@ AITER = {
         def fused(x):  # not in __all__: a's fused stays
             pass
         """,
+    "aiter/ops/dyn.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
     "aiter/ops/c.py": "def fused(y):  # a later star import: wins\n    pass\n",
     "aiter/ops/norm.py": "def rms_norm(x, w, eps: float = 1e-6):\n    pass\n",
     "aiter/ops/optional.py": "def opt_fn(x):\n    pass\n",
@@ -117,7 +119,7 @@ def test_reexports_aliases_all_and_star_order() -> None:
     idx = index_of(AITER)
     assert idx.resolve(("rmsnorm",)).sig is not None
     assert idx.resolve(("rmsnorm",)).sig.name == "rms_norm"  # type: ignore[union-attr]
-    assert idx.resolve(("exported",)).kind == "func"
+    assert idx.resolve(("exported",)).kind == "func"  # a later `import *` of a __getattr__ module hides nothing
     assert idx.resolve(("not_exported",)).kind == "missing"  # __all__ of ops/b.py
     assert idx.resolve(("_private",)).kind == "missing"  # star import skips _names
     fused = idx.resolve(("fused",))
