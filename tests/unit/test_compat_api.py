@@ -119,7 +119,9 @@ def test_reexports_aliases_all_and_star_order() -> None:
     idx = index_of(AITER)
     assert idx.resolve(("rmsnorm",)).sig is not None
     assert idx.resolve(("rmsnorm",)).sig.name == "rms_norm"  # type: ignore[union-attr]
-    assert idx.resolve(("exported",)).kind == "func"  # a later `import *` of a __getattr__ module hides nothing
+    assert (
+        idx.resolve(("exported",)).kind == "func"
+    )  # a later `import *` of a __getattr__ module hides nothing
     assert idx.resolve(("not_exported",)).kind == "missing"  # __all__ of ops/b.py
     assert idx.resolve(("_private",)).kind == "missing"  # star import skips _names
     fused = idx.resolve(("fused",))
