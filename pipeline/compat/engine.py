@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
-from pipeline.compat.cause import Cause, History, explain, find_cause
+from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
@@ -386,7 +386,7 @@ class Checker:
                 cause = self._cause_back(call, sig, aiter_sha, lambda s: bind(call, s).ok)
                 if cause is None and fit is not None:
                     cause = self._cause_forward(call, aiter_sha, fit[0], fit[1], lambda s: bind(call, s).ok)
-            if cause is not None and "slot" in cause.effect:
+            if cause is not None and cause.shifted:
                 kind = "positional-shift"
             msg = head + (cause.sentence() if cause is not None else "; ".join(details))
             return Finding(
@@ -401,21 +401,17 @@ class Checker:
             st = None
         else:
             st = self._sig_at(self.date_baseline, call)
-            if st is not None:
-                sb = bind(call, st)
-                if sb.ok and sb.landing() == b.landing():
-                    return None  # lands as under the ATOM-date (or explicit) baseline
+            if st is not None and bind(call, st).ok and not shifted_args(st, sig, call):
+                return None  # lands as under the ATOM-date (or explicit) baseline
         fit = self.fitting_baseline(call)
         if fit is None:
             return None
         base, base_sig, bb = fit
-        if bb.landing() == b.landing():
-            return None
-        want = bb.landing()
+        if not shifted_args(base_sig, sig, call):
+            return None  # the same slots (a parameter renamed in place keeps its slot)
 
         def clean(s: Signature) -> bool:
-            sb = bind(call, s)
-            return sb.ok and sb.landing() == want
+            return bind(call, s).ok and not shifted_args(base_sig, s, call)
 
         cause = None
         if with_causes:
@@ -423,12 +419,12 @@ class Checker:
                 call, aiter_sha, base, base_sig, clean
             )
         shifted: list[str] = []
-        for i, (a, op, np_) in enumerate(zip(call.args, bb.positional, b.positional, strict=True), 1):
-            if (op.name if op else None) != (np_.name if np_ else None):
-                shifted.append(
-                    f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
-                    f"now lands on `{np_.name if np_ else '*args'}`"
-                )
+        for i in shifted_args(base_sig, sig, call):
+            a, op, np_ = call.args[i - 1], bb.positional[i - 1], b.positional[i - 1]
+            shifted.append(
+                f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
+                f"now lands on `{np_.name if np_ else '*args'}`"
+            )
         msg = (
             f"`{call.qualname}` call binds without error but its positional arguments land on other "
             f"parameters than under aiter {base[:10]} (the aiter it was written against): "

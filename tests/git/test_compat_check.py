@@ -108,7 +108,7 @@ def test_reordered_required_keyword_only_and_removed(fx: CompatRepos) -> None:
     r = check(fx, "T1", "A4")
     path = "atom/models/gemm.py"
     expect = {
-        "reduce_v1(p, lse, len(p), out)": ("type-mismatch", "moved from position 4 to 3"),
+        "reduce_v1(p, lse, len(p), out)": ("positional-shift", "moved from position 4 to 3"),
         "fm.make_required(p)": ("missing-argument", "flag made required"),
         "kwonly_later(p, 1)": ("too-many-positional", "mode made keyword-only"),
     }

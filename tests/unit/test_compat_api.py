@@ -15,7 +15,7 @@ import pytest
 from pipeline.compat.aiterapi import ApiIndex, Signature, pretty_annotation, summarize_module
 from pipeline.compat.bind import annotation_types, bind
 from pipeline.compat.calls import scan_file
-from pipeline.compat.cause import describe_changes, explain
+from pipeline.compat.cause import describe_changes, explain, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree, strip_bodies
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, Unparseable
 from pipeline.gitw import CommitInfo, GitRepo
@@ -200,6 +200,15 @@ def test_describe_changes_each_kind() -> None:
     ]
     moved = changes("def f(a, b, d=0, c=0, e=0):\n    pass\n")
     assert any("moved" in m for m in moved)
+
+
+def test_a_parameter_renamed_in_place_is_not_a_shift() -> None:
+    old = sig("def f(x, w, scale=None, out=None):\n    pass\n", "f")
+    renamed = sig("def f(x_fp4, w, scale=None, out=None):\n    pass\n", "f")
+    inserted = sig("def f(x, w, bias=None, scale=None, out=None):\n    pass\n", "f")
+    c = call("aiter.f(a, b, s, o)")
+    assert shifted_args(old, renamed, c) == []
+    assert shifted_args(old, inserted, c) == [3, 4]
 
 
 def test_explain_names_the_shift_and_where_an_argument_lands() -> None:
