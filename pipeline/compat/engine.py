@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
@@ -516,7 +516,32 @@ class Checker:
             if cause_info is None and not call.guarded:
                 cause_info, extra = self._added_later(call, aiter_sha, name)
                 msg += extra
+        if with_causes and what == "module" and t.module:
+            base = t.module.replace(".", "/")
+            deleted = self._deleted_by(aiter_sha, [f"{base}.py", f"{base}/__init__.py"])
+            if deleted is not None:
+                c = deleted
+                cause_info = CauseInfo(
+                    c, self.hist.parent(c.sha), f"module `{t.module}` removed or moved", ""
+                )
+                msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _deleted_by(self, aiter_sha: str, paths: list[str]) -> CommitInfo | None:
+        key = f"deleted:{aiter_sha}:{','.join(paths)}"
+        got = self.caches.facts.data.get(key)
+        if got is None:
+            out = self.aiter.git(
+                "log", "-1", "--first-parent", "-m", "--diff-filter=D",
+                "--format=%H%x00%ct%x00%an%x00%s", aiter_sha, "--", *paths,
+            ).strip()  # fmt: skip
+            got = out or ""
+            self.caches.facts.data[key] = got
+            self.caches.facts.dirty = True
+        if not got:
+            return None
+        sha, ts, author, subject = got.split("\x00", 3)
+        return CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
 
     def _added_later(self, call: RawCall, aiter_sha: str, name: str) -> tuple[CauseInfo | None, str]:
         """The function exists in the aiter the call was written against: say which commit added it."""

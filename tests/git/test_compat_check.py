@@ -40,7 +40,7 @@ def at(report: CheckReport, path: str, line: int) -> Finding:
 def test_written_against_pin_is_compatible_and_counts_are_honest(fx: CompatRepos) -> None:
     r = check(fx, "T1", "A1c")
     assert r.ok
-    assert r.calls_checked == 19
+    assert r.calls_checked == 20
     reasons = sorted(u.reason for u in r.unchecked)
     assert reasons == [
         "*args/**kwargs at the call",
@@ -99,6 +99,10 @@ def test_removed_and_renamed_parameters(fx: CompatRepos) -> None:
         assert f.kind == "positional-shift" and f.cause is not None and f.cause.commit.sha == fx.a["A3"]
         assert "scale removed (was position 3)" in f.message
         assert "argument 4 `self.bias` was written for `bias`, now lands on `out`" in f.details
+    gone = at(r, "atom/models/acts.py", line_of(fx, fx.t["T1"], "atom/models/acts.py", "return g(x)"))
+    assert (gone.severity, gone.kind) == ("error", "missing-module")
+    assert gone.cause is not None and gone.cause.commit.sha == fx.a["A3"]
+    assert "aiter/ops/gone.py removed or moved by aiter" in gone.message
     f = at(r, path, line_of(fx, fx.t["T1"], path, "so(y, scale=2.0)"))
     assert f.kind == "unexpected-keyword" and f.cause is not None and f.cause.commit.sha == fx.a["A3"]
     assert "scale renamed to `factor`" in f.message
@@ -168,14 +172,14 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
     assert sorted(p.name for p in cache.iterdir()) == [
-        "compat-aiter-v10.pickle",
-        "compat-atom-v10.pickle",
-        "compat-facts-v10.pickle",
-        "compat-reports-v10.pickle",
+        "compat-aiter-v11.pickle",
+        "compat-atom-v11.pickle",
+        "compat-facts-v11.pickle",
+        "compat-reports-v11.pickle",
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
-    (cache / "compat-reports-v10.pickle").unlink()  # summaries and git facts only
+    (cache / "compat-reports-v11.pickle").unlink()  # summaries and git facts only
     assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
     for p in cache.iterdir():
         p.write_bytes(b"not a pickle")
@@ -204,7 +208,7 @@ def test_cli_exit_codes_and_json(
     assert code == ExitCode.INCOMPATIBLE
     out = capsys.readouterr()
     d = json.loads(out.out)
-    assert d["calls_unchecked"] == 4 and d["calls_checked"] == 19
+    assert d["calls_unchecked"] == 4 and d["calls_checked"] == 20
     shift = [f for f in d["findings"] if f["kind"] == "positional-shift"]
     assert len(shift) == 3 and all(f["cause"]["commit"] == fx.a["A2"] for f in shift)
     for f in d["findings"]:
