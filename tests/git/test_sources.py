@@ -116,9 +116,7 @@ def _many_commits(repo: FixtureRepo, n: int) -> None:
         stream.append(
             f"commit refs/heads/many\nmark :{i + 1}\n"
             f"committer C <c@fixture.invalid> {1_781_000_000 + i} +0000\n"
-            f"data {len(f'commit {i}')}\ncommit {i}\n"
-            + ("" if i == 0 else f"from :{i}\n")
-            + "\n"
+            f"data {len(f'commit {i}')}\ncommit {i}\n" + ("" if i == 0 else f"from :{i}\n") + "\n"
         )
     subprocess.run(
         ["git", "fast-import", "--quiet"],
