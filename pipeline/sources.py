@@ -241,9 +241,16 @@ def _run_git_progress(args: list[str], progress: ProgressFn | None) -> _GitResul
 
 
 def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError:
+    """InfraError when the remote could not be reached at all, else SourceError."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:", "remote: fatal", "ssh:"))]
     first = (fatal or lines or ["(no output)"])[0]
+    if is_local(url):  # a path is never "unreachable": it is missing or not a repository
+        return SourceError(
+            f"cannot read the repository at {url} while {action}: {first}",
+            hint="Check that the path is a git repository (bare or not).",
+            evidence=stderr,
+        )
     if is_unreachable(stderr) or "timed out" in stderr.lower():
         return InfraError(
             f"could not reach {url} while {action}: {first}",

@@ -241,6 +241,29 @@ def test_missing_local_path_is_a_source_error(tmp_path: Path) -> None:
         open_mirror(make_settings(tmp_path), str(tmp_path / "nope"))
 
 
+def test_local_path_that_is_not_a_repository_fails_without_retries(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "file.txt").write_text("not a repo")
+    log, buf = make_log()
+    with pytest.raises(SourceError, match="cannot read the repository") as ei:
+        open_mirror(make_settings(tmp_path), str(plain), log=log)
+    assert not isinstance(ei.value, InfraError)
+    assert "retrying" not in buf.getvalue()
+
+
+def test_progress_lines_are_streamed_for_long_fetches(tmp_path: Path, ups: Upstreams) -> None:
+    ups.atom.add_big_commit(4, files=120)
+    lines: list[str] = []
+    log, buf = make_log()
+    open_mirror(make_settings(tmp_path), ups.atom.file_url, progress=lines.append, log=log)
+    assert any(ln.startswith("Receiving objects") for ln in lines)
+    assert any("100%" in ln and ln.endswith("done.") for ln in lines if ln.startswith("Receiving objects"))
+    # throttled: not one line per percent
+    assert sum(ln.startswith("Receiving objects") for ln in lines) < 20
+    assert f"mirrored {ups.atom.file_url} in " in buf.getvalue()
+
+
 def test_no_mirror_and_no_fetch_is_a_source_error(tmp_path: Path, ups: Upstreams) -> None:
     with pytest.raises(SourceError, match="no mirror"):
         open_mirror(make_settings(tmp_path), ups.atom.url, fetch=False)
