@@ -150,7 +150,7 @@ def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPa
 
     log, buf = log_buf()
     with pytest.raises(InfraError, match="gave up after 4 attempts"):
-        _with_retries(unreachable, url="u", action="fetching", retries=3, log=log, backoff=0.5)
+        _with_retries(unreachable, url="https://u", action="fetching", retries=3, log=log, backoff=0.5)
     assert len(calls) == 4 and sleeps == [0.5, 1.0, 2.0]
     assert buf.getvalue().count("retrying") == 3
 
@@ -161,11 +161,11 @@ def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPa
         return _GitResult(128, "fatal: repository 'x' not found")
 
     with pytest.raises(SourceError):
-        _with_retries(not_found, url="u", action="fetching", retries=3, log=None)
+        _with_retries(not_found, url="https://u", action="fetching", retries=3, log=None)
     assert len(calls) == 1  # no retry for an answer
 
     answers = iter([_GitResult(128, "Connection timed out"), _GitResult(0, "")])
-    _with_retries(lambda: next(answers), url="u", action="fetching", retries=1, log=None, backoff=0)
+    _with_retries(lambda: next(answers), url="https://u", action="fetching", retries=1, log=None, backoff=0)
 
 
 def test_base_image_digest_from_registry_or_kept_as_given() -> None:
