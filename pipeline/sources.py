@@ -245,6 +245,14 @@ def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:", "remote: fatal", "ssh:"))]
     first = (fatal or lines or ["(no output)"])[0]
+    low = stderr.lower()
+    if "corruption on the remote side" in low or "remote: fatal: unable to read" in low:
+        return SourceError(
+            f"{url} is missing objects it refers to (a partial clone, or corrupt) while {action}.",
+            hint="If it is a local partial mirror, give it as a plain path, not file://: "
+            "a local clone copies its objects as they are.",
+            evidence=stderr,
+        )
     if is_local(url):  # a path is never "unreachable": it is missing or not a repository
         return SourceError(
             f"cannot read the repository at {url} while {action}: {first}",
@@ -435,6 +443,9 @@ def open_mirror(
     lock = _mirror_lock(path, log)
     try:
         start = time.monotonic()
+        # temp dirs of a clone that was killed (we hold this mirror's lock: none is in use)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         repo = _open_existing(path)
         if repo is None and path.exists():
             if log is not None:

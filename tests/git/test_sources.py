@@ -298,6 +298,10 @@ def test_mirroring_from_a_partial_bare_repo_without_config(tmp_path: Path, ups: 
     # a second run fetches incrementally from it
     again = open_mirror(s, str(partial))
     assert resolve_ref(again, "v1.0", url="u").sha == ups.shas["atom_1"]
+    # served through upload-pack (file://) it cannot send the blobs it lacks: say so
+    with pytest.raises(SourceError, match="missing objects") as ei:
+        open_mirror(s, partial.as_uri())
+    assert "plain path" in str(ei.value)
 
 
 def test_two_runs_share_a_mirror_safely(tmp_path: Path, ups: Upstreams) -> None:
@@ -323,7 +327,10 @@ def test_two_runs_share_a_mirror_safely(tmp_path: Path, ups: Upstreams) -> None:
 
 def test_stale_git_lock_from_a_killed_run_is_cleared(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path)
+    killed_clone = s.mirrors_dir / f".{mirror_path(s, ups.atom.url).name}.abc123.tmp"
+    (killed_clone / "repo.git").mkdir(parents=True)
     atom = open_mirror(s, ups.atom.url)
+    assert not killed_clone.exists()
     (atom.path / "refs" / "heads" / "main.lock").write_text("")
     new = ups.atom.commit({"z": "1"}, "after the crash")
     log, buf = make_log()
