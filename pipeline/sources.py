@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -38,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import filelock
 
 from pipeline.config import Settings
-from pipeline.errors import InfraError, RunLocked, SourceError, UsageError
+from pipeline.errors import InfraError, RunLocked, SourceError, TagError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo, is_unreachable
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
@@ -710,14 +709,11 @@ def _mirror_submodule(settings: Settings, sub: Submodule, log: Logger) -> None:
 # -- base image ----------------------------------------------------------------------
 
 
-def default_digest_resolver(ref: str) -> str | None:
-    """`pipeline.registry.resolve_digest` when available, else None."""
-    try:
-        registry = importlib.import_module("pipeline.registry")
-    except ImportError:
-        return None
-    resolve: Callable[..., str | None] = registry.resolve_digest
-    return resolve(ref, timeout=10.0)
+def default_digest_resolver(ref: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The registry's digest for `ref` (Docker config credentials from `env`), None if none answers."""
+    from pipeline.registry import resolve_digest
+
+    return resolve_digest(ref, timeout=10.0, env=env)
 
 
 def pin_base_image(
@@ -726,7 +722,14 @@ def pin_base_image(
     log: Logger,
     resolver: DigestResolver | None = None,
     previous: BaseImagePin | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> BaseImagePin:
+    """Keep `ref` as given; add its digest when a registry answers.
+
+    No registry answering is a warning (the digest of an earlier lock for the
+    same reference is kept). A registry that answers "no such image" or
+    refuses access is an error: pinning must not hide it.
+    """
     ref = ref.strip()
     if not ref:
         raise UsageError("the base image reference is empty.", hint="Pass --base-image or set base_image.")
@@ -735,10 +738,12 @@ def pin_base_image(
         return BaseImagePin(ref=ref, digest=m.group(1))
     digest: str | None
     try:
-        digest = (resolver or default_digest_resolver)(ref)
-    except Exception as e:  # a registry problem must not stop pinning the sources
+        digest = resolver(ref) if resolver is not None else default_digest_resolver(ref, env)
+    except InfraError as e:
         log.detail(f"digest lookup for {ref} failed: {e}")
         digest = None
+    except TagError as e:  # the registry answered and refused: a source problem for pin
+        raise SourceError(f"base image {ref}: {e.message}", hint=e.hint, evidence=e.evidence) from e
     if digest:
         return BaseImagePin(ref=ref, digest=digest)
     if previous is not None and previous.ref == ref and previous.digest:
@@ -797,6 +802,7 @@ def pin_sources(
     previous: Lock | None = None,
     digest_resolver: DigestResolver | None = None,
     choose_aiter: AiterChooser | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Lock:
     """Resolve both sources to full SHAs (mirroring as needed) and build the Lock."""
     return pin(
@@ -810,6 +816,7 @@ def pin_sources(
         previous=previous,
         digest_resolver=digest_resolver,
         choose_aiter=choose_aiter,
+        env=env,
     ).lock
 
 
@@ -825,6 +832,7 @@ def pin(
     previous: Lock | None = None,
     digest_resolver: DigestResolver | None = None,
     choose_aiter: AiterChooser | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> PinResult:
     """`pin_sources` with the mirrors and the requested aiter commit (for the CLI report)."""
     validate_model(model)
@@ -856,6 +864,7 @@ def pin(
         log=log,
         resolver=digest_resolver,
         previous=previous.base_image if previous is not None else None,
+        env=env,
     )
     lock = Lock(
         model=model,

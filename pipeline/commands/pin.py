@@ -83,6 +83,7 @@ def command(
             offline=offline,
             previous=previous,
             choose_aiter=chooser,
+            env=app.env,
         )
         lock = result.lock
         changed = lock.save(path)

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import sources
 from pipeline.config import load_settings
-from pipeline.errors import InfraError, SourceError, UsageError
+from pipeline.errors import InfraError, SourceError, TagError, UsageError
 from pipeline.lock import BaseImagePin
 from pipeline.log import Logger
 from pipeline.sources import (
@@ -176,10 +176,22 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
     kept = pin_base_image("rocm/pytorch:x", log=log, resolver=lambda ref: None)
     assert kept.digest == "" and "kept as given" in buf.getvalue()
 
-    def boom(ref: str) -> str | None:
-        raise RuntimeError("registry exploded")
+    def down(ref: str) -> str | None:
+        raise InfraError("registry unreachable")
 
-    assert pin_base_image("rocm/pytorch:x", log=log, resolver=boom).digest == ""
+    assert pin_base_image("rocm/pytorch:x", log=log, resolver=down).digest == ""
+
+    def refused(ref: str) -> str | None:
+        raise TagError("the registry docker.io has no image rocm/pytorch:x.", hint="Check the image name.")
+
+    with pytest.raises(SourceError, match="has no image"):
+        pin_base_image("rocm/pytorch:x", log=log, resolver=refused)
+
+    def bug(ref: str) -> str | None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError):  # bugs are not hidden as "no registry"
+        pin_base_image("rocm/pytorch:x", log=log, resolver=bug)
 
     called: list[str] = []
     explicit = pin_base_image("img@" + DIGEST, log=log, resolver=lambda r: called.append(r) or None)
@@ -192,10 +204,3 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
 
     with pytest.raises(UsageError):
         pin_base_image("  ", log=log)
-
-
-def test_default_digest_resolver_without_registry_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "pipeline.registry", None)
-    assert sources.default_digest_resolver("rocm/pytorch:x") is None
