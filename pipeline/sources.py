@@ -371,6 +371,29 @@ def _update_head(repo: GitRepo) -> None:
             return
 
 
+class LongFetchProgress:
+    """git's progress lines: all at detail level; when a fetch runs long, some at info level.
+
+    Quiet runs see nothing for quick fetches, and one line every `every`
+    seconds once a fetch has taken more than `after` seconds.
+    """
+
+    def __init__(self, log: Logger, url: str, *, after: float = 5.0, every: float = 10.0) -> None:
+        self.log = log
+        self.url = url
+        self.after = after
+        self.every = every
+        self.start = time.monotonic()
+        self.last_info = 0.0
+
+    def __call__(self, line: str) -> None:
+        self.log.detail(line)
+        now = time.monotonic()
+        if self.log.verbosity == 0 and now - self.start >= self.after and now - self.last_info >= self.every:
+            self.last_info = now
+            self.log.info(f"  {self.url}: {line}")
+
+
 def _touch_marker(path: Path) -> None:
     (path / FETCHED_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()), encoding="utf-8")
 
@@ -412,8 +435,6 @@ def open_mirror(
     path = mirror_path(settings, url)
     if retries is None:
         retries = settings.sources.fetch_retries
-    if progress is None and log is not None:
-        progress = log.detail
 
     if not fetch:
         repo = _open_existing(path)
@@ -442,6 +463,8 @@ def open_mirror(
     lock = _mirror_lock(path, log)
     try:
         start = time.monotonic()
+        if progress is None and log is not None:
+            progress = LongFetchProgress(log, url)
         # temp dirs of a clone that was killed (we hold this mirror's lock: none is in use)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)

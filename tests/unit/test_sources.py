@@ -204,3 +204,22 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
 
     with pytest.raises(UsageError):
         pin_base_image("  ", log=log)
+
+
+def test_long_fetch_progress_reaches_quiet_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(sources.time, "monotonic", lambda: clock[0])
+    log, buf = log_buf()  # verbosity 0: detail lines are not shown
+    progress = sources.LongFetchProgress(log, "https://h/aiter.git", after=5, every=10)
+    progress("Receiving objects:   1% (1/100)")
+    assert buf.getvalue() == ""  # a quick fetch stays quiet
+    clock[0] += 6
+    progress("Receiving objects:  20% (20/100)")
+    clock[0] += 3
+    progress("Receiving objects:  30% (30/100)")  # too soon for another line
+    clock[0] += 8
+    progress("Receiving objects:  70% (70/100)")
+    assert buf.getvalue().splitlines() == [
+        "  https://h/aiter.git: Receiving objects:  20% (20/100)",
+        "  https://h/aiter.git: Receiving objects:  70% (70/100)",
+    ]
