@@ -7,7 +7,7 @@ Public API for the rest of the pipeline:
   (status: applies | not-needed | already-upstream | conflict)
 - `apply_series(series, atom, atom_sha, aiter, aiter_sha, *, workdir) -> AppliedSeries`
   (head_sha, pins for `lock.with_patches`, notes, worktree, branch)
-- `patched_tree(...) -> tree sha | None` (the patched tree without a work tree)
+- `patched_commit(...) -> AppliedSeries`: the same commit, no work tree, no branch (for `pipeline check`)
 - `import_series`, `export_series`, `new_patch`: the patch-queue round trip.
 """
 
@@ -17,7 +17,7 @@ from pipeline.patchq.apply import (
     apply_series,
     branch_name,
     check_series,
-    patched_tree,
+    patched_commit,
     pins_for,
 )
 from pipeline.patchq.conditions import find_function
@@ -40,7 +40,7 @@ __all__ = [
     "find_function",
     "import_series",
     "new_patch",
-    "patched_tree",
+    "patched_commit",
     "pins_for",
     "series_digest",
 ]

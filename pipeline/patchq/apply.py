@@ -233,30 +233,36 @@ def check_series(
     return results
 
 
-def patched_tree(
+def patched_commit(
     series: PatchSeries, atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str
-) -> str | None:
-    """Tree SHA of ATOM with the needed patches applied, without any work tree.
+) -> AppliedSeries:
+    """The patched ATOM commit without a work tree or a branch (for `pipeline check`).
 
-    The tree's new objects are written into the ATOM object store (so a
-    compatibility check can read them with `read_blob`). None when no patch
-    applies. Raises PatchError on a conflict.
+    Same commits, so the same `head_sha`, as `apply_series`; they are written
+    into the ATOM object store but no ref points at them, so a static check
+    can read the patched sources with `GitRepo(mirror).read_blob(head_sha, path)`.
+    Raises PatchError on a conflict.
     """
+    atom_sha = _full_sha(atom, atom_sha, "ATOM")
     checks = check_series(series, atom, atom_sha, aiter, aiter_sha)
     _raise_on_conflict(checks, atom_sha)
-    todo = [c.patch for c in checks if c.status == "applies"]
-    if not todo:
-        return None
-    with tempfile.TemporaryDirectory(prefix="pipeline-patch-tree-") as tmp:
+    pins, notes = pins_for(checks)
+    head = atom_sha
+    with tempfile.TemporaryDirectory(prefix="pipeline-patch-commit-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        for res in [atom.run("read-tree", atom_sha, env=env)]:
+        _must(atom.run("read-tree", atom_sha, env=env), f"read ATOM {atom_sha[:9]} into an index")
+        for c in checks:
+            if c.status != "applies":
+                continue
+            res = atom.run("apply", "--cached", "--whitespace=nowarn", str(c.patch.path.resolve()), env=env)
             if not res.ok:
-                raise PatchError(f"git read-tree failed: {res.stderr.strip()}")
-        for p in todo:
-            res = atom.run("apply", "--cached", "--whitespace=nowarn", str(p.path.resolve()), env=env)
-            if not res.ok:
-                raise PatchError(f"{p.name} did not apply: {_first_error(res.stderr)}", evidence=res.stderr)
-        return atom.run("write-tree", env=env).stdout.strip()
+                raise PatchError(
+                    f"patch {c.patch.name} failed: {_failing_hunk_from_stderr(c.patch, res.stderr)}.",
+                    evidence=res.stderr,
+                )
+            tree = _must(atom.run("write-tree", env=env), "write the patched tree").stdout.strip()
+            head = _commit_tree(atom, tree, head, c.patch)
+    return AppliedSeries(head, pins, notes)
 
 
 def _raise_on_conflict(checks: list[PatchCheck], atom_sha: str) -> None:
@@ -315,6 +321,12 @@ def worktree_gitdir(work_tree: Path) -> Path | None:
     return None
 
 
+def dirty_summary(porcelain: str) -> str:
+    paths = [line[3:] for line in porcelain.splitlines() if len(line) > 3]
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return f"{len(paths)} path{'s' if len(paths) != 1 else ''}: {shown}"
+
+
 def is_dirty(repo: GitRepo, work_tree: Path) -> str:
     """`git status --porcelain` of a work tree ('' when clean)."""
     res = repo.run("status", "--porcelain", "--ignore-submodules=none", work_tree=work_tree)
@@ -336,8 +348,17 @@ def commit_patch(repo: GitRepo, work_tree: Path, patch: Patch) -> str:
             hint="Nothing was changed. Refresh the patch or narrow its X-Atom-Range.",
             evidence=res.stderr,
         )
-    tree = repo.run("write-tree", work_tree=work_tree)
-    parent = repo.run("rev-parse", "HEAD", work_tree=work_tree)
+    tree = _must(repo.run("write-tree", work_tree=work_tree), "write the tree").stdout.strip()
+    parent = _must(repo.run("rev-parse", "HEAD", work_tree=work_tree), "read HEAD").stdout.strip()
+    sha = _commit_tree(repo, tree, parent, patch)
+    upd = repo.run("update-ref", "-m", f"pipeline: apply {patch.name}", "HEAD", sha, work_tree=work_tree)
+    if not upd.ok:
+        raise PatchError(f"could not advance HEAD to {sha}: {upd.stderr.strip()}")
+    return sha
+
+
+def _commit_tree(repo: GitRepo, tree: str, parent: str, patch: Patch) -> str:
+    """commit-tree with author and committer from the patch (no hooks, no signing)."""
     name, email = patch.author
     env = {
         "GIT_AUTHOR_NAME": name,
@@ -351,27 +372,10 @@ def commit_patch(repo: GitRepo, work_tree: Path, patch: Patch) -> str:
         f.write(patch.commit_message())
         msg = f.name
     try:
-        commit = repo.run(
-            "commit-tree",
-            "--no-gpg-sign",
-            tree.stdout.strip(),
-            "-p",
-            parent.stdout.strip(),
-            "-F",
-            msg,
-            env=env,
-            work_tree=work_tree,
-        )
+        res = repo.run("commit-tree", "--no-gpg-sign", tree, "-p", parent, "-F", msg, env=env)
     finally:
         Path(msg).unlink(missing_ok=True)
-    if not (tree.ok and parent.ok and commit.ok):
-        err = tree.stderr + parent.stderr + commit.stderr
-        raise PatchError(f"could not commit {patch.name}: {err.strip()}", evidence=err)
-    sha = commit.stdout.strip()
-    upd = repo.run("update-ref", "-m", f"pipeline: apply {patch.name}", "HEAD", sha, work_tree=work_tree)
-    if not upd.ok:
-        raise PatchError(f"could not advance HEAD to {sha}: {upd.stderr.strip()}")
-    return sha
+    return _must(res, f"commit {patch.name}").stdout.strip()
 
 
 def _failing_hunk_from_stderr(patch: Patch, stderr: str) -> str:
@@ -489,7 +493,9 @@ def _refuse_unusable(atom: GitRepo, work_tree: Path) -> None:
         dirty = "(unreadable status)"
     if dirty:
         raise PatchError(
-            f"the patched work tree {work_tree} has local changes; refusing to replace it:\n{dirty}",
+            f"the patched work tree {work_tree} has local changes ({dirty_summary(dirty)}); "
+            "refusing to replace it.",
+            evidence=dirty,
             hint="Commit them as a patch (`pipeline patch new`), or remove the work tree "
             "(`git worktree remove --force`).",
         )

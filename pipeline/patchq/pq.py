@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline.errors import PatchError
 from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
-from pipeline.patchq.apply import commit_patch, is_dirty, refs_snapshot, restore_refs
+from pipeline.patchq.apply import commit_patch, dirty_summary, is_dirty, refs_snapshot, restore_refs
 from pipeline.patchq.model import (
     AITER_AFTER,
     AITER_REQUIRES,
@@ -67,8 +67,9 @@ def _refuse_dirty(repo: GitRepo, wt: Path) -> None:
     dirty = is_dirty(repo, wt)
     if dirty:
         raise PatchError(
-            f"the work tree {wt} has uncommitted changes; refusing to touch it:\n{dirty}",
+            f"the work tree {wt} has uncommitted changes ({dirty_summary(dirty)}); refusing to touch it.",
             hint="Commit or stash them first.",
+            evidence=dirty,
         )
 
 

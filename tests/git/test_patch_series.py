@@ -18,7 +18,7 @@ from pipeline.patchq import (
     export_series,
     import_series,
     new_patch,
-    patched_tree,
+    patched_commit,
 )
 from pipeline.patchq.apply import refs_snapshot
 from tests.fixtures.patch_repos import (
@@ -157,12 +157,13 @@ def test_apply_makes_one_deterministic_commit_per_patch(
     assert info.author == "Fixture Author"  # from the patch's From: header, not the environment
     [pin] = res.pins
     assert pin.status == "applied" and pin.sha256 == series.patches[0].sha256
-    # same inputs, same commit; and the tree agrees with the work-tree-free path
+    # same inputs, same commit; and the work-tree-free path makes that same commit
     again = apply_series(series, a, atom.c2, GitRepo(aiter.repo), aiter.a1, workdir=tmp_path / "work")
     assert again.head_sha == res.head_sha
-    assert patched_tree(series, a, atom.c2, GitRepo(aiter.repo), aiter.a1) == git(
-        atom.mirror, "rev-parse", f"{res.head_sha}^{{tree}}"
-    )
+    before = _state(atom.mirror)
+    bare = patched_commit(series, a, atom.c2, GitRepo(aiter.repo), aiter.a1)
+    assert bare.head_sha == res.head_sha and bare.pins == res.pins and bare.worktree is None
+    assert _state(atom.mirror) == before  # no ref, no work tree
 
 
 def test_apply_drops_not_needed_patch_with_a_note(
