@@ -447,6 +447,7 @@ def apply_series(
         notes.append(f"no patch applies to ATOM {atom_sha[:9]}: the image uses it unpatched")
         return AppliedSeries(atom_sha, pins, notes, None, None)
     workdir.mkdir(parents=True, exist_ok=True)
+    atom.run("worktree", "prune")  # forget work trees deleted by hand (they would hold the branch)
     # Build in a fresh work tree beside the target; swap it in only on success.
     fresh = Path(tempfile.mkdtemp(prefix=f".{work_tree.name}.", dir=workdir)).absolute()
     fresh.rmdir()
