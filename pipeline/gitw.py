@@ -94,9 +94,7 @@ class GitRepo:
                     hint="Check the URL and the network, or use a local mirror path.",
                     evidence=stderr,
                 ) from e
-            raise SourceError(
-                f"`{cmd}` failed in {self.path}: {_first_line(stderr)}", evidence=stderr
-            ) from e
+            raise SourceError(f"`{cmd}` failed in {self.path}: {_first_line(stderr)}", evidence=stderr) from e
 
     # -- objects ------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:

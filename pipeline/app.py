@@ -1,0 +1,75 @@
+"""The per-invocation context every command receives (as click's `ctx.obj`).
+
+It holds the raw inputs (environment mapping, config file, verbosity), the
+logger, and opens run directories. Settings are resolved on demand with the
+command's own flag overrides, so the cascade is applied in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.config import Settings, load_settings
+from pipeline.log import Logger
+
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "REGISTRY_PASSWORD", "PIPELINE_REGISTRY_PASSWORD")
+
+
+@dataclass
+class App:
+    env: Mapping[str, str]
+    config_file: Path | None = None
+    verbosity: int = 0
+    log: Logger = field(default_factory=Logger)
+    run_dir: Path | None = None
+    _settings: Settings | None = None
+
+    @classmethod
+    def create(cls, *, config_file: Path | None, verbosity: int, env: Mapping[str, str] | None = None) -> App:
+        env = dict(os.environ if env is None else env)
+        log = Logger.from_env(env, verbosity=verbosity)
+        for name in SECRET_ENV:
+            log.mask(env.get(name))
+        return cls(env=env, config_file=config_file, verbosity=verbosity, log=log)
+
+    def settings(self, **overrides: Any) -> Settings:
+        """Resolve the cascade with this command's flags (None = flag not given)."""
+        if not overrides and self._settings is not None:
+            return self._settings
+        s = load_settings(config_file=self.config_file, env=self.env, overrides=overrides)
+        self._settings = s
+        return s
+
+    def open_run(self, label: str, run_dir: Path | None = None) -> Path:
+        """Create (or reuse) the run directory and send the full log there."""
+        if run_dir is None:
+            base = Path(self.settings().paths.runs_dir)
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+            run_dir = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        self.log.attach(run_dir)
+        self.log.debug(f"run directory {run_dir}")
+        return run_dir
+
+    def emit_json(self, data: Any) -> None:
+        """Machine-readable result on stdout (human output goes to stderr)."""
+        sys.stdout.write(self.log.redact(json.dumps(data, indent=2, sort_keys=True, default=str)) + "\n")
+        sys.stdout.flush()
+
+    def echo(self, text: str) -> None:
+        """Human-readable result on stdout."""
+        click.echo(self.log.redact(text))
+
+
+pass_app = click.make_pass_decorator(App)

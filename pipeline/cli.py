@@ -1,0 +1,141 @@
+"""The `pipeline` command line. The only place that catches our errors.
+
+Each stage's command lives in `pipeline/commands/<stage>.py` and is
+registered in COMMANDS below; the library raises `PipelineError`s and
+`main()` turns them into a message and the documented exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from pipeline import __version__
+from pipeline.app import App
+from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError
+
+# name -> module under pipeline.commands that defines `command`
+COMMANDS: dict[str, str] = {
+    "pin": "pin",
+    "check": "check",
+    "patch": "patch",
+    "render": "render",
+    "build": "build",
+    "smoke": "smoke",
+    "tag": "tag",
+    "rebuild": "rebuild",
+}
+
+
+class _LazyGroup(click.Group):
+    """Imports a stage's module only when that command runs (fast `--help`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        mod = importlib.import_module(f"pipeline.commands.{module}")
+        command: click.Command = mod.command
+        return command
+
+
+def _exit_code_help() -> str:
+    return "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODES.items())
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="\b\nExit codes:\n" + _exit_code_help(),
+)
+@click.version_option(__version__, "--version", prog_name="atom-image-pipeline")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Project configuration file (default: ./pipeline.toml if present).",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More output (-vv for debug). Full logs are always in the run directory.",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_file: Path | None, verbose: int) -> None:
+    """Ship ROCm ATOM images whose ATOM and aiter are proven compatible.
+
+    \b
+    The main job:   pipeline build --model MiniMax-M3-MXFP4
+    Stages:         pin → check → patch → render → build → smoke → tag
+    """
+    app = App.create(config_file=config_file, verbosity=verbose)
+    ctx.obj = app
+    _CURRENT.append(app)
+    if ctx.invoked_subcommand is not None and not {"--help", "-h"} & set(_ARGV):
+        app.settings()  # fail fast on a bad configuration, before any work
+
+
+# The App and argv of the invocation in progress (error reporting; help needs no config).
+_CURRENT: list[App] = []
+_ARGV: list[str] = []
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # Turn SIGTERM into the same path as Ctrl-C so every `finally` cleans up.
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (never raises)."""
+    if hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    _CURRENT.clear()
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    try:
+        ctx = cli.make_context("pipeline", list(_ARGV))
+        with ctx:
+            cli.invoke(ctx)
+        return 0
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        return int(ExitCode.USAGE)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        return _report(Interrupted("interrupted; everything this run started was cleaned up."))
+    except PipelineError as e:
+        return _report(e)
+    except Exception:  # a bug: keep the traceback in the log, short note on screen
+        tb = traceback.format_exc()
+        if _CURRENT:
+            _CURRENT[-1].log.debug(tb)
+        click.echo(tb, err=True)
+        click.echo("error: internal error in atom-image-pipeline (a bug); please report it.", err=True)
+        return int(ExitCode.INTERNAL)
+    finally:
+        if _CURRENT:
+            _CURRENT[-1].log.close()
+
+
+def _report(err: PipelineError) -> int:
+    app = _CURRENT[-1] if _CURRENT else None
+    if app is not None:
+        if err.evidence:
+            app.log.debug("evidence:\n" + err.evidence)
+        app.log.error(str(err))
+        if app.log.log_file is not None:
+            click.echo(f"full log: {app.log.log_file}", err=True)
+    else:
+        click.echo(f"error: {err}", err=True)
+    return int(err.exit_code)

@@ -1,0 +1,28 @@
+"""Image label keys: the OCI ones and the pipeline's own.
+
+Render writes them, smoke and tag read them to bind a verdict to its inputs.
+"""
+
+from __future__ import annotations
+
+OCI = "org.opencontainers.image"
+OCI_SOURCE = f"{OCI}.source"
+OCI_REVISION = f"{OCI}.revision"
+OCI_CREATED = f"{OCI}.created"
+OCI_VERSION = f"{OCI}.version"
+OCI_TITLE = f"{OCI}.title"
+OCI_BASE_NAME = f"{OCI}.base.name"
+OCI_BASE_DIGEST = f"{OCI}.base.digest"
+
+OURS = "org.atom-image-pipeline"
+ATOM_SHA = f"{OURS}.atom.sha"
+ATOM_URL = f"{OURS}.atom.url"
+AITER_SHA = f"{OURS}.aiter.sha"
+AITER_URL = f"{OURS}.aiter.url"
+PATCHES = f"{OURS}.patches"  # JSON list of {"name": ..., "sha256": ...}
+MODEL = f"{OURS}.model"
+RECIPE = f"{OURS}.recipe"  # recipe file name
+RECIPE_SHA256 = f"{OURS}.recipe.sha256"
+LOCK_SHA256 = f"{OURS}.lock.sha256"  # Lock.digest() of the lock the image was built from
+INPUTS_DIGEST = f"{OURS}.inputs.digest"  # sha256 over everything that determines the image
+TOOL_VERSION = f"{OURS}.tool.version"

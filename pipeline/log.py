@@ -1,0 +1,162 @@
+"""One logger for the whole run.
+
+Console: one line per stage with its duration and ✓/✕, details only with -v.
+Run directory: `pipeline.log` gets everything (debug included), always.
+GitHub Actions (`GITHUB_ACTIONS=true`): stages fold into `::group::`, errors
+become `::error::` annotations and a Markdown summary is appended to
+`$GITHUB_STEP_SUMMARY`.
+
+Secrets registered with `mask()` are replaced by `***` in every line written
+anywhere (console, log file, summary), and `::add-mask::` is sent on Actions.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from pipeline.errors import PipelineError
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: str = "running"  # running | ok | failed | skipped
+    seconds: float = 0.0
+    figure: str = ""  # the stage's key figure for the summary table
+
+
+@dataclass
+class Logger:
+    verbosity: int = 0  # 0 quiet, 1 -v, 2 -vv
+    stream: IO[str] = field(default_factory=lambda: sys.stderr)
+    log_file: Path | None = None
+    github: bool = False
+    step_summary: Path | None = None
+    stages: list[StageRecord] = field(default_factory=list)
+    _secrets: set[str] = field(default_factory=set)
+    _fh: IO[str] | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, verbosity: int = 0, stream: IO[str] | None = None) -> Logger:
+        summary = env.get("GITHUB_STEP_SUMMARY")
+        return cls(
+            verbosity=verbosity,
+            stream=stream or sys.stderr,
+            github=env.get("GITHUB_ACTIONS") == "true",
+            step_summary=Path(summary) if summary else None,
+        )
+
+    # -- secrets ------------------------------------------------------------
+    def mask(self, secret: str | None) -> None:
+        if secret and len(secret) >= 4:
+            self._secrets.add(secret)
+            if self.github:
+                self._emit(f"::add-mask::{secret}", raw=True)
+
+    def redact(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    # -- files --------------------------------------------------------------
+    def attach(self, run_dir: Path) -> None:
+        """Start writing the full log into `run_dir/pipeline.log`."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file = run_dir / "pipeline.log"
+        self._fh = self.log_file.open("a", encoding="utf-8")
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+            self._fh = None
+
+    def _write_file(self, line: str) -> None:
+        if self._fh:
+            self._fh.write(time.strftime("%H:%M:%S ") + self.redact(line) + "\n")
+            self._fh.flush()
+
+    def _emit(self, line: str, *, raw: bool = False) -> None:
+        self.stream.write((line if raw else self.redact(line)) + "\n")
+        self.stream.flush()
+
+    # -- levels -------------------------------------------------------------
+    def debug(self, msg: str) -> None:
+        self._write_file(msg)
+        if self.verbosity >= 2:
+            self._emit(f"    {msg}")
+
+    def detail(self, msg: str) -> None:
+        """Shown with -v; always in the log file."""
+        self._write_file(msg)
+        if self.verbosity >= 1:
+            self._emit(f"  {msg}")
+
+    def info(self, msg: str) -> None:
+        self._write_file(msg)
+        self._emit(msg)
+
+    def warn(self, msg: str) -> None:
+        self._write_file("WARNING: " + msg)
+        self._emit(f"::warning::{msg}" if self.github else f"warning: {msg}")
+
+    def error(self, msg: str, *, file: str | None = None, line: int | None = None) -> None:
+        self._write_file("ERROR: " + msg)
+        if self.github:
+            loc = ""
+            if file:
+                loc = f" file={file}" + (f",line={line}" if line else "")
+            self._emit(f"::error{loc}::{self.redact(msg).replace(chr(10), '%0A')}", raw=True)
+        else:
+            self._emit(f"error: {msg}")
+
+    # -- stages -------------------------------------------------------------
+    @contextmanager
+    def stage(self, name: str, title: str = "") -> Iterator[StageRecord]:
+        """Time a stage; print `✓ name (1.2s)` or `✕ name (1.2s)`."""
+        rec = StageRecord(name)
+        self.stages.append(rec)
+        start = time.monotonic()
+        self._write_file(f"=== stage {name} {title}".rstrip())
+        if self.github:
+            self._emit(f"::group::{name}{': ' + title if title else ''}")
+        elif self.verbosity >= 1:
+            self._emit(f"▶ {name}{': ' + title if title else ''}")
+        try:
+            yield rec
+        except BaseException as e:
+            rec.status = "failed"
+            rec.seconds = time.monotonic() - start
+            if self.github:
+                self._emit("::endgroup::")
+            reason = str(e) if isinstance(e, PipelineError) else type(e).__name__
+            self._write_file(f"=== stage {name} failed after {rec.seconds:.1f}s: {reason}")
+            self._emit(f"✕ {name} ({rec.seconds:.1f}s)")
+            raise
+        else:
+            if rec.status == "running":
+                rec.status = "ok"
+            rec.seconds = time.monotonic() - start
+            if self.github:
+                self._emit("::endgroup::")
+            mark = {"ok": "✓", "skipped": "↷"}.get(rec.status, "✕")
+            figure = f" — {rec.figure}" if rec.figure else ""
+            self._write_file(f"=== stage {name} {rec.status} in {rec.seconds:.1f}s{figure}")
+            self._emit(f"{mark} {name} ({rec.seconds:.1f}s){figure}")
+
+    def summary_markdown(self, title: str) -> str:
+        rows = ["| stage | status | duration | figure |", "|---|---|---|---|"]
+        for r in self.stages:
+            rows.append(f"| {r.name} | {r.status} | {r.seconds:.1f}s | {r.figure} |")
+        return f"### {title}\n\n" + "\n".join(rows) + "\n"
+
+    def publish_summary(self, title: str, extra: str = "") -> None:
+        """Append the stage table (and `extra` Markdown) to $GITHUB_STEP_SUMMARY."""
+        if self.step_summary:
+            with self.step_summary.open("a", encoding="utf-8") as f:
+                f.write(self.redact(self.summary_markdown(title) + ("\n" + extra if extra else "")) + "\n")

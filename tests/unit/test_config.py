@@ -1,0 +1,73 @@
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_settings
+from pipeline.errors import ConfigError, ExitCode
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "pipeline.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_then_file_then_env_then_flags(tmp_path: Path) -> None:
+    write(tmp_path, '[sources]\natom_ref = "from-file"\naiter_ref = "from-file"\n[tag]\npush_latest = true\n')
+    env = {"PIPELINE_AITER_REF": "from-env", "PIPELINE_MOVING_TAGS": "a, b", "PIPELINE_RUN_ID": "ignored"}
+    s = load_settings(cwd=tmp_path, env=env, overrides={"atom_ref": None, "atom_repo": "/flag/atom"})
+    assert s.sources.atom_ref == "from-file"
+    assert s.sources.aiter_ref == "from-env"
+    assert s.sources.atom_repo == "/flag/atom"
+    assert s.sources.aiter_repo == "https://github.com/ROCm/aiter.git"
+    assert s.tag.moving_tags == ["a", "b"]
+    assert s.tag.push_latest is True
+    assert s.origins["atom_repo"] == "flag"
+    assert s.origins["aiter_ref"] == "env PIPELINE_AITER_REF"
+    assert s.origins["atom_ref"].endswith("pipeline.toml")
+
+
+def test_settings_are_frozen(tmp_path: Path) -> None:
+    s = load_settings(cwd=tmp_path, env={})
+    with pytest.raises(Exception, match="frozen"):
+        s.sources.atom_ref = "x"  # type: ignore[misc]
+
+
+def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
+    p = write(tmp_path, '[sources]\natom_reff = "x"\n')
+    with pytest.raises(ConfigError) as e:
+        load_settings(cwd=tmp_path, env={})
+    assert str(p) in str(e.value) and "atom_reff" in str(e.value)
+    assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_key_in_wrong_section_is_unknown(tmp_path: Path) -> None:
+    write(tmp_path, '[image]\natom_ref = "x"\n')
+    with pytest.raises(ConfigError, match="unknown key 'atom_ref' in \\[image\\]"):
+        load_settings(cwd=tmp_path, env={})
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
+    write(tmp_path, '[sources]\nfetch_retries = "three"\n')
+    with pytest.raises(ConfigError) as e:
+        load_settings(cwd=tmp_path, env={})
+    msg = str(e.value)
+    assert "[sources] fetch_retries" in msg and "integer" in msg and "pipeline.toml" in msg
+
+
+def test_bad_env_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="PIPELINE_PUSH_LATEST"):
+        load_settings(cwd=tmp_path, env={"PIPELINE_PUSH_LATEST": "maybe"})
+
+
+def test_invalid_toml_and_missing_explicit_file(tmp_path: Path) -> None:
+    write(tmp_path, "[sources\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(cwd=tmp_path, env={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(config_file=tmp_path / "nope.toml", env={})
+
+
+def test_literal_choice(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'mirror' or 'in-build'"):
+        load_settings(cwd=tmp_path, env={"PIPELINE_SUBMODULES": "git"})
