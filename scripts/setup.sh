@@ -58,9 +58,23 @@ step_apt() {
     pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' ')
     say "apt: installing $pkgs"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends $pkgs ca-certificates iptables >/dev/null
+    # Without systemd, the packages' postinst would start dockerd (init script) and a registry on
+    # :5000 behind our back; deny service starts during the install (policy-rc.d exit 101), so the
+    # dockerd step below is the one that starts the engine.
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod +x "$policy"
+        created_policy=1
+    fi
+    local rc=0
+    {
+        apt-get update -qq &&
+        # shellcheck disable=SC2086
+        apt-get install -y -qq --no-install-recommends $pkgs ca-certificates iptables >/dev/null
+    } || rc=$?
+    [ "$created_policy" = 1 ] && rm -f "$policy"
+    [ "$rc" = 0 ] || die "apt-get could not install $pkgs (exit $rc)."
 }
 
 step_pip() {
@@ -106,6 +120,12 @@ step_dockerd() {
     local waited=0
     until docker_answers; do
         if ! kill -0 "$pid" 2>/dev/null; then
+            # another dockerd (a service, a concurrent setup) may have won the race for the socket
+            sleep 5
+            if docker_answers; then
+                say "dockerd: our dockerd exited, but an engine answers now (started elsewhere)"
+                return
+            fi
             tail -n 40 "$DOCKERD_LOG" >&2 || true
             die "dockerd exited during start-up (log above, full log in $DOCKERD_LOG)."
         fi
