@@ -202,25 +202,53 @@ def _auth_secrets(auth_config: Mapping[str, str] | None) -> list[str]:
     ]
 
 
+_RUN_FLAGS = {
+    "name": "--name",
+    "devices": "--device",
+    "group_add": "--group-add",
+    "ipc_mode": "--ipc",
+    "cap_add": "--cap-add",
+    "security_opt": "--security-opt",
+    "network_mode": "--network",
+    "volumes": "--volume",
+    "ports": "--publish",
+    "labels": "--label",
+    "shm_size": "--shm-size",
+}
+
+
 def format_run_command(
     image: str,
     command: Sequence[str] | str | None = None,
     *,
     environment: Mapping[str, str] | None = None,
+    inherit_env: bool = False,
+    remove: bool = False,
     **options: Any,
 ) -> str:
-    """The ``docker run`` line equivalent to ``Engine.run(...)``, with every env value masked."""
+    """The ``docker run`` line equivalent to ``Engine.run(...)`` (same keyword names), for logs and for
+    people to copy.  Environment values never appear: ``--env KEY=***``, or with ``inherit_env=True``
+    ``--env KEY``, which makes the docker CLI take the value from the caller's environment."""
     parts = ["docker", "run"]
+    if remove:
+        parts.append("--rm")
     for key, value in (environment or {}).items():
-        parts += ["--env", f"{key}={MASK}" if value is not None else key]
-    for key, value in sorted(options.items()):
-        if value in (None, False, [], {}):
+        parts += ["--env", key if inherit_env or value is None else f"{key}={MASK}"]
+    for key, value in options.items():
+        if value in (None, False, [], {}, ""):
             continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, Mapping):
+        flag = _RUN_FLAGS.get(key, "--" + key.replace("_", "-"))
+        if key == "volumes" and isinstance(value, Mapping):
+            for host, spec in value.items():
+                bind = f"{host}:{spec['bind']}" if isinstance(spec, Mapping) else f"{host}:{spec}"
+                mode = spec.get("mode") if isinstance(spec, Mapping) else None
+                parts += [flag, f"{bind}:{mode}" if mode else bind]
+        elif key == "ports" and isinstance(value, Mapping):
             parts += [
-                x for k, v in value.items() for x in (flag, f"{k}:{v}" if key != "labels" else f"{k}={v}")
+                x for cport, hport in value.items() for x in (flag, f"{hport}:{cport}" if hport else cport)
             ]
+        elif isinstance(value, Mapping):
+            parts += [x for k, v in value.items() for x in (flag, f"{k}={v}")]
         elif isinstance(value, list | tuple):
             parts += [x for v in value for x in (flag, str(v))]
         elif value is True:

@@ -202,11 +202,21 @@ def test_format_run_command_masks_environment_values() -> None:
         cap_add=["SYS_PTRACE"],
         security_opt=["seccomp=unconfined"],
         network_mode="host",
+        volumes={"/root/.cache/huggingface": {"bind": "/root/.cache/huggingface", "mode": "rw"}},
+        labels={"a": "b"},
+        remove=True,
     )
     assert "hf_very_secret" not in line
-    assert "--env 'HF_TOKEN=***'" in line and "--env 'ATOM_FORCE_ATTN_TRITON=***'" in line
-    assert "--devices /dev/kfd --devices /dev/dri" in line and "--ipc-mode host" in line
-    assert line.endswith("rocm/atom:1 python -m atom.entrypoints.openai_server --model amd/MiniMax-M3-MXFP4")
+    assert line == (
+        "docker run --rm --env 'HF_TOKEN=***' --env 'ATOM_FORCE_ATTN_TRITON=***' --device /dev/kfd "
+        "--device /dev/dri --group-add video --ipc host --cap-add SYS_PTRACE --security-opt "
+        "seccomp=unconfined --network host --volume /root/.cache/huggingface:/root/.cache/huggingface:rw "
+        "--label a=b rocm/atom:1 python -m atom.entrypoints.openai_server --model amd/MiniMax-M3-MXFP4"
+    )
+    inherited = format_run_command(
+        "img", None, environment={"HF_TOKEN": "hf_very_secret"}, inherit_env=True, ports={"8000/tcp": 8000}
+    )
+    assert inherited == "docker run --env HF_TOKEN --publish 8000:8000/tcp img"
 
 
 def test_created_layers_skips_from_and_cache_hits() -> None:
