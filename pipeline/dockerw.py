@@ -158,6 +158,8 @@ class _BuildLog:
 
 
 def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, docker.errors.APIError):
+        return False  # the engine answered (the error may be about a registry it could not reach)
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
         return True
     text = str(exc)
@@ -523,7 +525,7 @@ class Engine:
         lines: list[str] = []
         digest: str | None = None
         error: str | None = None
-        with _translated(f"push {ref}", TagError, secrets):
+        with _translated(f"push {ref}", TagError, secrets), self._registry_api_errors("push", ref, secrets):
             for item in self.api.push(
                 repo,
                 tag=tag,
@@ -556,7 +558,7 @@ class Engine:
         secrets = _auth_secrets(auth_config)
         lines: list[str] = []
         error: str | None = None
-        with _translated(f"pull {ref}", TagError, secrets):
+        with _translated(f"pull {ref}", TagError, secrets), self._registry_api_errors("pull", ref, secrets):
             for item in self.api.pull(
                 ref, auth_config=dict(auth_config) if auth_config else None, stream=True, decode=True
             ):
@@ -573,6 +575,15 @@ class Engine:
         if info is None:
             raise TagError(f"Pulled {ref} but the engine does not show it.", evidence=evidence)
         return info
+
+    @contextlib.contextmanager
+    def _registry_api_errors(self, action: str, ref: str, secrets: Sequence[str]) -> Iterator[None]:
+        """The engine refused the request outright (HTTP error): classify what the registry said."""
+        try:
+            yield
+        except docker.errors.APIError as exc:
+            text = _scrub(str(exc.explanation or exc), secrets)
+            raise self._registry_error(action, ref, text, _scrub(str(exc), secrets)) from None
 
     @staticmethod
     def _registry_error(action: str, ref: str, error: str, evidence: str) -> PipelineError:

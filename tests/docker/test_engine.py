@@ -200,6 +200,8 @@ def test_push_to_a_dead_registry_is_an_infra_error(
     docker_cleanup.image(f"{repo}:v1")
     with pytest.raises(InfraError, match="could not be reached"):
         engine.push(repo, "v1")
+    with pytest.raises(InfraError, match="could not be reached to pull"):
+        engine.pull(f"{repo}:v2")
 
 
 def test_auth_registry_refuses_bad_credentials_without_leaking_them(

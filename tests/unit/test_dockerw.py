@@ -185,6 +185,21 @@ def test_push_exception_is_scrubbed() -> None:
     assert "hunter2-secret" not in f"{excinfo.value} {excinfo.value.evidence}"
 
 
+def test_push_refused_by_the_engine_is_classified() -> None:
+    refused = docker.errors.APIError(
+        "500 Server Error",
+        explanation='Get "http://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused',
+    )
+    engine, _ = make_engine(push=refused)
+    with pytest.raises(InfraError, match="could not be reached to push"):
+        engine.push("127.0.0.1:1/x", "v1")
+    denied = docker.errors.APIError("500 Server Error", explanation="unauthorized: hunter2-secret is wrong")
+    engine, _ = make_engine(push=denied)
+    with pytest.raises(TagError, match="refused") as excinfo:
+        engine.push("r/x", "v1", auth_config={"username": "u", "password": "hunter2-secret"})
+    assert "hunter2-secret" not in f"{excinfo.value} {excinfo.value.evidence}"
+
+
 def test_push_without_digest_is_an_error() -> None:
     engine, _ = make_engine(push=PUSH_OK[:2])
     with pytest.raises(TagError, match="without a digest"):
