@@ -27,6 +27,13 @@ API::
     # the container is removed when the block exits, also on KeyboardInterrupt
     digest = engine.push("127.0.0.1:5000/atom", "v1", auth_config={"username": u, "password": p})
     info = engine.pull("127.0.0.1:5000/atom@sha256:...", auth_config=...)
+    format_run_command(image, cmd, environment=..., inherit_env=False, remove=False, **run_options) -> str
+    created_layers(build_log) -> list[str]   # images a (failed) build left behind, not FROM/cache
+
+Errors: InfraError when the engine (or a registry, seen from the engine) cannot be reached;
+BuildError for a failed build (message names ``Step N/M : ...``, evidence = log + failing step's
+tail); TagError when a registry refuses a push/pull or a tag is missing.  Every build label adds
+one ``LABEL`` step to the classic builder's output (and is counted in ``cached`` when cached).
 
 Secrets: environment values given to ``run`` are never logged; ``format_run_command``
 renders the equivalent ``docker run`` line with every ``--env`` value masked.
