@@ -360,7 +360,7 @@ def _configure_mirror(git_dir: Path, url: str) -> None:
 def _update_head(repo: GitRepo) -> None:
     """Point the mirror's HEAD at the remote's default branch (best effort)."""
     try:
-        out = repo.git("ls-remote", "--symref", "origin", "HEAD")
+        out = repo.git(*_FETCH_CONFIG, "ls-remote", "--symref", "origin", "HEAD", env=_GIT_ENV)
     except (SourceError, InfraError):
         return
     for line in out.splitlines():
@@ -540,12 +540,17 @@ def fetch_commit(repo: GitRepo, sha: str, *, url: str, log: Logger | None = None
     """Try to fetch one commit by full SHA (for commits not on any branch). True if now present."""
     if repo.rev_parse(sha):
         return True
+    lock = _mirror_lock(repo.path, log)
     try:
-        repo.git("fetch", "--no-tags", "origin", f"+{sha}:{PIN_REF_PREFIX}{sha}")
+        repo.git(
+            *_FETCH_CONFIG, "fetch", "--no-tags", "origin", f"+{sha}:{PIN_REF_PREFIX}{sha}", env=_GIT_ENV
+        )
     except (SourceError, InfraError) as e:
         if log is not None:
             log.detail(f"fetching {sha} from {url} by SHA failed: {e.message}")
         return False
+    finally:
+        lock.release()
     return repo.rev_parse(sha) is not None
 
 
