@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter
-from requests.structures import CaseInsensitiveDict
 
 from pipeline.errors import ExitCode, InfraError, TagError, UsageError
 from pipeline.registry import (
@@ -30,125 +25,11 @@ from pipeline.registry import (
     resolve_digest,
     validate_tag,
 )
-
-USER, PASSWORD = "ci-bot", "s3cr3t-Passw0rd"
-
-
-def _digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
-class FakeRegistry(BaseAdapter):
-    """A v2 registry in memory: manifests by digest, tags, optional Basic or Bearer auth.
-
-    `fail` is a list of things to answer first, one per request: an int status or
-    an exception instance. `log` records (method, path, authorization header).
-    """
-
-    def __init__(self, auth: str | None = None, *, send_digest_on_head: bool = True) -> None:
-        super().__init__()
-        self.auth = auth
-        self.send_digest_on_head = send_digest_on_head
-        self.blobs: dict[str, tuple[bytes, str]] = {}
-        self.tags: dict[str, dict[str, str]] = {}
-        self.fail: list[int | Exception] = []
-        self.log: list[tuple[str, str, str]] = []
-        self.tokens_issued: list[str] = []
-        self.token_requests: list[dict[str, list[str]]] = []
-
-    # -- fixtures -------------------------------------------------------------
-    def add(self, repo: str, tag: str, body: bytes, media_type: str = MEDIA_DOCKER_MANIFEST) -> str:
-        d = _digest(body)
-        self.blobs[d] = (body, media_type)
-        self.tags.setdefault(repo, {})[tag] = d
-        return d
-
-    # -- transport ------------------------------------------------------------
-    def close(self) -> None:
-        pass
-
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
-        url = urlsplit(request.url or "")
-        authz = str(request.headers.get("Authorization", ""))
-        self.log.append((request.method or "", url.path, authz))
-        if self.fail:
-            f = self.fail.pop(0)
-            if isinstance(f, Exception):
-                raise f
-            return self._resp(request, f, b"{}")
-        if url.path == "/token":
-            return self._token(request, parse_qs(url.query), authz)
-        if not self._authorised(authz):
-            challenge = (
-                'Basic realm="test"'
-                if self.auth == "basic"
-                else f'Bearer realm="{url.scheme}://{url.netloc}/token",service="fake"'
-            )
-            return self._resp(
-                request, 401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {"WWW-Authenticate": challenge}
-            )
-        path = url.path
-        if path == "/v2/":
-            return self._resp(request, 200, b"{}")
-        repo, _, rest = path[len("/v2/") :].partition("/manifests/")
-        if rest:
-            return self._manifest(request, repo, rest)
-        repo = path[len("/v2/") :].removesuffix("/tags/list")
-        if repo in self.tags:
-            return self._resp(
-                request, 200, json.dumps({"name": repo, "tags": list(self.tags[repo])}).encode()
-            )
-        return self._resp(request, 404, b'{"errors":[{"code":"NAME_UNKNOWN"}]}')
-
-    def _authorised(self, authz: str) -> bool:
-        if self.auth is None:
-            return True
-        if self.auth == "basic":
-            return authz == "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        return authz.startswith("Bearer ") and authz[len("Bearer ") :] in self.tokens_issued
-
-    def _token(self, request: requests.PreparedRequest, query: dict[str, list[str]], authz: str) -> Any:
-        self.token_requests.append(query)
-        good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        if authz and authz != good:
-            return self._resp(request, 401, b"{}")
-        token = f"tok{len(self.tokens_issued)}"
-        self.tokens_issued.append(token)
-        return self._resp(request, 200, json.dumps({"token": token}).encode())
-
-    def _manifest(self, request: requests.PreparedRequest, repo: str, ref: str) -> requests.Response:
-        if request.method == "PUT":
-            body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
-            d = _digest(body)
-            self.blobs[d] = (body, str(request.headers["Content-Type"]))
-            self.tags.setdefault(repo, {})[ref] = d
-            return self._resp(request, 201, b"", {"Docker-Content-Digest": d})
-        d = ref if ref.startswith("sha256:") else self.tags.get(repo, {}).get(ref, "")
-        if d not in self.blobs:
-            return self._resp(request, 404, b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}')
-        body, media = self.blobs[d]
-        headers = {"Content-Type": media}
-        if request.method != "HEAD" or self.send_digest_on_head:
-            headers["Docker-Content-Digest"] = d
-        return self._resp(request, 200, b"" if request.method == "HEAD" else body, headers)
-
-    @staticmethod
-    def _resp(
-        request: requests.PreparedRequest, status: int, body: bytes, headers: Mapping[str, str] | None = None
-    ) -> requests.Response:
-        r = requests.Response()
-        r.status_code = status
-        r._content = body
-        r.headers = CaseInsensitiveDict(headers or {})
-        r.url = request.url or ""
-        r.request = request
-        return r
+from tests.fixtures.registry_fake import PASSWORD, USER, FakeRegistry, fake_session
 
 
 def _client(fake: FakeRegistry, **kw: Any) -> RegistryClient:
-    session = requests.Session()
-    session.mount("http://", fake)
-    session.mount("https://", fake)
+    session = fake_session(fake)
     kw.setdefault("sleep", lambda s: None)
     return RegistryClient("127.0.0.1:5000", session=session, **kw)
 
@@ -396,31 +277,24 @@ def test_refusals_are_not_retried() -> None:
 # ---------------------------------------------------------------- resolve_digest
 
 
-def _session(fake: FakeRegistry) -> requests.Session:
-    s = requests.Session()
-    s.mount("http://", fake)
-    s.mount("https://", fake)
-    return s
-
-
 def test_resolve_digest_answers_and_passes_digests_through() -> None:
     fake = FakeRegistry()
     d = fake.add("atom", "v1", MANIFEST)
-    assert resolve_digest("127.0.0.1:5000/atom:v1", session=_session(fake)) == d
+    assert resolve_digest("127.0.0.1:5000/atom:v1", session=fake_session(fake)) == d
     pinned = "rocm/pytorch@sha256:" + "c" * 64
-    assert resolve_digest(pinned, session=_session(fake)) == "sha256:" + "c" * 64
+    assert resolve_digest(pinned, session=fake_session(fake)) == "sha256:" + "c" * 64
 
 
 def test_resolve_digest_none_when_nothing_answers() -> None:
     fake = FakeRegistry()
     fake.fail = [requests.ConnectionError("Name or service not known")] * 5
-    assert resolve_digest("rocm/pytorch:latest", session=_session(fake)) is None
+    assert resolve_digest("rocm/pytorch:latest", session=fake_session(fake)) is None
     assert fake.log[0][1] == "/v2/rocm/pytorch/manifests/latest"
 
 
 def test_resolve_digest_missing_image_is_an_error() -> None:
     with pytest.raises(RegistryError, match="has no image"):
-        resolve_digest("127.0.0.1:5000/atom:nope", session=_session(FakeRegistry()))
+        resolve_digest("127.0.0.1:5000/atom:nope", session=fake_session(FakeRegistry()))
 
 
 def test_resolve_digest_never_sends_push_credentials_from_env(tmp_path: Path) -> None:
@@ -428,4 +302,4 @@ def test_resolve_digest_never_sends_push_credentials_from_env(tmp_path: Path) ->
     fake.add("atom", "v1", MANIFEST)
     env = {"PIPELINE_REGISTRY_USER": USER, "PIPELINE_REGISTRY_PASSWORD": PASSWORD, "HOME": str(tmp_path)}
     with pytest.raises(RegistryAuthError):
-        resolve_digest("127.0.0.1:5000/atom:v1", env=env, session=_session(fake))
+        resolve_digest("127.0.0.1:5000/atom:v1", env=env, session=fake_session(fake))
