@@ -49,7 +49,7 @@ from pipeline.registry import (
     credentials_for,
     default_scheme,
     parse_image_ref,
-    validate_tag,
+    tag_problem,
 )
 
 VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
@@ -135,6 +135,22 @@ def load_verdict(path: Path) -> Verdict:
         ) from None
 
 
+def check_passed(verdict: Verdict, image: str) -> None:
+    """Refuse a verdict that did not pass (needs no engine: checked first)."""
+    where = f"the smoke verdict {verdict.path}"
+    if verdict.status != "passed" or not verdict.passed:
+        why = {
+            "failed": "the smoke test failed",
+            "no-hardware": "the smoke test did not run (no GPUs or model cache on that machine)",
+            "error": "the smoke test could not complete",
+        }.get(verdict.status, f"its status is '{verdict.status}'")
+        raise TagError(
+            f"refusing to tag {image}: {where} did not pass: {why}"
+            + (f" ({verdict.reason})." if verdict.reason else "."),
+            hint="Only a passed smoke test can tag an image. Fix the failure and run `pipeline smoke` again.",
+        )
+
+
 @dataclass(frozen=True)
 class Binding:
     """A verdict checked against the image, recipe and lock it must belong to."""
@@ -157,17 +173,7 @@ def check_binding(
 ) -> Binding:
     """Refuse a failed, foreign or stale verdict, each with its own message."""
     where = f"the smoke verdict {verdict.path}"
-    if verdict.status != "passed" or not verdict.passed:
-        why = {
-            "failed": "the smoke test failed",
-            "no-hardware": "the smoke test did not run (no GPUs or model cache on that machine)",
-            "error": "the smoke test could not complete",
-        }.get(verdict.status, f"its status is '{verdict.status}'")
-        raise TagError(
-            f"refusing to tag {image}: {where} did not pass: {why}"
-            + (f" ({verdict.reason})." if verdict.reason else "."),
-            hint="Only a passed smoke test can tag an image. Fix the failure and run `pipeline smoke` again.",
-        )
+    check_passed(verdict, image)
     if info is None:
         raise TagError(
             f"refusing to tag: the image {image} does not exist in the Docker engine.",
@@ -284,7 +290,14 @@ def render_tag(template: str, fields: Mapping[str, str], *, setting: str) -> str
         ) from None
     except (ValueError, IndexError) as e:
         raise ConfigError(f"[tag] {setting} = {template!r} is not a valid template: {e}.") from None
-    return validate_tag(tag, what=f"the tag made by [tag] {setting} = {template!r},")
+    problem = tag_problem(tag)
+    if problem:
+        raise UsageError(
+            f"[tag] {setting} = {template!r} makes the tag '{tag}', which is not a valid registry tag: "
+            f"{problem}.",
+            hint="Change the template; a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}. Nothing was pushed.",
+        )
+    return tag
 
 
 def plan_tags(settings: Settings, fields: Mapping[str, str]) -> tuple[str, list[str]]:
@@ -437,7 +450,7 @@ def tag_verified(
                     hint="Find out why the same inputs gave a different image, or change [tag] tag_template.",
                 )
             digest, pushed = existing, False
-            log.info(f"{target.name}:{immutable} already holds this image ({existing}); not pushed again")
+            log.detail(f"{target.name}:{immutable} already holds this image ({existing}); not pushed again")
         else:
             engine.tag(img.id, target.name, immutable)
             log.detail(f"pushing {target.name}:{immutable}")
@@ -463,7 +476,7 @@ def tag_verified(
                 f"but {immutable} is {digest} (foreign verdict); the moving tags were not touched.",
                 hint=RERUN,
             )
-        log.info(f"{target.name}:{immutable} → {digest}")
+        log.detail(f"{target.name}:{immutable} → {digest}")
 
         # 3. record (and attestation) before any moving tag points at the image
         statement = build_statement(
@@ -526,7 +539,7 @@ def _move_tags(
                 continue
             client.put_manifest(repo, tag, body, media_type)
             moved.append(tag)
-            log.info(f"{target.name}:{tag} → {digest} (was {previous[tag] or 'absent'})")
+            log.detail(f"{target.name}:{tag} → {digest} (was {previous[tag] or 'absent'})")
     except PipelineError as err:
         restored, left = _restore(client, target, digest, previous, moved, log)
         note = ""

@@ -452,3 +452,67 @@ def _load(world: World) -> Any:
     from pipeline.tag import load_verdict
 
     return load_verdict(world.verdict_path)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+@pytest.fixture
+def cli(world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+    """`pipeline tag` wired to the fake engine and the in-memory registry."""
+    engine = _engine(world, fake)
+    engine.close = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setattr("pipeline.dockerw.Engine.connect", classmethod(lambda cls, *a, **kw: engine))
+    real_init = RegistryClient.__init__
+
+    def init(self: RegistryClient, registry: str, **kw: Any) -> None:
+        kw.update(session=fake_session(fake), sleep=lambda s: None)
+        real_init(self, registry, **kw)
+
+    monkeypatch.setattr(RegistryClient, "__init__", init)
+    monkeypatch.chdir(world.root)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(world.root / "cache"))
+    return engine
+
+
+def _argv(world: World, *extra: str) -> list[str]:
+    return ["tag", "--image", "atom:test", "--verdict", str(world.verdict_path), "--registry", REG, *extra]
+
+
+def test_cli_json_result(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    assert main(_argv(world, "--lock", str(world.lock_path), "--json", "--push-latest")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["immutable_ref"] == f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
+    assert out["moved"] == [f"{MODEL}-verified", "latest"] and out["digest"] == fake.tags[REPO]["latest"]
+    assert out["pinned_ref"] == f"{REG}/{REPO}@{out['digest']}"
+
+
+def test_cli_default_lock_path_from_model_label(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    (world.root / "pipeline.toml").write_text(f'[paths]\nlocks_dir = "{world.root / "locks"}"\n')
+    assert main(_argv(world, "--repository", "team/atom")) == 0
+    out = capsys.readouterr().out
+    assert f"{REG}/team/atom@sha256:" in out and f"{MODEL}-verified" in out
+    assert fake.tags["team/atom"][EXPECTED_IMMUTABLE]
+
+
+def test_cli_failed_verdict_refused_before_the_engine(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(world.root)
+    world.write_verdict(status="no-hardware", passed=False, reason="no /dev/kfd")
+    assert main(_argv(world)) == ExitCode.TAG  # the engine (forbidden here) was never reached
+    err = capsys.readouterr().err
+    assert "did not run" in err and "no /dev/kfd" in err
+    world.verdict_path.unlink()
+    assert main(_argv(world)) == ExitCode.TAG
+    assert "missing verdict" in capsys.readouterr().err
