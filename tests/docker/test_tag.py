@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -338,3 +339,40 @@ def test_auth_registry_credentials_never_shown(
 
     _assert_secret_nowhere(password, texts, [cli_env, world.root])
     _assert_secret_nowhere(wrong, texts, [cli_env, world.root])
+
+
+def test_cosign_attests_the_pushed_digest(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in `cosign` on PATH records how it is called (the real one needs keys and a Rekor)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "cosign-calls.json"
+    script = bindir / "cosign"
+    script.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, os, sys\n"
+        "args = sys.argv[1:]\n"
+        "pred = json.load(open(args[args.index('--predicate') + 1]))\n"
+        f"json.dump({{'args': args, 'predicate_image': pred['image']}}, open({str(calls)!r}, 'w'))\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    repo = f"{REPO_PREFIX}/cosign-{docker_cleanup.case_id}"
+    assert main(_tag_args(world, image, registry, repo, "--cosign", "--json")) == 0
+    result = json.loads(capsys.readouterr().out)
+    call = json.loads(calls.read_text())
+    assert result["attested"] is True
+    assert call["args"][:2] == ["attest", "--yes"]
+    assert call["args"][-1] == f"{registry.repo(repo)}@{result['digest']}"
+    assert call["predicate_image"]["digest"] == result["digest"]
+    assert "--allow-http-registry" in call["args"]
