@@ -26,6 +26,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -392,6 +393,7 @@ def tag_verified(
     client: RegistryClient | None = None,
     lock_timeout: float = 120.0,
     run_cosign: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> TagResult:
     """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags."""
     started = _now()
@@ -454,7 +456,7 @@ def tag_verified(
         else:
             engine.tag(img.id, target.name, immutable)
             log.detail(f"pushing {target.name}:{immutable}")
-            digest = engine.push(target.name, immutable, auth_config=creds.auth_config if creds else None)
+            digest = _push(engine, target.name, immutable, creds.auth_config if creds else None, log, sleep)
             pushed = True
             # 2. read it back from the registry API: that, not the push stream, is what we tag
             readback = client.manifest_digest(repo, immutable)
@@ -519,6 +521,39 @@ def tag_verified(
         pushed=pushed,
         attested=attested,
     )
+
+
+PUSH_ATTEMPTS = 3
+
+
+def _push(
+    engine: EngineLike,
+    repo: str,
+    tag: str,
+    auth_config: Mapping[str, str] | None,
+    log: Logger,
+    sleep: Callable[[float], None],
+) -> str:
+    """`engine.push` with bounded retries when the registry (or engine) is unreachable.
+
+    A refusal (TagError: denied, bad credentials) is not retried; pushing the same
+    image again is harmless, so a transient failure is.
+    """
+    for attempt in range(1, PUSH_ATTEMPTS + 1):
+        try:
+            return engine.push(repo, tag, auth_config=auth_config)
+        except InfraError as err:
+            if attempt == PUSH_ATTEMPTS:
+                raise InfraError(
+                    f"{err.message} (gave up after {PUSH_ATTEMPTS} attempts; "
+                    "the moving tags were not touched)",
+                    hint=err.hint,
+                    evidence=err.evidence,
+                ) from err
+            delay = 2.0 ** (attempt - 1)
+            log.warn(f"push of {repo}:{tag} failed ({err.message}); retrying in {delay:.0f}s")
+            sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _move_tags(

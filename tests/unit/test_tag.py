@@ -516,3 +516,39 @@ def test_cli_failed_verdict_refused_before_the_engine(
     world.verdict_path.unlink()
     assert main(_argv(world)) == ExitCode.TAG
     assert "missing verdict" in capsys.readouterr().err
+
+
+def test_push_retried_on_infra_errors_then_gives_up(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    real_push = engine.push
+    failures = [InfraError("the registry could not be reached")] * 2
+
+    def flaky_push(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        if failures:
+            raise failures.pop()
+        return real_push(repo, tag, auth_config)
+
+    engine.push = flaky_push  # type: ignore[method-assign]
+    sleeps: list[float] = []
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    kwargs: dict[str, Any] = dict(
+        image="atom:test",
+        verdict_path=world.verdict_path,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=REG),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        client=client,
+        sleep=sleeps.append,
+    )
+    result = tag_verified(engine, **kwargs)
+    assert result.pushed and sleeps == [1.0, 2.0]
+
+    before = fake.tags[REPO][f"{MODEL}-verified"]
+    fake.tags[REPO].pop(EXPECTED_IMMUTABLE)
+    failures.extend([InfraError("down")] * 5)
+    with pytest.raises(InfraError, match="gave up after 3 attempts"):
+        tag_verified(engine, **kwargs)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
