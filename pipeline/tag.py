@@ -93,7 +93,13 @@ class Verdict:
 
 
 def load_verdict(path: Path) -> Verdict:
-    """Read `verdict.json`; TagError saying "missing" or "unreadable" otherwise."""
+    """Read `verdict.json` (or the run directory holding one); TagError saying "missing" or "unreadable".
+
+    Same document as `pipeline.smoke.verdict.Verdict`; read here with the tag stage's own
+    refusal messages (a missing verdict is a refusal to tag, not a configuration error).
+    """
+    if path.is_dir():
+        path = path / "verdict.json"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -405,6 +411,7 @@ def tag_verified(
             hint="Install cosign, or run without --cosign.",
         )
     verdict = load_verdict(verdict_path)
+    verdict_path = verdict.path
     info = engine.image(image)
     binding = check_binding(
         verdict,

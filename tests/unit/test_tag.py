@@ -552,3 +552,20 @@ def test_push_retried_on_infra_errors_then_gives_up(world: World, fake: FakeRegi
     with pytest.raises(InfraError, match="gave up after 3 attempts"):
         tag_verified(engine, **kwargs)
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
+
+
+def test_verdict_may_be_given_as_its_run_directory(world: World, fake: FakeRegistry) -> None:
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    result = tag_verified(
+        _engine(world, fake),
+        image="atom:test",
+        verdict_path=world.verdict_path.parent,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=REG),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        client=client,
+    )
+    assert result.record_path == world.verdict_path.parent / "record.json"
