@@ -569,3 +569,21 @@ def test_verdict_may_be_given_as_its_run_directory(world: World, fake: FakeRegis
         client=client,
     )
     assert result.record_path == world.verdict_path.parent / "record.json"
+
+
+def test_verdict_bound_to_another_digest_moves_nothing(world: World, fake: FakeRegistry) -> None:
+    good = world.verdict()
+    world.write_verdict(image={**good["image"], "digest": "sha256:" + "d" * 64})
+    before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    with pytest.raises(TagError, match="foreign verdict"):
+        _run(world, _engine(world, fake), fake)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
+def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: FakeRegistry) -> None:
+    first = _run(world, _engine(world, fake), fake)
+    good = world.verdict()
+    world.write_verdict(image={**good["image"], "digest": first.digest})
+    again = _run(world, _engine(world, fake), fake)
+    assert again.digest == first.digest and not again.pushed
