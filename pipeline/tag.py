@@ -328,6 +328,13 @@ def target_repository(settings: Settings, registry: str | None, repository: str 
     """`registry/repository` to push to (flags over settings)."""
     repo = repository or settings.image.repository
     reg = registry if registry is not None else settings.tag.registry
+    if "@" in reg or "://" in reg:
+        # not echoed: a value like user:password@host would put a secret on the console
+        raise UsageError(
+            "the registry to push to must be host[:port], without a scheme or credentials.",
+            hint="Give credentials in PIPELINE_REGISTRY_USER / PIPELINE_REGISTRY_PASSWORD "
+            "or the Docker config.",
+        )
     name = f"{reg.rstrip('/')}/{repo}" if reg else repo
     ref = parse_image_ref(name)
     if ref.tag or ref.digest:

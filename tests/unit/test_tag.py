@@ -587,3 +587,18 @@ def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: Fake
     world.write_verdict(image={**good["image"], "digest": first.digest})
     again = _run(world, _engine(world, fake), fake)
     assert again.digest == first.digest and not again.pushed
+
+
+def test_registry_with_credentials_in_it_is_refused_without_echo(world: World) -> None:
+    from pipeline.tag import target_repository
+
+    with pytest.raises(UsageError) as e:
+        target_repository(world.settings(), "bob:Secr3tPw@registry.example", None)
+    assert "Secr3tPw" not in str(e.value)
+    with pytest.raises(UsageError):
+        target_repository(world.settings(), "https://registry.example", None)
+    assert (
+        str(target_repository(world.settings(), "registry.example:5000", "a/b"))
+        == "registry.example:5000/a/b"
+    )
+    assert str(target_repository(world.settings(), None, None)) == "docker.io/rocm/atom-dev"
