@@ -7,10 +7,8 @@ exists, after printing the report; usage and source problems keep their codes.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -21,6 +19,8 @@ from pipeline.errors import IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
 from pipeline.lock import Lock
+from pipeline.patchq import PatchSeries, patched_commit
+from pipeline.sources import is_local, mirrors_for_lock, open_mirror
 
 
 @click.command(name="check")
@@ -54,6 +54,16 @@ from pipeline.lock import Lock
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the report to this file (atomically) instead of stdout.",
 )
+@click.option(
+    "--patches-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Patch series applied to ATOM when the lock records applied patches (default: paths.patches_dir).",
+)
+@click.option(
+    "--unpatched",
+    is_flag=True,
+    help="Check the pinned ATOM commit as it is, even when the lock records applied patches.",
+)
 @pass_app
 def command(
     app: App,
@@ -65,8 +75,18 @@ def command(
     baseline_aiter: str | None,
     fmt: str,
     output: Path | None,
+    patches_dir: Path | None,
+    unpatched: bool,
 ) -> None:
-    """Check every ATOM call of an aiter function against aiter's signatures."""
+    """Check every ATOM call of an aiter function against aiter's signatures.
+
+    \b
+    With --lock: the locked commits; when the lock records applied patches, the
+    patched ATOM tree (the same commit `pipeline patch` makes, no work tree).
+    Without: --atom/--aiter refs (default: the configured refs) in
+    --atom-repo/--aiter-repo (a local path is read as it is; a URL through its mirror).
+    Exit 0 compatible, 4 incompatible (after the report), 2 usage, 3 source problems.
+    """
     if lock_path is not None and (atom_ref or aiter_ref):
         raise UsageError(
             "--lock and --atom/--aiter both name the commits to check.",
@@ -80,17 +100,24 @@ def command(
         lock = Lock.load(lock_path)
         atom, aiter = _repos_for_lock(settings, lock, atom_repo, aiter_repo)
         atom_rev, aiter_rev = lock.atom.sha, lock.aiter.sha
-        if lock.applied_patches:
-            log.warn(
-                f"{len(lock.applied_patches)} patch(es) are applied in this lock; this check reads the "
-                "pinned ATOM commit. The patch stage runs the check on the patched tree."
-            )
+        if lock.applied_patches and not unpatched:
+            series = PatchSeries.load(patches_dir or Path(settings.paths.patches_dir))
+            applied = patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
+            if {p.name for p in applied.applied} != {p.name for p in lock.applied_patches}:
+                log.warn(
+                    "the patch series applies differently from what the lock records "
+                    f"({', '.join(p.name for p in applied.applied) or 'none'} now, "
+                    f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
+                    "checking the series as it applies now."
+                )
+            atom_rev = applied.head_sha
+            log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(applied.applied)} patch(es))")
     else:
         atom = open_repo(settings, settings.sources.atom_repo, "ATOM")
         aiter = open_repo(settings, settings.sources.aiter_repo, "aiter")
         atom_rev, aiter_rev = settings.sources.atom_ref, settings.sources.aiter_ref
 
-    with log.stage("check", f"ATOM {atom_rev} × aiter {aiter_rev}") as rec:
+    with log.stage("check", f"ATOM {atom_rev[:12]} × aiter {aiter_rev[:12]}") as rec:
         report = run_check(
             atom,
             atom_rev,
@@ -110,10 +137,8 @@ def command(
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")
-    elif fmt == "text":
-        app.echo(text)
     else:
-        click.echo(app.log.redact(text))
+        click.echo(app.log.redact(text), nl=False)
     if log.github:
         for f in report.errors:
             log.error(f.message, file=f.path, line=f.line)
@@ -137,25 +162,21 @@ def render(report: CheckReport, fmt: str) -> str:
 def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
     """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
     path = Path(url).expanduser()
-    if path.exists():
+    if is_local(url) and path.exists():
         return GitRepo(path)
-    sources = _sources_module()
-    if sources is None:
+    if is_local(url):
         raise SourceError(
-            f"the {name} repository {url} is not a local path, and this build has no mirror support.",
-            hint=f"Pass a local clone with --{name.lower()}-repo PATH.",
+            f"the {name} repository path {url} does not exist.",
+            hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
         )
-    repo: GitRepo = sources.open_mirror(settings, url, fetch=False)
-    return repo
+    return open_mirror(settings, url, fetch=False)
 
 
 def _repos_for_lock(
     settings: Settings, lock: Lock, atom_repo: str | None, aiter_repo: str | None
 ) -> tuple[GitRepo, GitRepo]:
-    sources = _sources_module()
-    if sources is not None and not atom_repo and not aiter_repo:
-        atom, aiter = sources.mirrors_for_lock(settings, lock)
-        return atom, aiter
+    if not atom_repo and not aiter_repo:
+        return mirrors_for_lock(settings, lock)
     atom = open_repo(settings, atom_repo or lock.atom.url, "ATOM")
     aiter = open_repo(settings, aiter_repo or lock.aiter.url, "aiter")
     for repo, pin, name in ((atom, lock.atom, "ATOM"), (aiter, lock.aiter, "aiter")):
@@ -166,10 +187,3 @@ def _repos_for_lock(
                 "that has it.",
             )
     return atom, aiter
-
-
-def _sources_module() -> Any:
-    try:
-        return importlib.import_module("pipeline.sources")
-    except ImportError:
-        return None

@@ -153,7 +153,8 @@ class CheckReport:
         for f in self.findings:
             lines.append(f"{f.path}:{f.line}:{f.col}: {f.severity}: [{f.kind}] {f.message}")
             for d in f.details:
-                lines.append(f"    {d}")
+                if d not in f.message:
+                    lines.append(f"    {d}")
             if f.cause is not None:
                 lines.append(f"    cause: aiter {f.cause.commit.sha} (last good {f.cause.last_good or '?'})")
         for u in self.unparseable:

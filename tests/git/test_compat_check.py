@@ -12,6 +12,7 @@ from pipeline.cli import main
 from pipeline.compat import CheckReport, Finding, run_check
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
+from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
 
 
@@ -233,3 +234,29 @@ def test_cli_sarif_to_file_and_usage_errors(
     assert main([*cli_env, "--lock", str(tmp_path / "x.toml"), "--atom", "main"]) == ExitCode.USAGE
     assert main([*cli_env, "--atom", "no-such-ref", "--aiter", fx.a["A4"]]) == ExitCode.SOURCE
     assert main([*cli_env, "--format", "xml"]) == ExitCode.USAGE
+
+
+def test_cli_lock_file(
+    cli_env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
+
+    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
+        c = repo.commit_info(sha)
+        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
+
+    def lock_for(t: str, a: str) -> Path:
+        lock = Lock(
+            model="m",
+            sources=Sources(atom=pin(atom, fx.atom, fx.t[t]), aiter=pin(aiter, fx.aiter, fx.a[a])),
+            base_image=BaseImagePin(ref="rocm/pytorch:x"),
+        )
+        path = tmp_path / f"{t}-{a}.toml"
+        path.write_text(lock.to_toml())
+        return path
+
+    assert main([*cli_env, "--lock", str(lock_for("T2", "A4"))]) == 0
+    assert "compatible: 0 error(s)" in capsys.readouterr().out
+    assert main([*cli_env, "--lock", str(lock_for("T1", "A2")), "--format", "json"]) == ExitCode.INCOMPATIBLE
+    d = json.loads(capsys.readouterr().out)
+    assert d["atom"] == fx.t["T1"] and d["aiter"] == fx.a["A2"]
