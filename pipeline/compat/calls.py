@@ -194,15 +194,7 @@ class _Scanner:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
         names = {n for n in names if n.isidentifier()}
         pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
-        hits: list[int] = []
-        line = 1
-        pos = 0
-        for m in pat.finditer(self.text):
-            line += self.text.count("\n", pos, m.start())
-            pos = m.start()
-            if not hits or hits[-1] != line:
-                hits.append(line)
-        self.hot_lines = hits
+        self.hot_lines = [i for i, line in enumerate(self.lines, 1) if pat.search(line)]
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
         key = frozenset(n for n in names if n.isidentifier())
@@ -674,6 +666,11 @@ def _walk_scope(fn: ast.AST) -> list[ast.AST]:
     return out
 
 
+_IMPORTS_AITER = re.compile(
+    rb"^[ \t]*(?:from[ \t]+aiter[\w.]*[ \t]+import"
+    rb"|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*aiter\b)",
+    re.M,
+)
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
@@ -685,8 +682,8 @@ def scan_file(data: bytes, path: str) -> FileCalls:
     bodies that mention one of them (or `aiter`, or an instance attribute set
     from one) are parsed. A body that mentions none cannot call aiter.
     """
-    if ROOT.encode() not in data:
-        return FileCalls(path)
+    if ROOT.encode() not in data or not _IMPORTS_AITER.search(data):
+        return FileCalls(path)  # says `aiter` (rocm_aiter, torch.ops.aiter, ...) but never imports it
     text = data.decode("utf-8", "replace")
     tree: ast.Module | str | None = None
     spans = def_spans(data)
