@@ -207,3 +207,9 @@ def test_line_numbers_survive_body_stripping() -> None:
     src = "import aiter\n\n\ndef unrelated():\n    x = 1\n    return x\n\n\ndef f(t):\n    aiter.g(t)\n"
     (call,) = scan_file(src.encode(), "atom/x.py").calls
     assert (call.line, call.col) == (10, 5)
+
+
+def test_files_that_only_mention_aiter_are_skipped_but_any_import_form_counts() -> None:
+    assert scan_file(b"import torch\n\ndef f(x):\n    return torch.ops.aiter.k(x)\n", "atom/a.py").calls == []
+    (c,) = scan_file(b"import torch, aiter\n\ndef f(x):\n    return aiter.k(x)\n", "atom/b.py").calls
+    assert c.qualname == "aiter.k"
