@@ -171,11 +171,37 @@ def shifted_args(old: Signature, new: Signature, call: RawCall) -> list[int]:
     """1-based positions of the positional arguments that land elsewhere than written for `old`."""
     ob, nb = bind(call, old), bind(call, new)
     pm = param_map(old, new)
-    return [
+    shifted = [
         i
         for i, (op, np_) in enumerate(zip(ob.positional, nb.positional, strict=True), 1)
         if np_ is not None and (pm.get(op.name) if op else None) != np_.name
     ]  # an argument with no slot any more is a too-many-positional error, not a shift
+    if shifted and _benign(call, ob, nb, pm, new, shifted):
+        return []
+    return shifted
+
+
+def _benign(
+    call: RawCall, ob: Binding, nb: Binding, pm: dict[str, str], new: Signature, shifted: list[int]
+) -> bool:
+    """Only `None` literals moved, between parameters that all default to None: nothing changes."""
+    by_name = {p.name: p for p in new.params}
+    filled: dict[str, str | None] = {}  # new param -> evident type of what fills it now
+    for a, p in zip(call.args, nb.positional, strict=True):
+        if p is not None:
+            filled[p.name] = a.etype
+    for name, a in call.kwargs:
+        filled[name] = a.etype
+    for i in shifted:
+        a, op, np_ = call.args[i - 1], ob.positional[i - 1], nb.positional[i - 1]
+        if a.etype != "None" or np_ is None or not np_.default_none:
+            return False
+        intended = by_name.get(pm.get(op.name, "")) if op else None
+        if intended is not None and not (
+            intended.default_none and filled.get(intended.name, "None") == "None"
+        ):
+            return False
+    return True
 
 
 def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | None]]:

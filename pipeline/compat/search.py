@@ -21,6 +21,9 @@ from pathlib import Path
 from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.patchq import PatchSeries, patched_commit
+from pipeline.patchq.conditions import atom_in_range, requirement_holds
+from pipeline.patchq.model import Patch
 
 
 @dataclass(frozen=True)
@@ -58,14 +61,23 @@ def search_compatible(
     cache_dir: Path | None = None,
     baseline_aiter_rev: str | None = None,
     max_commits: int = 2000,
+    patches: PatchSeries | None = None,
 ) -> SearchResult:
+    """Newest aiter commit (first-parent history of `aiter_head`) ATOM is compatible with.
+
+    With `patches`, each aiter commit is checked against the patched ATOM tree
+    for that commit (the series' aiter conditions decide which patches apply),
+    as `pipeline patch` would build it.
+    """
     t0 = time.perf_counter()
     atom_sha = resolve_sha(atom, atom_rev, "ATOM")
     head = resolve_sha(aiter, aiter_head, "aiter")
     explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
     caches = Caches.open(cache_dir)
     try:
-        checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
+        base_checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
+        variants = _Variants(patches, atom, atom_sha, aiter, caches, head, base_checker)
+        checker = variants.checker_for(head)
         at_head = checker.check(head)
         examined = 1
         if at_head.ok:
@@ -81,6 +93,7 @@ def search_compatible(
         newer: CommitInfo = aiter.commit_info(head)
         last_report = at_head
         for cand in candidates[:max_commits]:
+            checker = variants.checker_for(cand.sha)
             report = checker.check(cand.sha, with_causes=False)
             examined += 1
             # Files the check reads may differ at older commits (functions move).
@@ -120,18 +133,83 @@ def search_compatible(
                 also = f"; it also breaks {', '.join(others[:5])}" if others else ""
                 return _none(
                     at_head, examined, last_report, t0,
-                    f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} without "
-                    f"patches: going back from the head, every commit keeps at least one breaking call "
+                    f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} "
+                    f"{variants.phrase}: going back from the head, every commit keeps at least one "
+                    "breaking call "
                     f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
                     f"(older aiter commits lack them too){also}.",
                 )  # fmt: skip
         return _none(
             at_head, examined, last_report, t0,
             f"no aiter commit in the {examined} examined up to {head[:10]} is compatible with ATOM "
-            f"{atom_sha[:10]} without patches.",
+            f"{atom_sha[:10]} {variants.phrase}.",
         )  # fmt: skip
     finally:
         caches.save()
+
+
+class _Variants:
+    """The ATOM tree to check for each aiter commit: as pinned, or patched as that commit requires."""
+
+    def __init__(
+        self,
+        series: PatchSeries | None,
+        atom: GitRepo,
+        atom_sha: str,
+        aiter: GitRepo,
+        caches: Caches,
+        head: str,
+        base: Checker,
+    ) -> None:
+        self.series = series
+        self.atom, self.atom_sha, self.aiter, self.caches, self.head = atom, atom_sha, aiter, caches, head
+        self.base = base
+        self.phrase = "without patches" if series is None else "even with the patch series applied"
+        self._by_key: dict[tuple[bool, ...], Checker] = {}
+        self._in_range: list[Patch] = []
+        if series is not None:
+            self._in_range = [p for p in series if atom_in_range(p, atom, atom_sha).needed]
+        self._req_memo: dict[tuple[str, str, str], bool] = {}
+
+    def checker_for(self, aiter_sha: str) -> Checker:
+        if not self._in_range:
+            return self.base
+        key = tuple(self._needed(p, aiter_sha) for p in self._in_range)
+        got = self._by_key.get(key)
+        if got is None:
+            if not any(key):
+                got = self.base
+            else:
+                assert self.series is not None
+                head = patched_commit(self.series, self.atom, self.atom_sha, self.aiter, aiter_sha).head_sha
+                # The patched lines were written for the aiter that needs them; the rest of the
+                # tree keeps the unpatched commit's baseline.
+                got = Checker(
+                    self.atom, head, self.aiter, self.caches, tip=self.head,
+                    explicit_baseline=self.base.explicit_baseline,
+                )  # fmt: skip
+                if self.base.explicit_baseline is None:
+                    got.date_baseline = self.base.date_baseline
+            self._by_key[key] = got
+        return got
+
+    def _needed(self, patch: Patch, aiter_sha: str) -> bool:
+        """aiter conditions of the patch, with `F has P` read from the (cached) signature index."""
+        after = patch.aiter_after
+        if after is not None:
+            sha = self.aiter.rev_parse(after)
+            if sha is None or not self.aiter.is_ancestor(sha, aiter_sha):
+                return False
+        for req in patch.aiter_requires:
+            t = self.base.index(aiter_sha).resolve((req.function,))
+            if t.sig is not None:
+                has = any(p.name == req.param for p in t.sig.params)
+            else:
+                holds = requirement_holds(req, self.aiter, aiter_sha)[0]
+                has = holds if req.verb == "has" else not holds
+            if has != (req.verb == "has"):
+                return False
+        return True
 
 
 def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:

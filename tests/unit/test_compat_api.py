@@ -303,3 +303,10 @@ def test_sarif_is_2_1_0_shaped_for_code_scanning() -> None:
 @pytest.mark.parametrize("ann", ["int", "Optional[int]", "List[int]", "Union[int, str]", "x.Tensor | None"])
 def test_annotation_types_never_crash(ann: str) -> None:
     assert annotation_types(ann) is not None
+
+
+def test_none_literals_moving_between_none_defaults_is_not_a_shift() -> None:
+    old = sig("def f(x, k_scale=None, v_scale=None):\n    pass\n", "f")
+    new = sig("def f(x, dtype: Optional[str] = None, k_scale=None, v_scale=None):\n    pass\n", "f")
+    assert shifted_args(old, new, call("aiter.f(a, None, None)")) == []
+    assert shifted_args(old, new, call("aiter.f(a, s, None)")) == [2, 3]
