@@ -100,6 +100,7 @@ def command(
         lock = Lock.load(lock_path)
         atom, aiter = _repos_for_lock(settings, lock, atom_repo, aiter_repo)
         atom_rev, aiter_rev = lock.atom.sha, lock.aiter.sha
+        dated_by: str | None = None
         if lock.applied_patches and not unpatched:
             series = PatchSeries.load(patches_dir or Path(settings.paths.patches_dir))
             applied = patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
@@ -110,12 +111,13 @@ def command(
                     f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
                     "checking the series as it applies now."
                 )
-            atom_rev = applied.head_sha
+            atom_rev, dated_by = applied.head_sha, lock.atom.sha
             log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(applied.applied)} patch(es))")
     else:
         atom = open_repo(settings, settings.sources.atom_repo, "ATOM")
         aiter = open_repo(settings, settings.sources.aiter_repo, "aiter")
         atom_rev, aiter_rev = settings.sources.atom_ref, settings.sources.aiter_ref
+        dated_by = None
 
     with log.stage("check", f"ATOM {atom_rev[:12]} × aiter {aiter_rev[:12]}") as rec:
         report = run_check(
@@ -125,6 +127,7 @@ def command(
             aiter_rev,
             baseline_aiter_rev=baseline_aiter,
             cache_dir=settings.cache_dir / "compat",
+            dated_by=dated_by,
         )
         rec.figure = (
             f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), "

@@ -184,6 +184,7 @@ class Checker:
         *,
         tip: str,
         explicit_baseline: str | None = None,
+        dated_by: str | None = None,
     ) -> None:
         self.atom = atom
         self.atom_sha = atom_sha
@@ -199,7 +200,7 @@ class Checker:
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int], tuple[str, Signature, Binding] | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
-            int(atom.commit_info(atom_sha).date.timestamp())
+            int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
 
     def index(self, aiter_sha: str) -> ApiIndex:
@@ -580,12 +581,15 @@ def run_check(
     *,
     baseline_aiter_rev: str | None = None,
     cache_dir: Path | None = None,
+    dated_by: str | None = None,
 ) -> CheckReport:
     """Check every ATOM call of aiter at (atom, atom_rev) against aiter at aiter_rev.
 
     `baseline_aiter_rev` is the aiter the ATOM code was written against (the
     previous lock); by default each call's own (aiter as of when its lines
     were written), screened with aiter as of the ATOM commit's date.
+    `dated_by` names the ATOM commit whose date sets that screen when
+    `atom_rev` is a patched commit (dated by its patch): the unpatched one.
     """
     atom_sha = resolve_sha(atom, atom_rev, "ATOM")
     aiter_sha = resolve_sha(aiter, aiter_rev, "aiter")
@@ -593,12 +597,13 @@ def run_check(
     tip = aiter_tip(aiter, aiter_sha)
     caches = Caches.open(cache_dir)
     # Everything a report depends on is named by these SHAs (trees and histories are immutable).
-    key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}"
+    dated = resolve_sha(atom, dated_by, "ATOM") if dated_by else None
+    key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}:{dated or ''}"
     got = caches.reports.data.get(key)
     if isinstance(got, CheckReport):
         return got
     try:
-        checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit)
+        checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit, dated_by=dated)
         report = checker.check(aiter_sha)
         if len(caches.reports.data) > 256:
             caches.reports.data.clear()

@@ -186,10 +186,8 @@ class _Variants:
                 # tree keeps the unpatched commit's baseline.
                 got = Checker(
                     self.atom, head, self.aiter, self.caches, tip=self.head,
-                    explicit_baseline=self.base.explicit_baseline,
+                    explicit_baseline=self.base.explicit_baseline, dated_by=self.atom_sha,
                 )  # fmt: skip
-                if self.base.explicit_baseline is None:
-                    got.date_baseline = self.base.date_baseline
             self._by_key[key] = got
         return got
 

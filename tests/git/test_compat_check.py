@@ -173,14 +173,14 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
     assert sorted(p.name for p in cache.iterdir()) == [
-        "compat-aiter-v13.pickle",
-        "compat-atom-v13.pickle",
-        "compat-facts-v13.pickle",
-        "compat-reports-v13.pickle",
+        "compat-aiter-v14.pickle",
+        "compat-atom-v14.pickle",
+        "compat-facts-v14.pickle",
+        "compat-reports-v14.pickle",
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
-    (cache / "compat-reports-v13.pickle").unlink()  # summaries and git facts only
+    (cache / "compat-reports-v14.pickle").unlink()  # summaries and git facts only
     assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
     for p in cache.iterdir():
         p.write_bytes(b"not a pickle")

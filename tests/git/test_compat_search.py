@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from pipeline.compat import search_compatible
 from pipeline.gitw import GitRepo
+from pipeline.patchq import PatchSeries
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.patch_repos import patch_text, write_series
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +48,44 @@ def test_search_from_an_older_head(fx: CompatRepos) -> None:
     r = search_compatible(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), fx.a["A3"])
     assert r.newest_compatible is not None and r.newest_compatible.sha == fx.a["A1c"]
     assert r.first_breaking is not None and r.first_breaking.sha == fx.a["A2"]
+
+
+def test_search_runs_on_the_patched_tree(fx: CompatRepos, tmp_path: Path) -> None:
+    # A patch adapting dense.py to the split kv cache, needed when aiter's fused_qk has kv_cache_v.
+    work = tmp_path / "atom-work"
+    subprocess.run(["git", "clone", "-q", str(fx.atom), str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "checkout", "-q", fx.t["T1"]], check=True)
+    dense = work / "atom/models/dense.py"
+    text = dense.read_text()
+    text = text.replace("            None,\n            None,\n", "            None,\n" * 3, 1)
+    assert text.count("None,\n") == 3
+    text = text.replace("self.kv_cache, self.index_cache", "self.kv_cache, None, self.index_cache")
+    text = text.replace("1e-6, None, None, 0, q)", "1e-6, None, None, None, 0, q)")
+    dense.write_text(text)
+    diff = subprocess.run(
+        ["git", "-C", str(work), "diff", "--", "atom/models/dense.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    series = write_series(
+        tmp_path / "series",
+        {
+            "0001-dense-split-kv-cache.patch": patch_text(
+                atom_range=f"{fx.t['T1'][:12]}..",
+                diff=diff,
+                extra="X-Aiter-Requires: fused_qk has kv_cache_v\n",
+                subject="dense: split kv cache",
+            )
+        },
+    )
+    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
+    plain = search_compatible(atom, fx.t["T1"], aiter, fx.a["A2"])
+    assert plain.newest_compatible is not None and plain.newest_compatible.sha == fx.a["A1c"]
+    patched = search_compatible(atom, fx.t["T1"], aiter, fx.a["A2"], patches=PatchSeries.load(series))
+    assert patched.newest_compatible is not None and patched.newest_compatible.sha == fx.a["A2"]
+    assert patched.report_at_head.ok and patched.report_at_head.atom_sha != fx.t["T1"]
+    # At A3 the patch still applies, but gemm's removed `scale` breaks other calls: A2 stays the answer.
+    later = search_compatible(atom, fx.t["T1"], aiter, fx.a["A3"], patches=PatchSeries.load(series))
+    assert later.newest_compatible is not None and later.newest_compatible.sha == fx.a["A2"]
+    assert later.first_breaking is not None and later.first_breaking.sha == fx.a["A3"]
