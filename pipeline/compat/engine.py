@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,13 +109,24 @@ def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
         return [scan_file(d, p) for p, d in work]
     _WORK = work
     todo.sort(key=lambda i: -len(work[i][1]))  # big files first: better balance
+    pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
     try:
-        with ctx.Pool(min(os.cpu_count() or 2, 4)) as pool:
-            for i, fc in zip(todo, pool.imap(_scan_one, todo, chunksize=4), strict=True):
-                out[i] = fc
+        for i, fc in zip(todo, pool.imap(_scan_one, todo, chunksize=4), strict=True):
+            out[i] = fc
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
     finally:
+        pool.join()
         _WORK = []
     return out
+
+
+def _worker_init() -> None:
+    # Workers inherit the CLI's handlers (SIGTERM -> KeyboardInterrupt); the parent handles signals.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:
