@@ -17,13 +17,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
-from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.patchq.conditions import atom_in_range, requirement_holds
-from pipeline.patchq.model import Patch
+
+if TYPE_CHECKING:
+    from pipeline.patchq import PatchSeries
+    from pipeline.patchq.model import Patch
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class _Variants:
         self._by_key: dict[tuple[bool, ...], Checker] = {}
         self._in_range: list[Patch] = []
         if series is not None:
+            from pipeline.patchq.conditions import atom_in_range
+
             self._in_range = [p for p in series if atom_in_range(p, atom, atom_sha).needed]
         self._req_memo: dict[tuple[str, str, str], bool] = {}
 
@@ -181,6 +185,8 @@ class _Variants:
                 got = self.base
             else:
                 assert self.series is not None
+                from pipeline.patchq import patched_commit
+
                 head = patched_commit(self.series, self.atom, self.atom_sha, self.aiter, aiter_sha).head_sha
                 # The patched lines were written for the aiter that needs them; the rest of the
                 # tree keeps the unpatched commit's baseline.
@@ -203,6 +209,8 @@ class _Variants:
             if t.sig is not None:
                 has = any(p.name == req.param for p in t.sig.params)
             else:
+                from pipeline.patchq.conditions import requirement_holds
+
                 holds = requirement_holds(req, self.aiter, aiter_sha)[0]
                 has = holds if req.verb == "has" else not holds
             if has != (req.verb == "has"):
