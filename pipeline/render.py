@@ -487,7 +487,7 @@ def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
         with tarfile.open(tar_path) as tf:
             members = [m for m in tf.getmembers() if m.name != "pax_global_header"]
             tf.extractall(dest, members=members, filter="data")
-    expected = len(repo.list_files(rev))
+    expected = len(repo.blob_shas(rev))  # blobs and symlinks; gitlinks are not files
     got = sum(1 for m in members if m.isfile() or m.issym())
     if got != expected:
         raise RenderError(
