@@ -151,7 +151,7 @@ def build_image(
 
     _check_base(engine, manifest.base_image, log)
 
-    log_path = run_dir / BUILD_LOG if run_dir is not None else None
+    log_path = (run_dir / BUILD_LOG).absolute() if run_dir is not None else None
     fh: IO[str] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
