@@ -35,16 +35,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
-from pipeline.gitw import GitRepo
 from pipeline.lock import Lock
+
+if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the manifest
+    import jinja2
+
+    from pipeline.gitw import GitRepo
 
 TEMPLATE = "Dockerfile.j2"
 MANIFEST = "render.json"
@@ -93,6 +95,8 @@ _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _text(value: Any, what: str) -> str:
+    import jinja2
+
     if isinstance(value, jinja2.Undefined):
         value._fail_with_undefined_error()
     if isinstance(value, bool) or not isinstance(value, str | int):
@@ -184,6 +188,8 @@ FILTERS: dict[str, Callable[[Any], Any]] = {
 
 
 def _finalize(value: Any) -> Any:
+    import jinja2
+
     if isinstance(value, Quoted):
         return value
     if isinstance(value, jinja2.Undefined):
@@ -195,6 +201,8 @@ def _finalize(value: Any) -> Any:
 
 
 def make_environment(templates_dir: Path) -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         undefined=jinja2.StrictUndefined,
@@ -413,6 +421,8 @@ def candidate_tag(inputs_digest: str) -> str:
 
 def render_dockerfile(templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE) -> str:
     """Render `template`; template errors become RenderError naming file and line."""
+    import jinja2
+
     env = make_environment(templates_dir)
     try:
         return env.get_template(template).render(**values)
