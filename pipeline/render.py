@@ -64,7 +64,8 @@ AITER_REF = f"{labels.OURS}.aiter.ref"
 ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (content, not history)
 AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
 
-DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n**/__pycache__\n**/*.pyc\n/render.json\n"
+# Only what is not part of the trees: the image must hold exactly the exported trees.
+DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n/render.json\n"
 
 
 # --------------------------------------------------------------------------- quoting
@@ -330,6 +331,13 @@ def plan_render(
     for what, sha in (("ATOM tree", atom_tree), ("aiter tree", aiter_tree)):
         if not _SHA.match(sha):
             raise RenderError(f"{what} id {sha!r} is not a full SHA.")
+    m = re.search(r"\bGPU_ARCHS=(['\"]?)([^\s'\"]+)\1", img.aiter_build_cmd)
+    if m and m.group(2) != img.gpu_archs:
+        raise RenderError(
+            f"[image] aiter_build_cmd builds for GPU_ARCHS={m.group(2)} but [image] gpu_archs is "
+            f"{img.gpu_archs!r}.",
+            hint="Make the two agree (the kernels must be built for the GPUs the image runs on).",
+        )
     created = created_time(lock, source_date_epoch)
     patches = [{"name": p.name, "sha256": p.sha256} for p in lock.applied_patches]
     patchset = hashlib.sha256(f_json(patches).encode()).hexdigest()[:8] if patches else ""
