@@ -496,21 +496,48 @@ def _describe(repo: GitRepo, sha: str) -> str | None:
         return None
 
 
+def _archive_attributes(repo: GitRepo, rev: str) -> list[str]:
+    """`.gitattributes` lines that would make `git archive` differ from the tree."""
+    found = []
+    for path, sha in repo.blob_shas(rev, suffix=".gitattributes").items():
+        for _, data in repo.read_blobs([sha]):
+            for line in data.decode("utf-8", "replace").splitlines():
+                if "export-ignore" in line or "export-subst" in line:
+                    found.append(f"{path}: {line.strip()}")
+    return found
+
+
 def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
-    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree."""
+    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree.
+
+    The image must hold exactly the tree that was checked, so trees whose
+    attributes make `git archive` drop or rewrite files are refused.
+    """
+    attrs = _archive_attributes(repo, rev)
+    if attrs:
+        raise RenderError(
+            f"{repo.path} at {rev[:10]} has export attributes that make `git archive` differ from the "
+            "tree: " + "; ".join(attrs[:5]) + ".",
+            hint="The image must hold the exact tree; remove those attributes with a patch.",
+        )
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="atom-render-") as tmp:
         tar_path = Path(tmp) / "tree.tar"
         repo.git("archive", "--format=tar", "-o", str(tar_path), rev)
         with tarfile.open(tar_path) as tf:
             members = [m for m in tf.getmembers() if m.name != "pax_global_header"]
-            tf.extractall(dest, members=members, filter="data")
+            try:
+                tf.extractall(dest, members=members, filter="data")
+            except tarfile.FilterError as e:
+                raise RenderError(
+                    f"{repo.path} at {rev[:10]}: {e} (a link pointing outside the tree is not exported).",
+                ) from e
     expected = len(repo.blob_shas(rev))  # blobs and symlinks; gitlinks are not files
     got = sum(1 for m in members if m.isfile() or m.issym())
     if got != expected:
         raise RenderError(
             f"git archive of {rev} in {repo.path} gave {got} files, the tree has {expected}.",
-            hint="An export-ignore attribute may drop files; the image must hold the exact tree.",
+            hint="The image must hold the exact tree.",
         )
     return got
 
