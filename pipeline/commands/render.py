@@ -13,8 +13,8 @@ from pipeline.errors import PatchError, UsageError
 from pipeline.gitw import GitRepo
 from pipeline.lock import Lock, default_lock_path
 from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.render import RenderedContext, check_model, render_context
-from pipeline.sources import mirrors_for_lock, submodule_mirror
+from pipeline.render import RenderedContext, render_context
+from pipeline.sources import mirrors_for_lock, submodule_mirror, validate_model
 
 
 def source_date_epoch(env: Mapping[str, str]) -> int | None:
@@ -98,7 +98,7 @@ def render_command(
 ) -> RenderedContext:
     """What `pipeline render` does; callable by the orchestrator."""
     settings = app.settings(submodules=submodules)
-    check_model(model)
+    validate_model(model)
     lock = Lock.load(lock_path or default_lock_path(Path(settings.paths.locks_dir), model))
     if lock.model != model:
         raise UsageError(f"the lock is for model {lock.model!r}, not {model!r}.")
