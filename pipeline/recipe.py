@@ -289,9 +289,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -322,7 +320,7 @@ def _tuples(data: Any) -> Any:
 
 def parse_recipe(text: str, path: Path | str = "<recipe>") -> Recipe:
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError(
             f"recipe {path} is not valid YAML: {e}.", hint="Fix the file and run again."
@@ -337,7 +335,9 @@ def parse_recipe(text: str, path: Path | str = "<recipe>") -> Recipe:
             where = _loc(tuple(err["loc"]))
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
-            shown = "" if isinstance(got, dict | list | tuple) or err["type"] == "missing" else f" (got {got!r})"
+            shown = (
+                "" if isinstance(got, dict | list | tuple) or err["type"] == "missing" else f" (got {got!r})"
+            )
             problems.append(f"{where}: {msg}{shown}")
         raise ConfigError(
             f"recipe {path} is invalid: " + "; ".join(problems) + ".",
