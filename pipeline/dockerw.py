@@ -1,0 +1,666 @@
+"""The Docker engine, wrapped once.
+
+Everything in the pipeline that talks to Docker goes through this module; it
+turns every ``docker.errors.*`` and ``requests`` connection error into one of
+ours (``InfraError``, ``BuildError``, ``TagError``) while keeping the evidence
+(build log, push stream, container logs).
+
+Two layers, as docker-py itself has: the low-level ``APIClient`` (``engine.api``)
+for the streaming build, push and pull, and the high-level ``DockerClient``
+(``engine.client``) for containers.  The engine on our machines is Debian's
+docker.io 20.10 while the SDK is 7.x, so the API version is always negotiated
+(``version="auto"``).  Builds use the classic builder (what the ``/build``
+endpoint speaks): templates must stay free of BuildKit-only syntax.
+
+API::
+
+    engine = Engine.connect(docker_host=None)   # None: $DOCKER_HOST or the local socket
+                                                # ssh://user@host works (uses the ssh client)
+    built = engine.build(context_dir, dockerfile="Dockerfile", tag="x:1", labels={...},
+                         buildargs={...}, target=None, on_line=print)
+    built.id, built.log, built.steps, built.cached, built.cached_steps, built.step_was_cached("aiter")
+    engine.image(ref) -> ImageInfo | None        # id, tags, digests, labels, created
+    engine.images_with_label(key, value) -> list[ImageInfo]
+    engine.tag(image, repo, tag); engine.remove_image(ref, force=False, missing_ok=True)
+    with engine.run(image, ["cmd", ...], environment={...}, devices=[...], labels={...}) as c:
+        c.wait(timeout=60); c.logs(); c.status(); c.exit_code(); c.exec(["ls"]) -> (code, out)
+    # the container is removed when the block exits, also on KeyboardInterrupt
+    digest = engine.push("127.0.0.1:5000/atom", "v1", auth_config={"username": u, "password": p})
+    info = engine.pull("127.0.0.1:5000/atom@sha256:...", auth_config=...)
+
+Secrets: environment values given to ``run`` are never logged; ``format_run_command``
+renders the equivalent ``docker run`` line with every ``--env`` value masked.
+Registry credentials never appear in an error message or its evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import logging
+import os
+import re
+import shlex
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, cast, overload
+
+import docker
+import docker.errors
+import requests
+
+from pipeline.errors import BuildError, InfraError, PipelineError, TagError
+
+log = logging.getLogger("pipeline.docker")
+
+MASK = "***"
+
+_START_HINT = (
+    "Start the engine (as root: `dockerd >/var/log/dockerd.log 2>&1 &`, or `make setup`, which starts it "
+    "and waits for it), or point DOCKER_HOST / --docker-host at a reachable engine "
+    "(unix:///var/run/docker.sock, tcp://host:2376, ssh://user@host)."
+)
+
+_STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_DIGEST_RE = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+_AUTH_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials", "forbidden")
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    tags: list[str]
+    digests: list[str]
+    labels: dict[str, str]
+    created: str  # ISO 8601, as the engine reports it
+
+    @classmethod
+    def from_inspect(cls, data: Mapping[str, Any]) -> ImageInfo:
+        config = data.get("Config") or {}
+        return cls(
+            id=str(data["Id"]),
+            tags=list(data.get("RepoTags") or []),
+            digests=list(data.get("RepoDigests") or []),
+            labels=dict(config.get("Labels") or {}),
+            created=str(data.get("Created", "")),
+        )
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """A successful build: image id, full log, the ``Step N/M : ...`` headers in order,
+    and which of those steps the engine took from its cache."""
+
+    id: str
+    log: str
+    steps: list[str]
+    cached: list[str] = field(default_factory=list)
+
+    @property
+    def cached_steps(self) -> int:
+        return len(self.cached)
+
+    def step_was_cached(self, needle: str) -> bool:
+        """True if every step whose header contains ``needle`` came from the cache (and one exists)."""
+        matching = [s for s in self.steps if needle in s]
+        return bool(matching) and all(s in self.cached for s in matching)
+
+
+class _BuildLog:
+    """Accumulates the classic builder's stream into lines, steps and cache hits."""
+
+    def __init__(self, on_line: Callable[[str], None] | None) -> None:
+        self.on_line = on_line
+        self.lines: list[str] = []
+        self.steps: list[str] = []
+        self.cached: list[str] = []
+        self.step_start: dict[str, int] = {}
+        self._partial = ""
+
+    def feed(self, text: str) -> None:
+        text = self._partial + text
+        *complete, self._partial = text.split("\n")
+        for line in complete:
+            self._line(line.rstrip("\r"))
+
+    def flush(self) -> None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = ""
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        if _STEP_RE.match(line):
+            self.steps.append(line)
+            self.step_start[line] = len(self.lines) - 1
+        elif line.strip() == "---> Using cache" and self.steps:
+            self.cached.append(self.steps[-1])
+        if self.on_line is not None:
+            self.on_line(line)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def current_step_output(self, limit: int = 40) -> str:
+        if not self.steps:
+            return "\n".join(self.lines[-limit:])
+        start = self.step_start[self.steps[-1]]
+        return "\n".join(self.lines[start:][-limit:])
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
+        return True
+    text = str(exc)
+    return any(
+        s in text
+        for s in ("Connection refused", "Connection aborted", "Error while fetching server API version")
+    )
+
+
+@contextlib.contextmanager
+def _translated(
+    action: str, error: type[PipelineError] = InfraError, secrets: Sequence[str] = ()
+) -> Iterator[None]:
+    """Turn docker/requests errors raised in the block into ``error`` (InfraError if the engine is gone)."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        text = _scrub(f"{type(exc).__name__}: {exc}", secrets)
+        if _is_connection_error(exc) or isinstance(exc, requests.exceptions.Timeout):
+            raise InfraError(
+                f"The Docker engine did not answer while trying to {action}: {text}",
+                hint=_START_HINT,
+                evidence=text,
+            ) from None
+        raise error(f"Docker could not {action}: {text}", evidence=text) from None
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    for s in secrets:
+        if s:
+            text = text.replace(s, MASK)
+    return text
+
+
+def _auth_secrets(auth_config: Mapping[str, str] | None) -> list[str]:
+    if not auth_config:
+        return []
+    return [
+        v for k, v in auth_config.items() if k in ("password", "identitytoken", "registrytoken", "auth") and v
+    ]
+
+
+def format_run_command(
+    image: str,
+    command: Sequence[str] | str | None = None,
+    *,
+    environment: Mapping[str, str] | None = None,
+    **options: Any,
+) -> str:
+    """The ``docker run`` line equivalent to ``Engine.run(...)``, with every env value masked."""
+    parts = ["docker", "run"]
+    for key, value in (environment or {}).items():
+        parts += ["--env", f"{key}={MASK}" if value is not None else key]
+    for key, value in sorted(options.items()):
+        if value in (None, False, [], {}):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, Mapping):
+            parts += [
+                x for k, v in value.items() for x in (flag, f"{k}:{v}" if key != "labels" else f"{k}={v}")
+            ]
+        elif isinstance(value, list | tuple):
+            parts += [x for v in value for x in (flag, str(v))]
+        elif value is True:
+            parts.append(flag)
+        else:
+            parts += [flag, str(value)]
+    parts.append(image)
+    if isinstance(command, str):
+        parts.append(command)
+    elif command:
+        parts += list(command)
+    return shlex.join(parts)
+
+
+# --------------------------------------------------------------------------- containers
+
+
+class ContainerHandle:
+    """A created-and-started container.  As a context manager it is always removed on exit."""
+
+    def __init__(self, engine: Engine, container: Any) -> None:
+        self._engine = engine
+        self._c = container
+        self.id: str = str(container.id)
+        self.name: str = str(container.name)
+
+    def __repr__(self) -> str:  # never the environment
+        return f"ContainerHandle({self.name!r}, id={self.id[:12]!r})"
+
+    def __enter__(self) -> ContainerHandle:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.remove()
+
+    @overload
+    def logs(self, *, stream: Literal[False] = False, follow: bool = False) -> str: ...
+    @overload
+    def logs(self, *, stream: Literal[True], follow: bool = True) -> Iterator[str]: ...
+
+    def logs(self, *, stream: bool = False, follow: bool = False) -> str | Iterator[str]:
+        """stdout+stderr so far (``stream=False``) or an iterator of decoded chunks as they come."""
+        if stream:
+            return self._stream_logs(follow)
+        with _translated(f"read the logs of container {self.name}"):
+            return cast(bytes, self._c.logs(stdout=True, stderr=True)).decode("utf-8", "replace")
+
+    def _stream_logs(self, follow: bool) -> Iterator[str]:
+        with _translated(f"stream the logs of container {self.name}"):
+            for chunk in self._c.logs(stdout=True, stderr=True, stream=True, follow=follow):
+                yield cast(bytes, chunk).decode("utf-8", "replace")
+
+    def status(self) -> str:
+        """created / running / exited / ... (``removed`` once gone)."""
+        with _translated(f"inspect container {self.name}"):
+            try:
+                self._c.reload()
+            except docker.errors.NotFound:
+                return "removed"
+        return str(self._c.status)
+
+    def exit_code(self) -> int | None:
+        """The exit code once the container stopped, else None."""
+        with _translated(f"inspect container {self.name}"):
+            state = self._engine.api.inspect_container(self.id)["State"]
+        if state.get("Running") or state.get("Status") in ("created", "running", "restarting"):
+            return None
+        return int(state["ExitCode"])
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the container exits; its exit code.  InfraError on timeout."""
+        try:
+            with _translated(f"wait for container {self.name}"):
+                result = self._c.wait(timeout=timeout)
+        except InfraError as err:
+            raise InfraError(
+                f"Container {self.name} did not exit within {timeout} s.", evidence=self._tail_logs()
+            ) from err
+        return int(result["StatusCode"])
+
+    def _tail_logs(self) -> str:
+        try:
+            return "\n".join(self.logs().splitlines()[-50:])
+        except PipelineError:
+            return ""
+
+    def exec(
+        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+    ) -> tuple[int, str]:
+        with _translated(f"run a command in container {self.name}"):
+            code, out = self._c.exec_run(cmd, environment=dict(environment or {}), stdout=True, stderr=True)
+        return int(code), cast(bytes, out).decode("utf-8", "replace")
+
+    def stop(self, timeout: int = 10) -> None:
+        with _translated(f"stop container {self.name}"), contextlib.suppress(docker.errors.NotFound):
+            self._c.stop(timeout=timeout)
+
+    def remove(self) -> None:
+        """Force-remove (kills if running).  Idempotent."""
+        with _translated(f"remove container {self.name}"), contextlib.suppress(docker.errors.NotFound):
+            self._engine.api.remove_container(self.id, force=True, v=True)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """One connection to one Docker engine."""
+
+    def __init__(self, client: Any, docker_host: str | None) -> None:
+        self.client = client
+        self.api = client.api
+        self.docker_host = docker_host
+
+    def __repr__(self) -> str:
+        return f"Engine({self.docker_host or 'default'!r})"
+
+    @classmethod
+    def connect(
+        cls, docker_host: str | None = None, *, env: Mapping[str, str] | None = None, timeout: int = 120
+    ) -> Engine:
+        """Connect to ``docker_host`` (None: ``DOCKER_HOST`` in ``env``, default os.environ, else the socket).
+
+        Raises InfraError, saying how to start dockerd, when nothing answers.
+        """
+        env = os.environ if env is None else env
+        host = docker_host or env.get("DOCKER_HOST") or None
+        where = host or "the local socket (unix:///var/run/docker.sock)"
+        try:
+            kwargs: dict[str, Any] = docker.utils.kwargs_from_env(environment=dict(env))
+            if docker_host:
+                kwargs["base_url"] = docker_host
+            client = docker.DockerClient(version="auto", timeout=timeout, use_ssh_client=True, **kwargs)
+            client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+            raise InfraError(
+                f"No Docker engine answers at {where} ({type(exc).__name__}: {exc}).",
+                hint=_START_HINT,
+                evidence=str(exc),
+            ) from None
+        return cls(client, host)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def version(self) -> dict[str, Any]:
+        with _translated("read the engine version"):
+            return cast(dict[str, Any], self.api.version())
+
+    # ------------------------------------------------------------------ images
+
+    def build(
+        self,
+        context_dir: str | Path,
+        *,
+        dockerfile: str = "Dockerfile",
+        tag: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        buildargs: Mapping[str, str] | None = None,
+        target: str | None = None,
+        nocache: bool = False,
+        pull: bool = False,
+        on_line: Callable[[str], None] | None = None,
+    ) -> BuiltImage:
+        """Build with the classic builder, streaming each output line to ``on_line``.
+
+        Raises BuildError naming the failing ``Step N/M : ...``; its evidence is the full log
+        followed by the last lines of that step's output.
+        """
+        context = Path(context_dir)
+        if not (context / dockerfile).is_file():
+            raise BuildError(
+                f"No {dockerfile} in the build context {context}.",
+                hint="Render the build context first (`pipeline render`).",
+            )
+        blog = _BuildLog(on_line)
+        image_id: str | None = None
+        error: str | None = None
+        try:
+            with _translated(f"build {tag or context}", BuildError):
+                stream = self.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile,
+                    tag=tag,
+                    labels=dict(labels) if labels else None,
+                    buildargs=dict(buildargs) if buildargs else None,
+                    target=target,
+                    nocache=nocache,
+                    pull=pull,
+                    rm=True,
+                    forcerm=True,
+                    decode=True,
+                )
+                for item in stream:
+                    if "stream" in item:
+                        blog.feed(str(item["stream"]))
+                    if "aux" in item and isinstance(item["aux"], dict) and "ID" in item["aux"]:
+                        image_id = str(item["aux"]["ID"])
+                    if "error" in item or "errorDetail" in item:
+                        detail = item.get("errorDetail") or {}
+                        error = str(item.get("error") or detail.get("message") or item)
+                        blog.feed("ERROR: " + error + "\n")
+        except BuildError as err:
+            blog.flush()
+            raise self._build_error(blog, tag, err.message) from None
+        blog.flush()
+        if error is not None:
+            raise self._build_error(blog, tag, error)
+        if image_id is None:
+            found = re.findall(r"^Successfully built ([0-9a-f]+)$", blog.text, re.M)
+            if not found:
+                raise self._build_error(blog, tag, "the engine did not report an image id")
+            image_id = found[-1]
+        return BuiltImage(id=image_id, log=blog.text, steps=list(blog.steps), cached=list(blog.cached))
+
+    @staticmethod
+    def _build_error(blog: _BuildLog, tag: str | None, reason: str) -> BuildError:
+        step = blog.steps[-1] if blog.steps else "before the first step"
+        tail = blog.current_step_output()
+        return BuildError(
+            f"The image build{f' of {tag}' if tag else ''} failed at {step}: {reason.strip()}",
+            hint="The full build log is in the run directory; the end of the failing step is shown above.",
+            evidence=f"{blog.text}\n\n--- last lines of the failing step ---\n{tail}",
+        )
+
+    def image(self, ref: str) -> ImageInfo | None:
+        with _translated(f"inspect image {ref}"):
+            try:
+                return ImageInfo.from_inspect(self.api.inspect_image(ref))
+            except docker.errors.NotFound:
+                return None
+
+    def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]:
+        label = key if value is None else f"{key}={value}"
+        with _translated(f"list images labelled {label}"):
+            summaries = self.api.images(filters={"label": label})
+        found = [self.image(str(s["Id"])) for s in summaries]
+        return [i for i in found if i is not None]
+
+    def containers_with_label(self, key: str, value: str | None = None) -> list[str]:
+        """Ids of all containers (any state) carrying the label."""
+        label = key if value is None else f"{key}={value}"
+        with _translated(f"list containers labelled {label}"):
+            return [str(c["Id"]) for c in self.api.containers(all=True, filters={"label": label})]
+
+    def tag(self, image: str, repo: str, tag: str) -> None:
+        with _translated(f"tag {image} as {repo}:{tag}", TagError):
+            ok = self.api.tag(image, repo, tag, force=True)
+        if not ok:
+            raise TagError(f"The engine refused to tag {image} as {repo}:{tag}.")
+
+    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None:
+        with _translated(f"remove image {ref}"):
+            try:
+                self.api.remove_image(ref, force=force, noprune=False)
+            except docker.errors.NotFound:
+                if not missing_ok:
+                    raise
+
+    # ------------------------------------------------------------------ registry
+
+    def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        """Push ``repo:tag``; the pushed manifest digest (``sha256:...``).
+
+        TagError when the registry refuses (bad credentials, denied, ...), InfraError when it or
+        the engine cannot be reached.  Credentials never appear in a message or its evidence.
+        """
+        secrets = _auth_secrets(auth_config)
+        ref = f"{repo}:{tag}"
+        lines: list[str] = []
+        digest: str | None = None
+        error: str | None = None
+        with _translated(f"push {ref}", TagError, secrets):
+            for item in self.api.push(
+                repo,
+                tag=tag,
+                auth_config=dict(auth_config) if auth_config else None,
+                stream=True,
+                decode=True,
+            ):
+                status = item.get("status")
+                if status:
+                    lines.append(f"{item.get('id', '')}: {status}" if item.get("id") else str(status))
+                    m = _DIGEST_RE.search(str(status))
+                    if m:
+                        digest = m.group(1)
+                aux = item.get("aux")
+                if isinstance(aux, dict) and aux.get("Digest"):
+                    digest = str(aux["Digest"])
+                if "error" in item or "errorDetail" in item:
+                    detail = item.get("errorDetail") or {}
+                    error = str(item.get("error") or detail.get("message") or item)
+                    lines.append("ERROR: " + error)
+        evidence = _scrub("\n".join(lines), secrets)
+        if error is not None:
+            raise self._registry_error("push", ref, _scrub(error, secrets), evidence)
+        if digest is None:
+            raise TagError(f"Pushing {ref} finished without a digest from the registry.", evidence=evidence)
+        return digest
+
+    def pull(self, ref: str, auth_config: Mapping[str, str] | None = None) -> ImageInfo:
+        """Pull ``repo:tag`` or ``repo@sha256:...``; the local image."""
+        secrets = _auth_secrets(auth_config)
+        lines: list[str] = []
+        error: str | None = None
+        with _translated(f"pull {ref}", TagError, secrets):
+            for item in self.api.pull(
+                ref, auth_config=dict(auth_config) if auth_config else None, stream=True, decode=True
+            ):
+                if item.get("status"):
+                    lines.append(str(item["status"]))
+                if "error" in item or "errorDetail" in item:
+                    detail = item.get("errorDetail") or {}
+                    error = str(item.get("error") or detail.get("message") or item)
+                    lines.append("ERROR: " + error)
+        evidence = _scrub("\n".join(lines), secrets)
+        if error is not None:
+            raise self._registry_error("pull", ref, _scrub(error, secrets), evidence)
+        info = self.image(ref)
+        if info is None:
+            raise TagError(f"Pulled {ref} but the engine does not show it.", evidence=evidence)
+        return info
+
+    @staticmethod
+    def _registry_error(action: str, ref: str, error: str, evidence: str) -> PipelineError:
+        low = error.lower()
+        if any(w in low for w in _AUTH_WORDS):
+            return TagError(
+                f"The registry refused to let us {action} {ref}: {error}",
+                hint="Check the registry credentials (not shown here) and the repository permissions.",
+                evidence=evidence,
+            )
+        if any(
+            w in low
+            for w in (
+                "connection refused",
+                "no such host",
+                "i/o timeout",
+                "dial tcp",
+                "server gave http response",
+            )
+        ):
+            return InfraError(
+                f"The registry for {ref} could not be reached to {action}: {error}",
+                hint="Check that the registry is up and reachable from the Docker engine itself.",
+                evidence=evidence,
+            )
+        return TagError(f"Could not {action} {ref}: {error}", evidence=evidence)
+
+    # ------------------------------------------------------------------ containers
+
+    def run(
+        self,
+        image: str,
+        command: Sequence[str] | str | None = None,
+        *,
+        name: str | None = None,
+        environment: Mapping[str, str] | None = None,
+        devices: Sequence[str] | None = None,
+        group_add: Sequence[str] | None = None,
+        ipc_mode: str | None = None,
+        cap_add: Sequence[str] | None = None,
+        security_opt: Sequence[str] | None = None,
+        network_mode: str | None = None,
+        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
+        ports: Mapping[str, int | str | None] | None = None,
+        labels: Mapping[str, str] | None = None,
+        shm_size: str | None = None,
+        detach: bool = True,
+    ) -> ContainerHandle:
+        """Create and start a container; the handle (use it as a context manager to always remove it).
+
+        With ``detach=False`` the call also waits for the container to exit.  If the start fails the
+        container is removed before the error is raised.
+        """
+        options: dict[str, Any] = {
+            "name": name,
+            "devices": list(devices) if devices else None,
+            "group_add": list(group_add) if group_add else None,
+            "ipc_mode": ipc_mode,
+            "cap_add": list(cap_add) if cap_add else None,
+            "security_opt": list(security_opt) if security_opt else None,
+            "network_mode": network_mode,
+            "volumes": volumes if volumes else None,
+            "ports": dict(ports) if ports else None,
+            "labels": dict(labels) if labels else None,
+            "shm_size": shm_size,
+        }
+        options = {k: v for k, v in options.items() if v is not None}
+        log.debug("%s", format_run_command(image, command, environment=environment, **options))
+        secrets = [v for v in (environment or {}).values() if v]
+        with _translated(f"create a container from {image}", secrets=secrets):
+            container = self.client.containers.create(
+                image, command, environment=dict(environment) if environment else None, **options
+            )
+        handle = ContainerHandle(self, container)
+        try:
+            with _translated(f"start container {handle.name} from {image}", secrets=secrets):
+                container.start()
+            if not detach:
+                handle.wait()
+        except BaseException:
+            handle.remove()
+            raise
+        return handle
+
+
+_LAYER_RE = re.compile(r"^---> ([0-9a-f]{12,64})$")
+
+
+def created_layers(build_log: str) -> list[str]:
+    """Short ids of the images a classic build created, from its log: not the FROM image, not cache hits.
+
+    A failed build leaves these behind (they are the cache a retry resumes from); tests remove them.
+    """
+    out: list[str] = []
+    from_step = cached = False
+    for line in build_log.splitlines():
+        step = _STEP_RE.match(line)
+        if step:
+            from_step = step.group(3).split(None, 1)[0].upper() == "FROM"
+            cached = False
+            continue
+        text = line.strip()
+        if text == "---> Using cache":
+            cached = True
+            continue
+        m = _LAYER_RE.match(text)
+        if m and not from_step and not cached:
+            out.append(m.group(1))
+    return out
+
+
+def parse_created(created: str) -> _dt.datetime | None:
+    """The engine's ``Created`` (RFC 3339 with nanoseconds) as an aware datetime, or None."""
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", created)
+    if not m:
+        return None
+    frac = (m.group(2) or ".0")[:7]
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return _dt.datetime.fromisoformat(f"{m.group(1)}{frac}{tz}")

@@ -1,0 +1,712 @@
+"""A small Docker Registry HTTP API v2 client (requests), and image references.
+
+What the pipeline needs from a registry and nothing more:
+
+    ref = parse_image_ref("127.0.0.1:5000/atom:MiniMax-M3-verified")
+    client = RegistryClient(ref.registry, credentials=credentials_for(ref.registry, env))
+    client.manifest_digest(ref.repository, "MiniMax-M3-verified")   # "sha256:..." or None
+    body, media_type, digest = client.get_manifest(ref.repository, digest)
+    client.put_manifest(ref.repository, "latest", body, media_type)  # move a tag, no layer re-push
+    resolve_digest("rocm/pytorch:rocm7.2.4...")                      # None when no registry answers
+
+Authentication follows the registry's challenge: ``WWW-Authenticate: Basic``
+(htpasswd registries) or ``Bearer`` (token service, e.g. Docker Hub, GHCR).
+Transient failures (connection errors, timeouts, 429, 5xx) are retried with
+exponential backoff, then become an ``InfraError``; refusals (401/403/4xx)
+are a ``TagError`` at once. Credentials never appear in an exception, a log
+line or a ``repr()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ipaddress
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from pipeline.errors import InfraError, TagError, UsageError
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+_DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
+
+MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_ACCEPT = ", ".join((MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST))
+
+TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# distribution/reference: path components are lowercase alphanumerics joined by separators
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_HOST_RE = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::\d+)?$"
+)
+
+_TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_MAX_BACKOFF = 30.0
+
+
+class RegistryError(TagError):
+    """The registry answered and refused (404 on a needed manifest, 400, ...)."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry wants credentials we do not have, or refused the ones we sent."""
+
+
+# --------------------------------------------------------------------------- references
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A normalised image reference, as Docker reads it.
+
+    ``registry`` is ``docker.io`` when the name has none; single names on
+    Docker Hub get ``library/``. ``tag`` is None when only a digest was given
+    (and also when neither was: use ``reference`` for "latest").
+    """
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``registry/repository``: what ``docker tag``/``docker push`` take as the repo."""
+        return f"{self.registry}/{self.repository}"
+
+    @property
+    def reference(self) -> str:
+        """What to ask the registry for: the digest if any, else the tag, else ``latest``."""
+        return self.digest or self.tag or "latest"
+
+    def with_tag(self, tag: str) -> ImageRef:
+        return ImageRef(self.registry, self.repository, tag, None)
+
+    def with_digest(self, digest: str) -> ImageRef:
+        return ImageRef(self.registry, self.repository, None, digest)
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.tag:
+            out += f":{self.tag}"
+        if self.digest:
+            out += f"@{self.digest}"
+        return out
+
+
+def parse_image_ref(ref: str) -> ImageRef:
+    """Parse ``[registry/]repo[:tag][@sha256:...]`` with Docker's normalisation.
+
+    The first path component is a registry when it contains ``.`` or ``:``
+    or is ``localhost``; otherwise the registry is ``docker.io``.
+    """
+    raw = ref.strip()
+    if not raw or any(c.isspace() for c in raw):
+        raise UsageError(
+            f"'{ref}' is not an image reference.", hint="Use [registry/]repository[:tag][@digest]."
+        )
+    name, digest = raw, None
+    if "@" in raw:
+        name, digest = raw.split("@", 1)
+        if not DIGEST_RE.match(digest):
+            raise UsageError(
+                f"image reference '{ref}' has an invalid digest '{digest}'.",
+                hint="A digest is sha256: followed by 64 lowercase hex digits.",
+            )
+    tag: str | None = None
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+        validate_tag(tag, what=f"the tag of image reference '{ref}'")
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, rest
+        if not _HOST_RE.match(registry):
+            raise UsageError(f"image reference '{ref}' has an invalid registry host '{registry}'.")
+    else:
+        registry, repository = DOCKER_HUB, name
+    if registry in _DOCKER_HUB_ALIASES:
+        registry = DOCKER_HUB
+        if "/" not in repository:
+            repository = f"library/{repository}"
+    if not REPOSITORY_RE.match(repository) or len(repository) > 255:
+        raise UsageError(
+            f"image reference '{ref}': '{repository}' is not a valid repository name.",
+            hint="Repository names are lowercase letters, digits and . _ - separated by /.",
+        )
+    return ImageRef(registry, repository, tag, digest)
+
+
+def validate_tag(tag: str, *, what: str = "tag") -> str:
+    """Return ``tag`` if it matches the registry tag grammar, else raise a UsageError naming it."""
+    if not TAG_RE.match(tag):
+        reason = (
+            "it is empty"
+            if not tag
+            else (
+                "it is longer than 128 characters"
+                if len(tag) > 128
+                else "it must start with a letter, digit or _ and contain only letters, digits, _ . -"
+            )
+        )
+        raise UsageError(
+            f"{what} '{tag}' is not a valid registry tag: {reason}.",
+            hint="Fix the tag (or the tag_template / moving_tags setting that produced it); "
+            "the grammar is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.",
+        )
+    return tag
+
+
+def validate_digest(digest: str, *, what: str = "digest") -> str:
+    if not DIGEST_RE.match(digest):
+        raise RegistryError(f"{what} '{digest}' is not a sha256 digest.")
+    return digest
+
+
+def default_scheme(registry: str) -> str:
+    """``http`` for loopback registries (as dockerd treats 127.0.0.0/8 as insecure), else ``https``."""
+    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry[1:].split("]")[0]
+    if host == "localhost":
+        return "http"
+    try:
+        return "http" if ipaddress.ip_address(host).is_loopback else "https"
+    except ValueError:
+        return "https"
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A username and a secret. The secret is never in ``repr()`` or ``str()``."""
+
+    username: str
+    password: str = field(repr=False)
+    # where they came from, for messages: "env PIPELINE_REGISTRY_USER", "/root/.docker/config.json"
+    source: str = ""
+
+    def __iter__(self) -> Iterator[str]:  # unpacks like (user, password)
+        return iter((self.username, self.password))
+
+    def __str__(self) -> str:
+        return f"credentials for {self.username!r} ({self.source or 'given'})"
+
+    @property
+    def auth_config(self) -> dict[str, str]:
+        """The mapping docker-py's push/pull take."""
+        return {"username": self.username, "password": self.password}
+
+
+_ENV_PAIRS = (
+    ("PIPELINE_REGISTRY_USER", "PIPELINE_REGISTRY_PASSWORD"),
+    ("REGISTRY_USER", "REGISTRY_PASSWORD"),
+)
+
+
+def _config_key_host(key: str) -> str:
+    """``https://index.docker.io/v1/`` -> ``docker.io``; ``http://h:5000`` -> ``h:5000``."""
+    host = re.sub(r"^[a-z]+://", "", key).split("/", 1)[0]
+    return DOCKER_HUB if host in _DOCKER_HUB_ALIASES else host
+
+
+def default_docker_config(env: Mapping[str, str]) -> Path:
+    base = env.get("DOCKER_CONFIG")
+    if base:
+        return Path(base).expanduser() / "config.json"
+    home = env.get("HOME")
+    return (Path(home) if home else Path.home()) / ".docker" / "config.json"
+
+
+def credentials_for(
+    registry: str, env: Mapping[str, str], docker_config_path: Path | None = None
+) -> Credentials | None:
+    """Credentials for ``registry``: the environment first, then the Docker config.
+
+    Environment: ``PIPELINE_REGISTRY_USER``/``PIPELINE_REGISTRY_PASSWORD``, or
+    ``REGISTRY_USER``/``REGISTRY_PASSWORD`` (both of a pair must be set).
+    Docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``):
+    ``auths[registry].auth`` (base64 ``user:password``), or a credential helper
+    (``credHelpers[registry]`` / ``credsStore``) when its binary is installed.
+    None when nothing is configured (anonymous access).
+    """
+    for user_var, pass_var in _ENV_PAIRS:
+        user, password = env.get(user_var), env.get(pass_var)
+        if user and password:
+            return Credentials(user, password, f"env {user_var}")
+    path = docker_config_path or default_docker_config(env)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(
+            f"cannot read the Docker config {path}: {type(e).__name__}.",
+            hint="Fix or remove the file, or give credentials in PIPELINE_REGISTRY_USER/PASSWORD.",
+        ) from None
+    if not isinstance(data, dict):
+        return None
+    wanted = _config_key_host(registry)
+    auths = data.get("auths") or {}
+    if isinstance(auths, dict):
+        for key, entry in auths.items():
+            if _config_key_host(str(key)) != wanted or not isinstance(entry, dict):
+                continue
+            if entry.get("auth"):
+                return _decode_auth(str(entry["auth"]), registry, path)
+            if entry.get("username") and entry.get("password"):
+                return Credentials(str(entry["username"]), str(entry["password"]), str(path))
+    helpers = data.get("credHelpers") or {}
+    helper = None
+    if isinstance(helpers, dict):
+        for key, name in helpers.items():
+            if _config_key_host(str(key)) == wanted:
+                helper = str(name)
+    helper = helper or (str(data["credsStore"]) if data.get("credsStore") else None)
+    if helper:
+        return _from_helper(helper, registry, env)
+    return None
+
+
+def _decode_auth(value: str, registry: str, path: Path) -> Credentials:
+    try:
+        user, sep, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        sep, user, password = "", "", ""
+    if not sep or not user:
+        raise UsageError(
+            f"the auth entry for {registry} in {path} is not base64 'user:password'.",
+            hint="Log in again (`docker login`) or give credentials in PIPELINE_REGISTRY_USER/PASSWORD.",
+        )
+    return Credentials(user, password, str(path))
+
+
+def _from_helper(helper: str, registry: str, env: Mapping[str, str]) -> Credentials | None:
+    """Ask ``docker-credential-<helper> get``; None when it is not installed or has nothing."""
+    binary = f"docker-credential-{helper}"
+    server = "https://index.docker.io/v1/" if registry == DOCKER_HUB else registry
+    try:
+        proc = subprocess.run(
+            [binary, "get"], input=server, capture_output=True, text=True, timeout=30, env=dict(env) or None
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    try:
+        data = json.loads(proc.stdout)
+        user, secret = str(data["Username"]), str(data["Secret"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return Credentials(user, secret, f"credential helper {binary}") if user and secret else None
+
+
+# --------------------------------------------------------------------------- client
+
+
+_CHALLENGE_RE = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, rest = header.strip().partition(" ")
+    return scheme.lower(), dict(_CHALLENGE_RE.findall(rest))
+
+
+class RegistryClient:
+    """One registry, one set of credentials, bounded retries.
+
+    ``registry`` is a host[:port] (``docker.io`` is mapped to its API host).
+    ``scheme`` defaults to http for loopback hosts and https otherwise.
+    """
+
+    def __init__(
+        self,
+        registry: str,
+        *,
+        credentials: Credentials | tuple[str, str] | None = None,
+        scheme: str | None = None,
+        retries: int = 3,
+        backoff: float = 0.5,
+        timeout: float = 30.0,
+        session: requests.Session | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> None:
+        self.registry = DOCKER_HUB if registry in _DOCKER_HUB_ALIASES else registry
+        api_host = DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+        self.scheme = scheme or default_scheme(api_host)
+        self.base_url = f"{self.scheme}://{api_host}"
+        if credentials is not None and not isinstance(credentials, Credentials):
+            user, password = credentials
+            credentials = Credentials(user, password)
+        self._credentials: Credentials | None = credentials
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self._sleep = sleep
+        self._on_retry = on_retry
+        self._tokens: dict[str, str] = {}  # scope -> bearer token
+        self._basic = False  # the registry asked for Basic auth
+
+    def __repr__(self) -> str:
+        auth = f"user={self._credentials.username!r}" if self._credentials else "anonymous"
+        return f"RegistryClient({self.base_url!r}, {auth})"
+
+    # ------------------------------------------------------------------ API
+
+    def ping(self) -> None:
+        """GET /v2/ (authenticating if asked); InfraError when nothing answers."""
+        self._request("GET", "/v2/", scope=None, ok=(200,), what="reach the registry API")
+
+    def manifest_digest(self, repository: str, reference: str) -> str | None:
+        """The digest ``repository:reference`` points at, or None when the registry does not have it."""
+        path = f"/v2/{repository}/manifests/{reference}"
+        resp = self._request(
+            "HEAD",
+            path,
+            scope=_scope(repository, "pull"),
+            headers={"Accept": MANIFEST_ACCEPT},
+            ok=(200, 404),
+            what=f"look up {self._show(repository, reference)}",
+        )
+        if resp.status_code == 404:
+            return None
+        digest = resp.headers.get("Docker-Content-Digest")
+        if digest and DIGEST_RE.match(digest):
+            return digest
+        # Some registries leave the header off HEAD answers: read the body and hash it.
+        _, _, digest = self.get_manifest(repository, reference)
+        return digest
+
+    def get_manifest(self, repository: str, reference: str) -> tuple[bytes, str, str]:
+        """``(manifest bytes, media type, digest)``; RegistryError when it does not exist."""
+        path = f"/v2/{repository}/manifests/{reference}"
+        what = self._show(repository, reference)
+        resp = self._request(
+            "GET",
+            path,
+            scope=_scope(repository, "pull"),
+            headers={"Accept": MANIFEST_ACCEPT},
+            ok=(200, 404),
+            what=f"read the manifest of {what}",
+        )
+        if resp.status_code == 404:
+            raise RegistryError(f"the registry has no manifest for {what}.", evidence=_body(resp))
+        body = resp.content
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        header = resp.headers.get("Docker-Content-Digest")
+        if reference.startswith("sha256:") and computed != reference:
+            raise RegistryError(
+                f"the manifest the registry returned for {what} hashes to {computed}, "
+                "not the digest asked for.",
+                hint="The registry or something between us and it is corrupting data; nothing was changed.",
+            )
+        media_type = resp.headers.get("Content-Type", "").split(";", 1)[0].strip()
+        if not media_type:
+            try:
+                media_type = str(json.loads(body).get("mediaType") or MEDIA_DOCKER_MANIFEST)
+            except ValueError:
+                media_type = MEDIA_DOCKER_MANIFEST
+        return body, media_type, (header if header and DIGEST_RE.match(header) else computed)
+
+    def put_manifest(self, repository: str, tag: str, manifest: bytes, media_type: str) -> str:
+        """PUT ``manifest`` under ``tag`` (the blobs must already be in ``repository``); its digest."""
+        validate_tag(tag)
+        path = f"/v2/{repository}/manifests/{tag}"
+        what = self._show(repository, tag)
+        resp = self._request(
+            "PUT",
+            path,
+            scope=_scope(repository, "pull,push"),
+            headers={"Content-Type": media_type},
+            data=manifest,
+            ok=(200, 201, 202),
+            what=f"put the manifest for {what}",
+        )
+        computed = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        header = resp.headers.get("Docker-Content-Digest")
+        if header and header != computed:
+            raise RegistryError(
+                f"the registry stored {what} as {header} but the manifest we sent is {computed}.",
+                evidence=_body(resp),
+            )
+        return computed
+
+    def tag_digest(self, repository: str, digest: str, tag: str) -> str:
+        """Point ``tag`` at the existing manifest ``digest`` without re-pushing any layer."""
+        validate_digest(digest)
+        validate_tag(tag)
+        body, media_type, got = self.get_manifest(repository, digest)
+        if got != digest:
+            raise RegistryError(f"asked the registry for {digest} in {repository} and got {got}.")
+        stored = self.put_manifest(repository, tag, body, media_type)
+        if stored != digest:
+            raise RegistryError(f"{self._show(repository, tag)} was stored as {stored}, not {digest}.")
+        return stored
+
+    def tags(self, repository: str) -> list[str]:
+        """The repository's tags (empty when the repository does not exist)."""
+        resp = self._request(
+            "GET",
+            f"/v2/{repository}/tags/list",
+            scope=_scope(repository, "pull"),
+            ok=(200, 404),
+            what=f"list the tags of {self.registry}/{repository}",
+        )
+        if resp.status_code == 404:
+            return []
+        try:
+            return sorted(str(t) for t in (resp.json().get("tags") or []))
+        except ValueError:
+            raise RegistryError(f"the registry's tag list for {repository} is not JSON.") from None
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _show(self, repository: str, reference: str) -> str:
+        sep = "@" if reference.startswith("sha256:") else ":"
+        return f"{self.registry}/{repository}{sep}{reference}"
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        scope: str | None,
+        ok: tuple[int, ...],
+        what: str,
+        headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+    ) -> requests.Response:
+        url = self.base_url + path
+        attempt = 0
+        authed_once = False
+        last: str = ""
+        while True:
+            hdrs = dict(headers or {})
+            hdrs.update(self._auth_header(scope))
+            try:
+                resp = self.session.request(
+                    method, url, headers=hdrs, data=data, timeout=self.timeout, allow_redirects=True
+                )
+            except (requests.ConnectionError, requests.Timeout) as e:
+                last = _scrub_exc(e)
+                resp = None
+            if resp is not None:
+                if resp.status_code == 401 and not authed_once:
+                    authed_once = True
+                    self._authenticate(resp, scope, what)
+                    continue
+                if resp.status_code in ok:
+                    return resp
+                if resp.status_code not in _TRANSIENT_STATUS:
+                    raise self._refusal(resp, what)
+                last = f"HTTP {resp.status_code}"
+            if attempt >= self.retries:
+                raise InfraError(
+                    f"the registry {self.registry} did not answer properly while trying to {what} "
+                    f"({last}; {attempt + 1} attempt{'s' if attempt else ''}).",
+                    hint="Check that the registry is up and reachable from here, then run the command again; "
+                    "nothing was moved.",
+                    evidence=last,
+                )
+            delay = min(_MAX_BACKOFF, self.backoff * (2**attempt))
+            if resp is not None and resp.headers.get("Retry-After", "").isdigit():
+                delay = min(_MAX_BACKOFF, float(resp.headers["Retry-After"]))
+            if self._on_retry is not None:
+                self._on_retry(f"{what}: {last}; retrying in {delay:.1f}s ({attempt + 1}/{self.retries})")
+            self._sleep(delay)
+            attempt += 1
+
+    def _auth_header(self, scope: str | None) -> dict[str, str]:
+        token = self._tokens.get(scope or "")
+        if token:
+            return {"Authorization": f"Bearer {token}"}
+        if self._basic and self._credentials is not None:
+            raw = f"{self._credentials.username}:{self._credentials.password}".encode()
+            return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+        return {}
+
+    def _authenticate(self, resp: requests.Response, scope: str | None, what: str) -> None:
+        """Answer a 401 challenge: remember Basic, or fetch a Bearer token for ``scope``."""
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        kind, params = _parse_challenge(challenge)
+        if kind == "basic":
+            if self._credentials is None:
+                raise self._need_credentials(what)
+            self._basic = True
+            return
+        if kind != "bearer" or "realm" not in params:
+            raise RegistryAuthError(
+                f"the registry {self.registry} refused to {what} and asked for an authentication "
+                f"scheme we do not speak ({kind or 'none'}).",
+            )
+        query = {"service": params["service"]} if "service" in params else {}
+        wanted = params.get("scope") or scope
+        if wanted:
+            query["scope"] = wanted
+        auth = (self._credentials.username, self._credentials.password) if self._credentials else None
+        token_resp: requests.Response | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                token_resp = self.session.get(params["realm"], params=query, auth=auth, timeout=self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                token_resp = None
+                last = _scrub_exc(e)
+            else:
+                if token_resp.status_code not in _TRANSIENT_STATUS:
+                    break
+                last = f"HTTP {token_resp.status_code}"
+            if attempt == self.retries:
+                raise InfraError(
+                    f"the token service of {self.registry} did not answer while trying to {what} ({last}).",
+                    hint="Check that the registry is reachable, then run the command again; "
+                    "nothing was moved.",
+                )
+            self._sleep(min(_MAX_BACKOFF, self.backoff * (2**attempt)))
+        assert token_resp is not None
+        if token_resp.status_code in (401, 403):
+            raise self._need_credentials(what) if self._credentials is None else self._bad_credentials(what)
+        if token_resp.status_code != 200:
+            raise RegistryAuthError(
+                f"the token service of {self.registry} answered HTTP {token_resp.status_code} "
+                f"while trying to {what}.",
+                evidence=_body(token_resp),
+            )
+        try:
+            payload = token_resp.json()
+            token = str(payload.get("token") or payload.get("access_token") or "")
+        except ValueError:
+            token = ""
+        if not token:
+            raise RegistryAuthError(f"the token service of {self.registry} gave no token to {what}.")
+        self._tokens[scope or ""] = token
+
+    def _need_credentials(self, what: str) -> RegistryAuthError:
+        return RegistryAuthError(
+            f"the registry {self.registry} needs credentials to {what} and none are configured.",
+            hint="Set PIPELINE_REGISTRY_USER and PIPELINE_REGISTRY_PASSWORD, or `docker login "
+            f"{self.registry}`; nothing was moved.",
+        )
+
+    def _bad_credentials(self, what: str) -> RegistryAuthError:
+        src = self._credentials.source if self._credentials and self._credentials.source else "given"
+        user = self._credentials.username if self._credentials else "?"
+        return RegistryAuthError(
+            f"the registry {self.registry} refused the credentials of user '{user}' ({src}) "
+            f"while trying to {what}.",
+            hint="Check the user name and password (not shown) and the repository permissions; "
+            "nothing was moved.",
+        )
+
+    def _refusal(self, resp: requests.Response, what: str) -> RegistryError:
+        code = resp.status_code
+        if code == 401:
+            return self._bad_credentials(what) if self._credentials else self._need_credentials(what)
+        if code == 403:
+            return RegistryAuthError(
+                f"the registry {self.registry} denied the request to {what} (HTTP 403).",
+                hint="The credentials (not shown) lack permission on this repository.",
+                evidence=_body(resp),
+            )
+        detail = _error_detail(resp)
+        return RegistryError(
+            f"the registry {self.registry} refused to {what}: HTTP {code}{f' ({detail})' if detail else ''}.",
+            evidence=_body(resp),
+        )
+
+
+def _scope(repository: str, actions: str) -> str:
+    return f"repository:{repository}:{actions}"
+
+
+def _body(resp: requests.Response, limit: int = 2000) -> str:
+    try:
+        return resp.text[:limit]
+    except Exception:  # pragma: no cover - undecodable body
+        return ""
+
+
+def _error_detail(resp: requests.Response) -> str:
+    try:
+        errors = resp.json().get("errors") or []
+        return "; ".join(f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors)
+    except (ValueError, AttributeError):
+        return ""
+
+
+def _scrub_exc(e: BaseException) -> str:
+    """A short description of a connection error (no URL user-info can be in our URLs)."""
+    text = str(e)
+    m = re.search(
+        r"(Connection refused|Name or service not known|Temporary failure in name resolution|"
+        r"timed out|No route to host|Network is unreachable|Connection reset by peer)",
+        text,
+    )
+    return f"{type(e).__name__}: {m.group(1) if m else text[:200]}"
+
+
+# --------------------------------------------------------------------------- convenience
+
+
+def resolve_digest(
+    ref: str,
+    *,
+    timeout: float = 10.0,
+    credentials: Credentials | tuple[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    session: requests.Session | None = None,
+) -> str | None:
+    """The manifest digest ``ref`` points at now, or None when no registry answers.
+
+    A reference that already carries a digest returns it unchanged. With ``env``
+    and no ``credentials``, the Docker config (not the pipeline's push
+    credentials) is consulted for the reference's registry. The registry
+    answering "no such manifest" or refusing access raises a RegistryError:
+    that is not the network being down, and pinning must not hide it.
+    """
+    image = parse_image_ref(ref)
+    if image.digest:
+        return image.digest
+    if credentials is None and env is not None:
+        credentials = _docker_config_only(image.registry, env)
+    client = RegistryClient(
+        image.registry, credentials=credentials, retries=1, backoff=0.5, timeout=timeout, session=session
+    )
+    try:
+        digest = client.manifest_digest(image.repository, image.reference)
+    except InfraError:
+        return None
+    if digest is None:
+        raise RegistryError(
+            f"the registry {image.registry} has no image {image}.",
+            hint="Check the image name and tag.",
+        )
+    return digest
+
+
+def _docker_config_only(registry: str, env: Mapping[str, str]) -> Credentials | None:
+    scrubbed = {k: v for k, v in env.items() if k not in {n for pair in _ENV_PAIRS for n in pair}}
+    try:
+        return credentials_for(registry, scrubbed)
+    except UsageError:
+        return None
+
+
+def registry_credentials_env_names() -> tuple[str, ...]:
+    """The environment variables that may hold registry secrets (for masking)."""
+    return tuple(p for _, p in _ENV_PAIRS)

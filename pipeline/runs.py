@@ -1,0 +1,97 @@
+"""Run directories: where one `pipeline build` keeps everything it did.
+
+    runs/<yyyymmdd-HHMMSS>-<model>-<id>/
+      run.json            the resolved build spec (model, settings, refs)
+      pipeline.log        the full log
+      lock.toml           the lock this run built from (patches included)
+      stages/<name>.json  each stage's status, inputs digest, outputs, duration
+      ...                 stage files: check.json/sarif, context/, build.log, verdict.json, record.json
+
+A stage whose record says `ok` with the same inputs digest is skipped on
+resume; a failed stage is where a resumed run starts. A `filelock` on the
+run directory keeps two processes from driving the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from pipeline.errors import RunLocked, UsageError
+from pipeline.fsutil import atomic_write_json
+
+STAGE_ORDER: tuple[str, ...] = ("pin", "check", "patch", "render", "build", "smoke", "tag")
+
+
+def inputs_digest(data: Any) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass
+class StageState:
+    name: str
+    status: str  # ok | failed | skipped-no-hardware
+    inputs_digest: str
+    outputs: dict[str, Any]
+    seconds: float
+    error: str = ""
+
+
+class RunDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stages_dir = path / "stages"
+        self._lock = FileLock(str(path / ".run.lock"))
+
+    @classmethod
+    def new(cls, runs_dir: Path, model: str) -> RunDir:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        path = runs_dir / f"{stamp}-{model}-{secrets.token_hex(3)}"
+        path.mkdir(parents=True, exist_ok=False)
+        return cls(path)
+
+    @classmethod
+    def existing(cls, path: Path) -> RunDir:
+        if not (path / "run.json").is_file():
+            raise UsageError(
+                f"{path} is not a pipeline run directory (no run.json).",
+                hint="Pass the directory a previous `pipeline build` printed, e.g. runs/20261129-...-abc123.",
+            )
+        return cls(path)
+
+    def acquire(self) -> None:
+        try:
+            self._lock.acquire(timeout=0.5)
+        except Timeout:
+            raise RunLocked(
+                f"another pipeline process is driving {self.path}.",
+                hint="Wait for it to finish, or start a new run without --resume.",
+            ) from None
+
+    def release(self) -> None:
+        self._lock.release()
+
+    # -- spec and stage records ----------------------------------------------
+    def write_spec(self, spec: dict[str, Any]) -> None:
+        atomic_write_json(self.path / "run.json", spec)
+
+    def read_spec(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.path / "run.json").read_text())
+        return data
+
+    def record(self, state: StageState) -> None:
+        atomic_write_json(self.stages_dir / f"{state.name}.json", state.__dict__)
+
+    def state(self, name: str) -> StageState | None:
+        p = self.stages_dir / f"{name}.json"
+        if not p.is_file():
+            return None
+        return StageState(**json.loads(p.read_text()))

