@@ -120,8 +120,16 @@ class _Run:
         code, out = self.container.exec(list(argv))
         return int(code), out
 
-    def _probe(self, *args: str) -> dict[str, Any]:
-        code, out = self._exec([self.recipe.server.python, "-c", self.probe, *args])
+    def _probe(self, *args: str, supervised: float | None = None) -> dict[str, Any]:
+        """Run the in-container probe; with `supervised` (a timeout), wake up at once on a crash."""
+        argv = [self.recipe.server.python, "-c", self.probe, *args]
+        if supervised is None:
+            code, out = self._exec(argv)
+        else:
+            ran = self._supervised(argv, supervised, "probe")
+            if isinstance(ran, str):
+                return {"status": 0, "body": "", "error": ran}
+            code, out = ran
         lines = out.strip().splitlines()
         try:
             data = json.loads(lines[-1]) if lines else None
@@ -197,7 +205,7 @@ class _Run:
             left = deadline - time.monotonic()
             if left <= 0:
                 return f"{what} did not finish within {timeout:.0f} s"
-            t.join(min(0.25, left))
+            t.join(min(0.05, left))  # look at the server's state 20 times a second
         if "error" in box:
             gone = self._server_gone()
             if gone is not None:
@@ -279,14 +287,16 @@ class _Run:
             if gone is not None:
                 return self._crash_result(READY_CHECK, gone, start, limits, phase="startup")
             try:
-                res = self._probe("http", "GET", url, "5")
+                res = self._probe("http", "GET", url, "5", supervised=30)
+            except _ServerGone as crashed:
+                return self._crash_result(READY_CHECK, crashed, start, limits, phase="startup")
             except InfraError:
-                gone = self._server_gone()
-                if gone is None:
+                after = self._server_gone()
+                if after is None:
                     time.sleep(0.2)  # the exec raced the exit: look again
-                    gone = self._server_gone()
-                if gone is not None:
-                    return self._crash_result(READY_CHECK, gone, start, limits, phase="startup")
+                    after = self._server_gone()
+                if after is not None:
+                    return self._crash_result(READY_CHECK, after, start, limits, phase="startup")
                 raise
             elapsed = time.monotonic() - start
             if res.get("status") == 200:
@@ -684,7 +694,7 @@ def run_smoke(
             crash_seen = getattr(run, "_crash_seen_at", None)
             failed = next((c for c in checks if c.status in ("failed", "error")), None)
             if checks and crash_seen is not None:
-                run.timings["crash_to_verdict_s"] = round(time.monotonic() - crash_seen, 3)
+                run.timings["detect_to_verdict_s"] = round(time.monotonic() - crash_seen, 3)
             verdict: Verdict | None = None
             if checks and len(checks) == 1 + len(run.planned()):
                 status: Status = "failed" if failed else "passed"

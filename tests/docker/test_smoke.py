@@ -66,14 +66,18 @@ def smoke_image(engine: Engine, base_image: str, tmp_path_factory: pytest.TempPa
     (ctx / "Dockerfile").write_text(
         f"FROM {base_image}\n"
         "COPY *.py /opt/smoke/\n"
-        "RUN printf '#!/bin/sh\\nexec python3 /opt/smoke/standin_lm_eval.py \"$@\"\\n' > /usr/local/bin/lm_eval"
-        " && chmod +x /usr/local/bin/lm_eval\n"
+        "RUN printf '#!/bin/sh\\nexec python3 /opt/smoke/standin_lm_eval.py \"$@\"\\n'"
+        " > /usr/local/bin/lm_eval && chmod +x /usr/local/bin/lm_eval\n"
     )
     tag = f"atom-pipeline-test/smoke-server-{SESSION_ID}:1"
     engine.build(
         ctx,
         tag=tag,
-        labels={TEST_LABEL: SESSION_ID, labels.LOCK_SHA256: LOCK_LABEL_VALUE, labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE},
+        labels={
+            TEST_LABEL: SESSION_ID,
+            labels.LOCK_SHA256: LOCK_LABEL_VALUE,
+            labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE,
+        },
     )
     yield tag
     engine.remove_image(tag, force=True)
@@ -105,8 +109,15 @@ def settings_for(tmp_path: Path, hf_cache: Path) -> Settings:
 
 
 def smoke(
-    engine: Engine, image: str, recipe_path: Path, tmp_path: Path, cleanup: DockerCleanup, *,
-    env: dict[str, str] | None = None, hf_cache: Path | None = None, run_all: bool = False,
+    engine: Engine,
+    image: str,
+    recipe_path: Path,
+    tmp_path: Path,
+    cleanup: DockerCleanup,
+    *,
+    env: dict[str, str] | None = None,
+    hf_cache: Path | None = None,
+    run_all: bool = False,
     sysfs: Path | None = None,
 ) -> tuple[Verdict, Path, float]:
     run_dir = tmp_path / "run"
@@ -116,8 +127,15 @@ def smoke(
     start = time.monotonic()
     try:
         verdict = run_smoke(
-            engine, image=image, recipe=load_recipe(recipe_path), recipe_path=recipe_path,
-            settings=settings_for(tmp_path, cache), env=env or {}, run_dir=run_dir, log=log, run_all=run_all,
+            engine,
+            image=image,
+            recipe=load_recipe(recipe_path),
+            recipe_path=recipe_path,
+            settings=settings_for(tmp_path, cache),
+            env=env or {},
+            run_dir=run_dir,
+            log=log,
+            run_all=run_all,
             sysfs_root=sysfs if sysfs is not None else make_sysfs(tmp_path / "sys"),
             options=SmokeOptions(labels=cleanup.labels),
         )
@@ -162,7 +180,10 @@ def test_healthy_server_passes_every_gate(
 
 
 def test_crash_at_warmup_fails_fast_with_the_exception_line(
-    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup,
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Through the CLI: exit 8 and the seed's RuntimeError on the console.
@@ -173,10 +194,22 @@ def test_crash_at_warmup_fails_fast_with_the_exception_line(
     os.environ.pop("HF_TOKEN", None)
     label_args = [x for k, v in docker_cleanup.labels.items() for x in ("--label", f"{k}={v}")]
     start = time.monotonic()
-    code = main([
-        "smoke", "--image", smoke_image, "--recipe", str(recipe), "--run-dir", str(run_dir),
-        "--hf-cache", str(hf), "--kfd-topology", str(nodes_dir(sysfs)), *label_args,
-    ])
+    code = main(
+        [
+            "smoke",
+            "--image",
+            smoke_image,
+            "--recipe",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--hf-cache",
+            str(hf),
+            "--kfd-topology",
+            str(nodes_dir(sysfs)),
+            *label_args,
+        ]
+    )
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert code == ExitCode.SMOKE_FAILED, err
@@ -190,12 +223,14 @@ def test_crash_at_warmup_fails_fast_with_the_exception_line(
     assert ready.figures["detected_by"] == "traceback" and ready.figures["phase"] == "startup"
     assert "Traceback (most recent call last):" in ready.evidence
     assert [c.status for c in verdict.checks[1:]] == ["skipped"] * 3
-    assert "crash_to_verdict_s" in verdict.timings
+    assert "detect_to_verdict_s" in verdict.timings
     junit = ET.parse(run_dir / "junit.xml").getroot()
     assert junit.find("testcase/failure").get("message") == SEED_LINE  # type: ignore[union-attr]
     # measured, not asserted (no timed asserts): see bench/bench_smoke_crash.py
-    print(f"crash to verdict {verdict.timings['crash_to_verdict_s']:.2f} s; whole run {elapsed:.1f} s "
-          f"(readiness limit 600 s)")
+    print(
+        f"detection to verdict {verdict.timings['detect_to_verdict_s']:.2f} s; whole run {elapsed:.1f} s "
+        f"(readiness limit 600 s)"
+    )
     no_container_left(engine, docker_cleanup)
 
 
@@ -203,7 +238,7 @@ def test_never_ready_hits_the_time_limit(
     engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
 ) -> None:
     recipe = variant(tmp_path, "never-ready", replace={"ready_timeout_s: 20": "ready_timeout_s: 3"})
-    verdict, run_dir, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup)
+    verdict, _run_dir, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup)
     assert verdict.status == "failed"
     assert verdict.reason.startswith("server not ready within 3 s (/health: ")
     assert verdict.checks[0].limits["ready_timeout_s"] == 3
@@ -217,7 +252,7 @@ def test_wrong_answers_fail_the_accuracy_gate(
     engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
 ) -> None:
     recipe = variant(tmp_path, "wrong")
-    verdict, run_dir, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup)
+    verdict, _run_dir, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup)
     assert verdict.status == "failed"
     by_name = {c.name: c for c in verdict.checks}
     assert by_name["chat"].status == "passed"
@@ -263,11 +298,33 @@ def test_interrupt_mid_run_leaves_no_container(
     case = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "smoke", "--image", smoke_image, "--recipe", str(recipe),
-         "--run-dir", str(run_dir), "--hf-cache", str(hf), "--kfd-topology", str(nodes_dir(sysfs)),
-         "--label", f"{TEST_LABEL}={SESSION_ID}", "--label", f"{CASE_LABEL}={docker_cleanup.case_id}",
-         "--label", f"interrupt-case={case}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "smoke",
+            "--image",
+            smoke_image,
+            "--recipe",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--hf-cache",
+            str(hf),
+            "--kfd-topology",
+            str(nodes_dir(sysfs)),
+            "--label",
+            f"{TEST_LABEL}={SESSION_ID}",
+            "--label",
+            f"{CASE_LABEL}={docker_cleanup.case_id}",
+            "--label",
+            f"interrupt-case={case}",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -277,7 +334,7 @@ def test_interrupt_mid_run_leaves_no_container(
             time.sleep(0.1)
         time.sleep(1.0)  # mid-run: the server is "loading", the runner polls readiness
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -306,7 +363,9 @@ def test_token_never_lands_in_any_file(
     server_log = (run_dir / "server.log").read_text()
     assert "env HF_TOKEN=***" in server_log  # it was printed, and redacted on the way in
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert {"verdict.json", "summary.md", "junit.xml", "server.log", "pipeline.log"} <= {p.name for p in files}
+    assert {"verdict.json", "summary.md", "junit.xml", "server.log", "pipeline.log"} <= {
+        p.name for p in files
+    }
     for path in files:
         assert token.encode() not in path.read_bytes(), path
     assert token not in " ".join(f"{k}={v}" for k, v in docker_cleanup.labels.items())
@@ -321,17 +380,33 @@ def test_preflight_through_a_container_reads_the_engine_hosts_topology(
     hf = hf_cache_with_model(tmp_path / "hf")
     good = make_sysfs(tmp_path / "good")
     pf = run_preflight(
-        engine, image=smoke_image, recipe=recipe, nodes_dir=str(nodes_dir(good)), hf_cache_raw=str(hf), env={},
-        docker_host=None, via="container", labels=docker_cleanup.labels,
+        engine,
+        image=smoke_image,
+        recipe=recipe,
+        nodes_dir=str(nodes_dir(good)),
+        hf_cache_raw=str(hf),
+        env={},
+        docker_host=None,
+        via="container",
+        labels=docker_cleanup.labels,
     )
     assert pf.via == "container" and pf.missing == [] and len(pf.gpus) == 4 and pf.model_cached
     bad = make_sysfs(tmp_path / "bad", gpus=2, gfx_target_version=90402)
     pf = run_preflight(
-        engine, image=smoke_image, recipe=recipe, nodes_dir=str(nodes_dir(bad)), hf_cache_raw=str(tmp_path / "no"),
-        env={}, docker_host=None, via="container", labels=docker_cleanup.labels,
+        engine,
+        image=smoke_image,
+        recipe=recipe,
+        nodes_dir=str(nodes_dir(bad)),
+        hf_cache_raw=str(tmp_path / "no"),
+        env={},
+        docker_host=None,
+        via="container",
+        labels=docker_cleanup.labels,
     )
-    assert pf.missing[0] == "4 gfx950 (MI355 (fake KFD topology)) GPU(s): found 0 (and 2 GPU(s) of another " \
+    assert (
+        pf.missing[0] == "4 gfx950 (MI355 (fake KFD topology)) GPU(s): found 0 (and 2 GPU(s) of another "
         "architecture: gfx942)"
+    )
     assert "smoke-test/tiny-chat" in pf.missing[1] and "HF_TOKEN" in pf.missing[1]
     no_container_left(engine, docker_cleanup)
 
