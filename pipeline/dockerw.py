@@ -27,6 +27,13 @@ API::
     # the container is removed when the block exits, also on KeyboardInterrupt
     digest = engine.push("127.0.0.1:5000/atom", "v1", auth_config={"username": u, "password": p})
     info = engine.pull("127.0.0.1:5000/atom@sha256:...", auth_config=...)
+    format_run_command(image, cmd, environment=..., inherit_env=False, remove=False, **run_options) -> str
+    created_layers(build_log) -> list[str]   # images a (failed) build left behind, not FROM/cache
+
+Errors: InfraError when the engine (or a registry, seen from the engine) cannot be reached;
+BuildError for a failed build (message names ``Step N/M : ...``, evidence = log + failing step's
+tail); TagError when a registry refuses a push/pull or a tag is missing.  Every build label adds
+one ``LABEL`` step to the classic builder's output (and is counted in ``cached`` when cached).
 
 Secrets: environment values given to ``run`` are never logged; ``format_run_command``
 renders the equivalent ``docker run`` line with every ``--env`` value masked.
@@ -158,6 +165,8 @@ class _BuildLog:
 
 
 def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, docker.errors.APIError):
+        return False  # the engine answered (the error may be about a registry it could not reach)
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
         return True
     text = str(exc)
@@ -202,25 +211,53 @@ def _auth_secrets(auth_config: Mapping[str, str] | None) -> list[str]:
     ]
 
 
+_RUN_FLAGS = {
+    "name": "--name",
+    "devices": "--device",
+    "group_add": "--group-add",
+    "ipc_mode": "--ipc",
+    "cap_add": "--cap-add",
+    "security_opt": "--security-opt",
+    "network_mode": "--network",
+    "volumes": "--volume",
+    "ports": "--publish",
+    "labels": "--label",
+    "shm_size": "--shm-size",
+}
+
+
 def format_run_command(
     image: str,
     command: Sequence[str] | str | None = None,
     *,
     environment: Mapping[str, str] | None = None,
+    inherit_env: bool = False,
+    remove: bool = False,
     **options: Any,
 ) -> str:
-    """The ``docker run`` line equivalent to ``Engine.run(...)``, with every env value masked."""
+    """The ``docker run`` line equivalent to ``Engine.run(...)`` (same keyword names), for logs and for
+    people to copy.  Environment values never appear: ``--env KEY=***``, or with ``inherit_env=True``
+    ``--env KEY``, which makes the docker CLI take the value from the caller's environment."""
     parts = ["docker", "run"]
+    if remove:
+        parts.append("--rm")
     for key, value in (environment or {}).items():
-        parts += ["--env", f"{key}={MASK}" if value is not None else key]
-    for key, value in sorted(options.items()):
-        if value in (None, False, [], {}):
+        parts += ["--env", key if inherit_env or value is None else f"{key}={MASK}"]
+    for key, value in options.items():
+        if value in (None, False, [], {}, ""):
             continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, Mapping):
+        flag = _RUN_FLAGS.get(key, "--" + key.replace("_", "-"))
+        if key == "volumes" and isinstance(value, Mapping):
+            for host, spec in value.items():
+                bind = f"{host}:{spec['bind']}" if isinstance(spec, Mapping) else f"{host}:{spec}"
+                mode = spec.get("mode") if isinstance(spec, Mapping) else None
+                parts += [flag, f"{bind}:{mode}" if mode else bind]
+        elif key == "ports" and isinstance(value, Mapping):
             parts += [
-                x for k, v in value.items() for x in (flag, f"{k}:{v}" if key != "labels" else f"{k}={v}")
+                x for cport, hport in value.items() for x in (flag, f"{hport}:{cport}" if hport else cport)
             ]
+        elif isinstance(value, Mapping):
+            parts += [x for k, v in value.items() for x in (flag, f"{k}={v}")]
         elif isinstance(value, list | tuple):
             parts += [x for v in value for x in (flag, str(v))]
         elif value is True:
@@ -495,7 +532,7 @@ class Engine:
         lines: list[str] = []
         digest: str | None = None
         error: str | None = None
-        with _translated(f"push {ref}", TagError, secrets):
+        with _translated(f"push {ref}", TagError, secrets), self._registry_api_errors("push", ref, secrets):
             for item in self.api.push(
                 repo,
                 tag=tag,
@@ -528,7 +565,7 @@ class Engine:
         secrets = _auth_secrets(auth_config)
         lines: list[str] = []
         error: str | None = None
-        with _translated(f"pull {ref}", TagError, secrets):
+        with _translated(f"pull {ref}", TagError, secrets), self._registry_api_errors("pull", ref, secrets):
             for item in self.api.pull(
                 ref, auth_config=dict(auth_config) if auth_config else None, stream=True, decode=True
             ):
@@ -545,6 +582,15 @@ class Engine:
         if info is None:
             raise TagError(f"Pulled {ref} but the engine does not show it.", evidence=evidence)
         return info
+
+    @contextlib.contextmanager
+    def _registry_api_errors(self, action: str, ref: str, secrets: Sequence[str]) -> Iterator[None]:
+        """The engine refused the request outright (HTTP error): classify what the registry said."""
+        try:
+            yield
+        except docker.errors.APIError as exc:
+            text = _scrub(str(exc.explanation or exc), secrets)
+            raise self._registry_error(action, ref, text, _scrub(str(exc), secrets)) from None
 
     @staticmethod
     def _registry_error(action: str, ref: str, error: str, evidence: str) -> PipelineError:

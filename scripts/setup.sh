@@ -5,21 +5,23 @@
 #
 # Each step is idempotent and prints how long it took:
 #   apt         install docker.io, debootstrap, docker-registry, git when a command is missing
-#   pip         pip install -e '.[test]' from the repo root (skipped when PIP_INSTALL=0)
+#   pip         pip install -e '.[test]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
+#               the default) only the dependencies, so other worktrees' imports are not hijacked;
+#               PIP_INSTALL=1 forces the editable install, PIP_INSTALL=0 skips the step
 #   dockerd     start dockerd in the background when `docker info` does not answer, wait for it
 #               (at most DOCKERD_WAIT seconds, default 90); fail with the tail of its log otherwise
 #   base-image  build the local test base image (debootstrap minbase bookworm + python3, then
 #               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
 #
 # Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
-# PIP_INSTALL (1), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
+# PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
 # DEBIAN_MIRROR (http://deb.debian.org/debian).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
 BASE_IMAGE="${ATOM_PIPELINE_TEST_BASE_IMAGE:-atom-pipeline-test/bookworm-python3:1}"
-PIP_INSTALL="${PIP_INSTALL:-1}"
+PIP_INSTALL="${PIP_INSTALL:-auto}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
 DOCKERD_WAIT="${DOCKERD_WAIT:-90}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -56,18 +58,47 @@ step_apt() {
     pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' ')
     say "apt: installing $pkgs"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends $pkgs ca-certificates iptables >/dev/null
+    # Without systemd, the packages' postinst would start dockerd (init script) and a registry on
+    # :5000 behind our back; deny service starts during the install (policy-rc.d exit 101), so the
+    # dockerd step below is the one that starts the engine.
+    local policy=/usr/sbin/policy-rc.d created_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod +x "$policy"
+        created_policy=1
+    fi
+    local rc=0
+    {
+        apt-get update -qq &&
+        # shellcheck disable=SC2086
+        apt-get install -y -qq --no-install-recommends $pkgs ca-certificates iptables >/dev/null
+    } || rc=$?
+    [ "$created_policy" = 1 ] && rm -f "$policy"
+    [ "$rc" = 0 ] || die "apt-get could not install $pkgs (exit $rc)."
 }
 
 step_pip() {
-    if [ "$PIP_INSTALL" = 0 ]; then
-        say "pip: skipped (PIP_INSTALL=0)"
-        return
+    local mode="$PIP_INSTALL"
+    if [ "$mode" = auto ]; then
+        # A linked git worktree (.git is a file) shares the machine's Python with other worktrees:
+        # an editable install would point everyone's `pipeline` at this one.  Install only the
+        # dependencies there (pytest's pythonpath imports the package from the worktree).
+        if [ -f .git ]; then mode=deps; else mode=1; fi
     fi
-    say "pip: installing the package and its test dependencies (pip install -e '.[test]')"
-    "$PYTHON" -m pip install --disable-pip-version-check -q -e '.[test]'
+    case "$mode" in
+        0)
+            say "pip: skipped (PIP_INSTALL=0)" ;;
+        deps)
+            say "pip: installing the dependencies and test dependencies only (linked worktree)"
+            local reqs
+            reqs=$("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))')
+            # shellcheck disable=SC2086
+            printf '%s\n' "$reqs" | "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -r /dev/stdin ;;
+        *)
+            say "pip: installing the package and its test dependencies (pip install -e '.[test]')"
+            "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -e '.[test]' ;;
+    esac
 }
 
 docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
@@ -89,12 +120,19 @@ step_dockerd() {
     local waited=0
     until docker_answers; do
         if ! kill -0 "$pid" 2>/dev/null; then
+            # another dockerd (a service, a concurrent setup) may have won the race for the socket
+            sleep 5
+            if docker_answers; then
+                say "dockerd: our dockerd exited, but an engine answers now (started elsewhere)"
+                return
+            fi
             tail -n 40 "$DOCKERD_LOG" >&2 || true
             die "dockerd exited during start-up (log above, full log in $DOCKERD_LOG)."
         fi
         if [ "$waited" -ge "$DOCKERD_WAIT" ]; then
+            kill "$pid" 2>/dev/null || true
             tail -n 40 "$DOCKERD_LOG" >&2 || true
-            die "dockerd (pid $pid) did not answer within ${DOCKERD_WAIT} s (log above, full log in $DOCKERD_LOG)."
+            die "dockerd did not answer within ${DOCKERD_WAIT} s and was stopped (log above, full log in $DOCKERD_LOG)."
         fi
         sleep 1
         waited=$((waited + 1))

@@ -232,6 +232,27 @@ def _bcrypt_hash(password: str) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)).decode()
 
 
+def _wait_for_registry(reg: Registry, timeout: float = 15) -> bool:
+    """True once our registry process answers /v2/; False (process stopped) if it exits or never answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if reg.process.poll() is not None:
+            return False
+        try:
+            urllib.request.urlopen(f"{reg.url}/v2/", timeout=1).close()
+        except urllib.error.HTTPError as exc:  # 401 from the auth registry: it is up
+            if exc.code != 401:
+                raise
+        except OSError:
+            time.sleep(0.1)
+            continue
+        time.sleep(0.2)  # the answer must come from our process, not one that held the port
+        return reg.process.poll() is None
+    reg.process.kill()
+    reg.process.wait()
+    return False
+
+
 @contextlib.contextmanager
 def _start_registry(
     root: Path, *, username: str | None = None, password: str | None = None
@@ -247,46 +268,36 @@ def _start_registry(
         htpasswd = root / "htpasswd"
         htpasswd.write_text(f"{username}:{_bcrypt_hash(password)}\n")
         auth = f"auth:\n  htpasswd:\n    realm: atom-pipeline-test\n    path: {htpasswd}\n"
-    port = _free_port()
-    config = root / "config.yml"
-    config.write_text(
-        "version: 0.1\n"
-        "log:\n  level: info\n  accesslog:\n    disabled: true\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n" + auth
-    )
     log_path = root / "registry.log"
-    with log_path.open("wb") as logf:
-        proc = subprocess.Popen(
-            [REGISTRY_BIN, "serve", str(config)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    config = root / "config.yml"
+    for attempt in range(3):  # a free port can be taken between our probe and the registry's bind
+        port = _free_port()
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: info\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(16)}\n" + auth
         )
-    reg = Registry(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}", root, proc, log_path, username, password)
+        with log_path.open("wb") as logf:
+            proc = subprocess.Popen(
+                [REGISTRY_BIN, "serve", str(config)],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        reg = Registry(
+            f"127.0.0.1:{port}", f"http://127.0.0.1:{port}", root, proc, log_path, username, password
+        )
+        if _wait_for_registry(reg):
+            break
+        if "address already in use" in log_path.read_text() and attempt < 2:
+            continue
+        pytest.fail(
+            f"docker-registry did not come up on {reg.url} (exit {proc.returncode}):\n"
+            f"{log_path.read_text()[-3000:]}",
+            pytrace=False,
+        )
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"docker-registry exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}",
-                    pytrace=False,
-                )
-            try:
-                urllib.request.urlopen(f"{reg.url}/v2/", timeout=1).close()
-                break
-            except urllib.error.HTTPError as exc:  # 401 from the auth registry: it is up
-                if exc.code == 401:
-                    break
-                raise
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"docker-registry did not answer on {reg.url} within 15 s:\n"
-                        f"{log_path.read_text()[-3000:]}",
-                        pytrace=False,
-                    )
-                time.sleep(0.1)
         yield reg
     finally:
         proc.terminate()

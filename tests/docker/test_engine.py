@@ -74,6 +74,18 @@ def test_exec_and_env_in_running_container(
     assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
 
 
+def test_streamed_logs_and_foreground_run(engine: Engine, base_image: str) -> None:
+    script = "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.2)\n"
+    with engine.run(base_image, ["python3", "-c", script]) as c:
+        streamed = "".join(c.logs(stream=True, follow=True))
+        assert streamed.split("\n")[:3] == ["line 0", "line 1", "line 2"]
+        assert c.wait(timeout=30) == 0
+    with engine.run(base_image, ["sh", "-c", "echo done; exit 5"], detach=False) as c:
+        assert c.status() == "exited"
+        assert c.exit_code() == 5
+        assert c.logs() == "done\n"
+
+
 def test_failing_build_names_the_step_and_keeps_the_log(
     engine: Engine, base_image: str, docker_cleanup: DockerCleanup, tmp_path: Path
 ) -> None:
@@ -188,6 +200,8 @@ def test_push_to_a_dead_registry_is_an_infra_error(
     docker_cleanup.image(f"{repo}:v1")
     with pytest.raises(InfraError, match="could not be reached"):
         engine.push(repo, "v1")
+    with pytest.raises(InfraError, match="could not be reached to pull"):
+        engine.pull(f"{repo}:v2")
 
 
 def test_auth_registry_refuses_bad_credentials_without_leaking_them(
