@@ -592,7 +592,7 @@ def run_smoke(
     info = engine.image(image)
     if info is None:
         raise UsageError(
-            f"The Docker engine ({engine_desc}) has no image {image!r}.",
+            f"{engine_desc[0].upper()}{engine_desc[1:]} has no image {image!r}.",
             hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
         )
     image_labels = dict(getattr(info, "labels", {}) or {})

@@ -273,7 +273,7 @@ def test_cli_unknown_image_and_usage_errors(
         pipeline.dockerw.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
     )
     assert main(["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path)]) == 2
-    assert "has no image 'nope:1'" in capsys.readouterr().err
+    assert "The local Docker engine has no image 'nope:1'" in capsys.readouterr().err
     assert main(["smoke", "--image", "x"]) == ExitCode.USAGE
     assert "exactly one of --model NAME or --recipe FILE" in capsys.readouterr().err
     assert main(["smoke", "--image", "x", "--recipe", str(RECIPE_PATH), "--bench-concurrency", "a"]) == 2
