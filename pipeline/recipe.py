@@ -101,6 +101,8 @@ class ServerSpec(_Strict):
     # "always": a traceback in the server log fails the run at any time;
     # "startup": only until the server is ready.
     fatal_traceback: Literal["always", "startup"] = "always"
+    # Regexes of exception lines this server logs harmlessly (never fatal). Empty by default.
+    ignore_exceptions: tuple[str, ...] = ()
     # Interpreter inside the image used for the HTTP probes (run with `docker exec`).
     python: str = "python3"
 
@@ -108,6 +110,16 @@ class ServerSpec(_Strict):
     @classmethod
     def _cmd(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         _check_placeholders(v, SERVER_PLACEHOLDERS)
+        return v
+
+    @field_validator("ignore_exceptions")
+    @classmethod
+    def _ignore(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from None
         return v
 
 

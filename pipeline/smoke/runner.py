@@ -155,7 +155,7 @@ class _Run:
             if code is None and w.error is None:
                 return None  # log stream ended but container still running: keep going
             full = self._server_log_text()
-            line = last_exception_in(full)
+            line = last_exception_in(full, self.recipe.server.ignore_exceptions)
             if line is None:
                 last = next((ln for ln in reversed(full.splitlines()) if ln.strip()), "")
                 line = f"server container exited with code {code}" + (
@@ -273,6 +273,7 @@ class _Run:
             self.run_dir / "server.log",
             redact=self.log.redact,
             on_line=lambda line: self.log.debug(f"server| {line}"),
+            ignore=self.recipe.server.ignore_exceptions,
         ).start()
 
     def wait_ready(self) -> CheckResult:

@@ -1,3 +1,4 @@
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +106,43 @@ def test_log_watcher_reports_a_stream_error(tmp_path: Path) -> None:
     w.join(5)
     assert w.ended and w.error == "ConnectionError: engine went away" and w.fatal is None
     assert (tmp_path / "s.log").read_text() == "partial line without newline\n"
+
+
+@pytest.mark.parametrize(
+    ("line", "expect"),
+    [
+        (
+            "torch._dynamo.exc.Unsupported: call_function in skip_files",
+            "torch._dynamo.exc.Unsupported: call_function in skip_files",
+        ),
+        (
+            "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+            "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+        ),
+        ("StopIteration", "StopIteration"),
+        ("INFO:     Started server process [1]", None),
+        ("WARNING: something", None),
+    ],
+)
+def test_dynamo_and_other_exception_names(line: str, expect: str | None) -> None:
+    assert exception_line(line) == expect
+
+
+def test_interleaved_log_lines_do_not_end_a_traceback() -> None:
+    log = (
+        "Traceback (most recent call last):\n"
+        "INFO:     Started server process [1]\n"
+        '  File "a"\n'
+        "RuntimeError: real\n"
+    )
+    assert last_exception_in(log) == "RuntimeError: real"
+
+
+def test_ignored_exceptions_are_not_fatal() -> None:
+    det = TracebackDetector(ignore=(re.compile(r"^ImportError: .*flash_attn"),))
+    for line in ("Traceback (most recent call last):", "ImportError: no module flash_attn", "ready"):
+        assert det.feed(line) is None
+    assert det.fatal is None
+    for line in ("Traceback (most recent call last):", "RuntimeError: boom"):
+        det.feed(line)
+    assert det.fatal == "RuntimeError: boom"
