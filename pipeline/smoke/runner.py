@@ -551,6 +551,15 @@ class _Run:
         return results
 
 
+def _remove(container: Any) -> None:
+    """Remove the container; a second Ctrl-C/SIGTERM during removal does not leave it behind."""
+    try:
+        container.remove()
+    except KeyboardInterrupt:
+        container.remove()
+        raise
+
+
 def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[str, str]:
     out = dict(recipe.environment)
     for key in recipe.secrets:
@@ -703,13 +712,14 @@ def run_smoke(
                 verdict = finish(status, reason, checks, pf.summary())
             if run.container is not None:
                 log.detail(f"removing server container {run.container.name}")
-                run.container.remove()
+                _remove(run.container)
             if run.watcher is not None:
                 run.watcher.join(5)
     except KeyboardInterrupt:
         finish(
             "error",
-            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; the container was removed",
+            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; "
+            "the server container was removed",
             checks,
             pf.summary(),
         )
