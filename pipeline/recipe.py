@@ -57,6 +57,13 @@ def _check_placeholders(argv: Iterable[str], allowed: frozenset[str]) -> None:
         )
 
 
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from None
+
+
 def expand(argv: Iterable[str], values: Mapping[str, object]) -> list[str]:
     """Fill ``${name}`` placeholders (validated at load time, so every name is known)."""
     subst = {k: str(v) for k, v in values.items()}
@@ -116,10 +123,7 @@ class ServerSpec(_Strict):
     @classmethod
     def _ignore(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for pattern in v:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from None
+            _compile(pattern)
         return v
 
 
@@ -129,7 +133,8 @@ class ChatCheck(_Strict):
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = 0.0
-    finish_reasons: tuple[str, ...] = ("stop", "length")
+    # Accepted finish_reason values, each a regex matched against the whole value.
+    finish_reasons: tuple[str, ...] = Field(default=("stop", "length"), min_length=1)
     expect_regex: str | None = None
     timeout_s: float = Field(default=300, gt=0)
 
@@ -137,10 +142,14 @@ class ChatCheck(_Strict):
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"not a valid regular expression: {e}") from None
+            _compile(v)
+        return v
+
+    @field_validator("finish_reasons")
+    @classmethod
+    def _reasons(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            _compile(pattern)
         return v
 
 

@@ -75,7 +75,7 @@ def evaluate_chat(check: ChatCheck, status: int, body: str, seconds: float) -> C
         return CheckResult.fail(
             check.name, f"chat completion returned an empty answer{extra}", figures=figures, limits=limits
         )
-    if finish not in check.finish_reasons:
+    if not isinstance(finish, str) or not any(re.fullmatch(p, finish) for p in check.finish_reasons):
         return CheckResult.fail(
             check.name,
             f"chat completion finish_reason {finish!r} is not one of {', '.join(check.finish_reasons)}",

@@ -197,7 +197,7 @@ def test_chat_answer_passes() -> None:
         (200, "{}", "not an OpenAI chat.completion"),
         (200, chat_body(""), "empty answer"),
         (200, chat_body(None, reasoning_content="thinking..."), "only reasoning"),
-        (200, chat_body("Paris.", finish="abort"), "finish_reason 'abort' is not one of stop, length"),
+        (200, chat_body("Paris.", finish="abort"), "finish_reason 'abort' is not one of stop, length, eos"),
         (200, chat_body("Paris.", finish=None), "finish_reason None"),
         (200, chat_body("London."), "does not match"),
     ],
@@ -205,3 +205,14 @@ def test_chat_answer_passes() -> None:
 def test_chat_failures(status: int, body: str, expect: str) -> None:
     r = evaluate_chat(CHAT, status, body, 0.1)
     assert not r.passed and expect in r.message, r.message
+
+
+@pytest.mark.parametrize("finish", ["eos", "stop_200020", "max_tokens", "stop_sequence", "stop", "length"])
+def test_chat_accepts_atoms_own_finish_reasons(finish: str) -> None:
+    # atom/model_engine/scheduler.py at ab9eb781 passes its leave_reason through as finish_reason
+    assert evaluate_chat(CHAT, 200, chat_body("Paris.", finish=finish), 0.1).passed
+
+
+@pytest.mark.parametrize("finish", ["unschedulable: prompt too long", "stop_", "eos2", "abort"])
+def test_chat_rejects_other_finish_reasons(finish: str) -> None:
+    assert not evaluate_chat(CHAT, 200, chat_body("Paris.", finish=finish), 0.1).passed
