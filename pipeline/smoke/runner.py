@@ -540,7 +540,8 @@ class _Run:
                 if not res.passed:
                     rec.status = "failed"
             results.append(res)
-            self.log.info(f"  {'✓' if res.passed else '✕'} {name}: {res.message}")
+            if not res.passed:  # the stage line shows 120 characters; the reason in full
+                self.log.info(f"  ✕ {name}: {res.message}")
             crashed = res.figures.get("detected_by") is not None
             if not res.passed and (crashed or not self.opts.run_all):
                 stop_reason = (
