@@ -518,8 +518,8 @@ class _Run:
                 out.append((check.name, check))
         return out
 
-    def run_checks(self) -> list[CheckResult]:
-        results: list[CheckResult] = []
+    def run_checks(self, results: list[CheckResult]) -> None:
+        """Run the planned checks, appending to `results` (kept as evidence if the engine fails)."""
         stop_reason = ""
         for name, item in self.planned():
             if stop_reason:
@@ -549,7 +549,6 @@ class _Run:
                     if crashed
                     else f"not run: gate {name} failed (use --run-all to run every check)"
                 )
-        return results
 
 
 def _remove(container: Any) -> None:
@@ -696,7 +695,7 @@ def run_smoke(
                     rec.status = "failed"
                     log.info(f"  ✕ {READY_CHECK}: {ready.message}")
             if ready.passed:
-                checks += run.run_checks()
+                run.run_checks(checks)
             else:
                 checks += [
                     CheckResult.skipped(n, "not run: the server never became ready") for n, _ in run.planned()
