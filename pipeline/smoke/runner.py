@@ -212,6 +212,16 @@ class _Run:
                 raise gone
             raise box["error"]
         result: tuple[int, str] = box["result"]
+        if result[0] != 0 and self.watcher is not None:
+            # A tool that failed may have failed because the server just died (its container's
+            # exit kills the exec'd process too): give the log a moment to say so.
+            self.watcher.wait(2.0)
+            gone = self._server_gone()
+            if gone is None and self.watcher.ended:
+                time.sleep(0.3)  # exit status not yet visible
+                gone = self._server_gone()
+            if gone is not None:
+                raise gone
         return result
 
     def _save(self, name: str, text: str) -> Path:
