@@ -151,20 +151,26 @@ def parse_image_ref(ref: str) -> ImageRef:
     return ImageRef(registry, repository, tag, digest)
 
 
+def tag_problem(tag: str) -> str | None:
+    """Why ``tag`` breaks the registry tag grammar, or None when it is valid."""
+    if TAG_RE.match(tag):
+        return None
+    if not tag:
+        return "it is empty"
+    if len(tag) > 128:
+        return f"it is {len(tag)} characters long (at most 128)"
+    bad = sorted({c for c in tag if not (c.isascii() and (c.isalnum() or c in "_.-"))})
+    if bad:
+        return "it contains " + ", ".join(repr(c) for c in bad)
+    return f"it starts with {tag[0]!r} (a tag starts with a letter, digit or _)"
+
+
 def validate_tag(tag: str, *, what: str = "tag") -> str:
     """Return ``tag`` if it matches the registry tag grammar, else raise a UsageError naming it."""
-    if not TAG_RE.match(tag):
-        reason = (
-            "it is empty"
-            if not tag
-            else (
-                "it is longer than 128 characters"
-                if len(tag) > 128
-                else "it must start with a letter, digit or _ and contain only letters, digits, _ . -"
-            )
-        )
+    problem = tag_problem(tag)
+    if problem:
         raise UsageError(
-            f"{what} '{tag}' is not a valid registry tag: {reason}.",
+            f"{what} '{tag}' is not a valid registry tag: {problem}.",
             hint="Fix the tag (or the tag_template / moving_tags setting that produced it); "
             "the grammar is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.",
         )

@@ -1,0 +1,127 @@
+"""The verification record: what was tagged, and the evidence it was verified.
+
+An in-toto Statement v1 (https://github.com/in-toto/attestation, spec v1):
+
+    {
+      "_type": "https://in-toto.io/Statement/v1",
+      "subject": [{"name": "127.0.0.1:5000/rocm/atom-dev", "digest": {"sha256": "..."}}],
+      "predicateType": "https://atom-image-pipeline.dev/verification/v1",
+      "predicate": {image, tags, lock (the lock file as data), patches, recipe, smoke, tool, times}
+    }
+
+Written atomically as `record.json` next to the verdict. The predicate alone is
+what `cosign attest --predicate` takes (`predicate.json` beside it). Nothing
+from the environment goes in: no credentials, and URLs lose any user-info.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import __version__
+from pipeline.fsutil import atomic_write_json
+from pipeline.lock import Lock
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://atom-image-pipeline.dev/verification/v1"
+RECORD_NAME = "record.json"
+PREDICATE_NAME = "predicate.json"
+
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+
+
+def strip_userinfo(text: str) -> str:
+    """`https://user:token@host/x` -> `https://host/x` (tokens in clone URLs never reach a record)."""
+    return _USERINFO.sub(r"\g<scheme>", text)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return strip_userinfo(value)
+    if isinstance(value, Mapping):
+        return {k: _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RecordInputs:
+    """Everything the record states, gathered by the tag stage."""
+
+    image_name: str  # registry/repository, no tag
+    digest: str  # sha256:...
+    image_id: str
+    immutable_tag: str
+    moving_tags: Sequence[str]
+    lock: Lock
+    lock_path: Path
+    recipe_name: str
+    recipe_path: Path
+    recipe_sha256: str
+    inputs_digest: str
+    verdict: Mapping[str, Any]  # the smoke verdict as written
+    verdict_path: Path
+    verdict_sha256: str
+    started: str  # ISO 8601 UTC: when the tag stage started
+    finished: str  # when the immutable push was verified
+
+
+def build_statement(inp: RecordInputs) -> dict[str, Any]:
+    algo, _, hexdigest = inp.digest.partition(":")
+    lock = inp.lock
+    verdict = inp.verdict
+    predicate: dict[str, Any] = {
+        "image": {
+            "name": inp.image_name,
+            "digest": inp.digest,
+            "id": inp.image_id,
+            "immutable_tag": inp.immutable_tag,
+            "moving_tags": list(inp.moving_tags),
+            "inputs_digest": inp.inputs_digest,
+        },
+        "lock": {
+            "path": str(inp.lock_path),
+            "sha256": lock.digest(),
+            "data": lock.model_dump(mode="json"),
+        },
+        "sources": {
+            "atom": {"url": lock.atom.url, "ref": lock.atom.ref, "sha": lock.atom.sha},
+            "aiter": {"url": lock.aiter.url, "ref": lock.aiter.ref, "sha": lock.aiter.sha},
+            "base_image": lock.base_image.pinned,
+        },
+        "patches": [{"name": p.name, "sha256": p.sha256, "status": p.status} for p in lock.patches],
+        "recipe": {"name": inp.recipe_name, "path": str(inp.recipe_path), "sha256": inp.recipe_sha256},
+        "smoke": {
+            "verdict_path": str(inp.verdict_path),
+            "verdict_sha256": inp.verdict_sha256,
+            "status": verdict.get("status"),
+            "passed": verdict.get("passed"),
+            "reason": verdict.get("reason", ""),
+            "checks": list(verdict.get("checks") or []),
+            "started": verdict.get("started"),
+            "finished": verdict.get("finished"),
+            "tool_version": verdict.get("tool_version"),
+        },
+        "tool": {"name": "atom-image-pipeline", "version": __version__},
+        "times": {"tag_started": inp.started, "verified": inp.finished},
+    }
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": inp.image_name, "digest": {algo: hexdigest}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": _scrub(predicate),
+    }
+
+
+def write_record(directory: Path, statement: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Write `record.json` (the statement) and `predicate.json` atomically; their paths."""
+    record = directory / RECORD_NAME
+    predicate = directory / PREDICATE_NAME
+    atomic_write_json(predicate, statement["predicate"])
+    atomic_write_json(record, statement)
+    return record, predicate

@@ -1,0 +1,653 @@
+"""`pipeline tag`: push a verified image by digest, and only then move the moving tags.
+
+The flow, each step refusing with its own message before anything is changed:
+
+1. the smoke verdict is loaded and must be bound to this image, recipe and lock
+   (`check_binding`): passed, same image ID, the image's labels carry the
+   verdict's lock/recipe/inputs digests, the recipe and lock files on disk are
+   the ones the verdict was made with;
+2. the immutable tag (`settings.tag.tag_template`) and the moving tags are
+   computed and validated against the registry tag grammar;
+3. under a file lock per (registry, repository): if the immutable tag already
+   exists it must hold this very image (immutable means immutable), else the
+   image is tagged locally and pushed; the digest is read back from the
+   registry API and must match what the push reported, and the manifest's
+   config must be this image's ID;
+4. the verification record (`record.json`, an in-toto Statement) is written
+   next to the verdict and, if asked, attested with cosign;
+5. only then each moving tag is PUT to that digest (no layer is re-pushed).
+   A failure while moving restores the tags already moved to where they were.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from filelock import FileLock, Timeout
+
+from pipeline import labels
+from pipeline.config import Settings
+from pipeline.dockerw import ImageInfo
+from pipeline.errors import ConfigError, InfraError, PipelineError, RunLocked, TagError, UsageError
+from pipeline.fsutil import sha256_file
+from pipeline.lock import Lock, default_lock_path
+from pipeline.log import Logger
+from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
+from pipeline.registry import (
+    MEDIA_DOCKER_MANIFEST,
+    MEDIA_OCI_MANIFEST,
+    ImageRef,
+    RegistryClient,
+    credentials_for,
+    default_scheme,
+    parse_image_ref,
+    tag_problem,
+)
+
+VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
+TEMPLATE_FIELDS = ("model", "date", "atom7", "aiter7", "patchset", "inputs7")
+RERUN = "Re-run `pipeline smoke` for this image (it writes a fresh verdict), then `pipeline tag` again."
+
+
+class EngineLike(Protocol):
+    """What the tag stage needs from `pipeline.dockerw.Engine`."""
+
+    def image(self, ref: str) -> ImageInfo | None: ...
+
+    def tag(self, image: str, repo: str, tag: str) -> None: ...
+
+    def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str: ...
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The fields of a smoke verdict the tag stage binds to (plus the raw document)."""
+
+    path: Path
+    sha256: str
+    status: str
+    passed: bool
+    reason: str
+    image_ref: str
+    image_id: str
+    image_digest: str
+    recipe_name: str
+    recipe_path: str
+    recipe_sha256: str
+    lock_sha256: str
+    inputs_digest: str
+    finished: str
+    raw: Mapping[str, Any] = field(repr=False)
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Read `verdict.json`; TagError saying "missing" or "unreadable" otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TagError(
+            f"refusing to tag: there is no smoke verdict at {path} (missing verdict).",
+            hint="Run `pipeline smoke` for this image first, or pass --verdict with the right path.",
+        ) from None
+    except OSError as e:
+        raise TagError(f"refusing to tag: cannot read the smoke verdict {path}: {e.strerror}.") from None
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        if data.get("schema") != VERDICT_SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, expected {VERDICT_SCHEMA!r}")
+        image = data["image"]
+        recipe = data["recipe"]
+        return Verdict(
+            path=path,
+            sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            status=str(data["status"]),
+            passed=data["passed"] is True,
+            reason=str(data.get("reason") or ""),
+            image_ref=str(image.get("ref") or ""),
+            image_id=str(image["id"] or ""),
+            image_digest=str(image.get("digest") or ""),
+            recipe_name=str(recipe.get("name") or ""),
+            recipe_path=str(recipe.get("path") or ""),
+            recipe_sha256=str(recipe["sha256"] or ""),
+            lock_sha256=str(data["lock_sha256"] or ""),
+            inputs_digest=str(data.get("inputs_digest") or ""),
+            finished=str(data.get("finished") or ""),
+            raw=data,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        detail = e.args[0] if isinstance(e, ValueError) and e.args else f"missing field {e}"
+        raise TagError(
+            f"refusing to tag: {path} is not a smoke verdict this pipeline can read ({detail}).",
+            hint=RERUN,
+        ) from None
+
+
+def check_passed(verdict: Verdict, image: str) -> None:
+    """Refuse a verdict that did not pass (needs no engine: checked first)."""
+    where = f"the smoke verdict {verdict.path}"
+    if verdict.status != "passed" or not verdict.passed:
+        why = {
+            "failed": "the smoke test failed",
+            "no-hardware": "the smoke test did not run (no GPUs or model cache on that machine)",
+            "error": "the smoke test could not complete",
+        }.get(verdict.status, f"its status is '{verdict.status}'")
+        raise TagError(
+            f"refusing to tag {image}: {where} did not pass: {why}"
+            + (f" ({verdict.reason})." if verdict.reason else "."),
+            hint="Only a passed smoke test can tag an image. Fix the failure and run `pipeline smoke` again.",
+        )
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A verdict checked against the image, recipe and lock it must belong to."""
+
+    verdict: Verdict
+    image: ImageInfo
+    lock: Lock
+    lock_path: Path
+    recipe_path: Path
+
+
+def check_binding(
+    verdict: Verdict,
+    info: ImageInfo | None,
+    *,
+    image: str,
+    lock_path: Path | None,
+    recipe_path: Path | None,
+    locks_dir: Path,
+) -> Binding:
+    """Refuse a failed, foreign or stale verdict, each with its own message."""
+    where = f"the smoke verdict {verdict.path}"
+    check_passed(verdict, image)
+    if info is None:
+        raise TagError(
+            f"refusing to tag: the image {image} does not exist in the Docker engine.",
+            hint="Build it (`pipeline build`) or pass --image with the reference the verdict names"
+            + (f" ({verdict.image_ref})." if verdict.image_ref else "."),
+        )
+    if verdict.image_id != info.id:
+        raise TagError(
+            f"refusing to tag {image}: {where} is for another image (foreign verdict): it names image ID "
+            f"{_short(verdict.image_id)} ({verdict.image_ref or 'no ref'}), "
+            f"but {image} is {_short(info.id)}.",
+            hint="Pass the verdict of this image, or " + RERUN[0].lower() + RERUN[1:],
+        )
+    lbl = info.labels
+    for key, expected, what in (
+        (labels.LOCK_SHA256, verdict.lock_sha256, "lock"),
+        (labels.RECIPE_SHA256, verdict.recipe_sha256, "recipe"),
+        (labels.INPUTS_DIGEST, verdict.inputs_digest, "inputs digest"),
+    ):
+        got = lbl.get(key)
+        if not got:
+            raise TagError(
+                f"refusing to tag {image}: the image has no label {key}, so it was not built by this "
+                "pipeline and cannot be bound to a verdict.",
+                hint="Build the image with `pipeline build`, smoke-test it, then tag it.",
+            )
+        if got != expected:
+            raise TagError(
+                f"refusing to tag {image}: the image's {what} ({key}={_short(got)}) differs from the one in "
+                f"{where} ({_short(expected)}): the verdict does not belong to this image's build.",
+                hint=RERUN,
+            )
+    # recipe: the file on disk now must be the one the smoke test used
+    recipe = recipe_path or (Path(verdict.recipe_path) if verdict.recipe_path else None)
+    if recipe is None:
+        raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
+    if not recipe.is_file():
+        raise UsageError(
+            f"recipe file {recipe} does not exist.",
+            hint="Pass --recipe with the recipe the image was smoke-tested with.",
+        )
+    recipe_sha = sha256_file(recipe)
+    if recipe_sha != verdict.recipe_sha256:
+        raise TagError(
+            f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
+            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe_sha256)}.",
+            hint=RERUN,
+        )
+    # lock: the lock file now must be the one the image was built from
+    if lock_path is None:
+        model = lbl.get(labels.MODEL)
+        if not model:
+            raise UsageError(f"cannot tell which lock file {image} was built from; pass --lock FILE.")
+        lock_path = default_lock_path(locks_dir, model)
+    lock = Lock.load(lock_path)
+    if lock.digest() != verdict.lock_sha256:
+        raise TagError(
+            f"refusing to tag {image}: the lock file {lock_path} changed since the image was built and "
+            f"smoke-tested (stale verdict): it is now {_short(lock.digest())}, the verdict was made with "
+            f"{_short(verdict.lock_sha256)}.",
+            hint="Rebuild from the current lock (`pipeline build`) and smoke-test it, or restore the lock.",
+        )
+    return Binding(verdict, info, lock, lock_path, recipe)
+
+
+def _short(digest: str) -> str:
+    d = digest.removeprefix("sha256:")
+    return d[:12] if d else "(none)"
+
+
+# --------------------------------------------------------------------------- tag names
+
+
+def patchset_id(lock: Lock) -> str:
+    """`0` with no applied patch, else `<count>.<sha7 over the applied patches' sha256s>`."""
+    applied = lock.applied_patches
+    if not applied:
+        return "0"
+    h = hashlib.sha256("\n".join(p.sha256 for p in applied).encode()).hexdigest()[:7]
+    return f"{len(applied)}.{h}"
+
+
+def tag_fields(lock: Lock, verdict: Verdict, inputs_digest: str = "") -> dict[str, str]:
+    return {
+        "model": lock.model,
+        "date": _utc_date(verdict.finished),
+        "atom7": lock.atom.sha[:7],
+        "aiter7": lock.aiter.sha[:7],
+        "patchset": patchset_id(lock),
+        "inputs7": inputs_digest.removeprefix("sha256:")[:7],
+    }
+
+
+def _utc_date(stamp: str) -> str:
+    try:
+        when = _dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        raise TagError(
+            f"the smoke verdict's finish time {stamp!r} is not an ISO 8601 time.", hint=RERUN
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    return when.astimezone(_dt.UTC).strftime("%Y%m%d")
+
+
+def render_tag(template: str, fields: Mapping[str, str], *, setting: str) -> str:
+    """Fill a tag template and validate the result against the registry tag grammar."""
+    try:
+        tag = template.format_map(dict(fields))
+    except KeyError as e:
+        raise ConfigError(
+            f"[tag] {setting} = {template!r} uses an unknown field {{{e.args[0]}}}; "
+            f"known fields: {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}."
+        ) from None
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"[tag] {setting} = {template!r} is not a valid template: {e}.") from None
+    problem = tag_problem(tag)
+    if problem:
+        raise UsageError(
+            f"[tag] {setting} = {template!r} makes the tag '{tag}', which is not a valid registry tag: "
+            f"{problem}.",
+            hint="Change the template; a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}. Nothing was pushed.",
+        )
+    return tag
+
+
+def plan_tags(settings: Settings, fields: Mapping[str, str]) -> tuple[str, list[str]]:
+    immutable = render_tag(settings.tag.tag_template, fields, setting="tag_template")
+    moving: list[str] = []
+    for tmpl in settings.tag.moving_tags:
+        t = render_tag(tmpl, fields, setting="moving_tags")
+        if t not in moving:
+            moving.append(t)
+    if settings.tag.push_latest and "latest" not in moving:
+        moving.append("latest")
+    if immutable in moving:
+        raise ConfigError(
+            f"the immutable tag '{immutable}' is also a moving tag; [tag] tag_template must make a tag "
+            "that says what is inside (e.g. include {date}, {atom7}, {aiter7})."
+        )
+    return immutable, moving
+
+
+def target_repository(settings: Settings, registry: str | None, repository: str | None) -> ImageRef:
+    """`registry/repository` to push to (flags over settings)."""
+    repo = repository or settings.image.repository
+    reg = registry if registry is not None else settings.tag.registry
+    name = f"{reg.rstrip('/')}/{repo}" if reg else repo
+    ref = parse_image_ref(name)
+    if ref.tag or ref.digest:
+        raise UsageError(f"the repository to push to ({name}) must not carry a tag or digest.")
+    return ref
+
+
+# --------------------------------------------------------------------------- flow
+
+
+@dataclass(frozen=True)
+class TagResult:
+    immutable_ref: str  # registry/repository:immutable-tag
+    digest: str
+    moved: list[str]  # moving tags now at `digest`
+    record_path: Path
+    pinned_ref: str = ""  # registry/repository@digest
+    pushed: bool = True  # False when the immutable tag already held this image
+    attested: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["record_path"] = str(self.record_path)
+        return d
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _tag_lock_path(cache_dir: Path, target: ImageRef) -> Path:
+    key = hashlib.sha256(target.name.encode()).hexdigest()[:16]
+    return cache_dir / "tag-locks" / f"{key}.lock"
+
+
+def _manifest_image_id(body: bytes, media_type: str) -> str | None:
+    """The config digest (= the engine's image ID) of a single-image manifest; None for an index."""
+    if media_type not in (MEDIA_DOCKER_MANIFEST, MEDIA_OCI_MANIFEST):
+        return None
+    try:
+        return str(json.loads(body)["config"]["digest"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _holds_image(client: RegistryClient, target: ImageRef, digest: str, image_id: str) -> bool:
+    if digest == image_id:  # containerd image store: the ID is the manifest digest
+        return True
+    body, media_type, _ = client.get_manifest(target.repository, digest)
+    return _manifest_image_id(body, media_type) == image_id
+
+
+def cosign_available() -> str | None:
+    return shutil.which("cosign")
+
+
+def tag_verified(
+    engine: EngineLike,
+    *,
+    image: str,
+    verdict_path: Path,
+    lock: Path | None,
+    recipe_path: Path | None,
+    settings: Settings,
+    registry: str | None,
+    log: Logger,
+    env: Mapping[str, str],
+    repository: str | None = None,
+    client: RegistryClient | None = None,
+    lock_timeout: float = 120.0,
+    run_cosign: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TagResult:
+    """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags."""
+    started = _now()
+    cosign = settings.tag.cosign
+    if cosign and cosign_available() is None:
+        raise TagError(
+            "cosign attestation was asked for ([tag] cosign / --cosign) but `cosign` is not on PATH; "
+            "nothing was pushed.",
+            hint="Install cosign, or run without --cosign.",
+        )
+    verdict = load_verdict(verdict_path)
+    info = engine.image(image)
+    binding = check_binding(
+        verdict,
+        info,
+        image=image,
+        lock_path=lock,
+        recipe_path=recipe_path,
+        locks_dir=Path(settings.paths.locks_dir),
+    )
+    img = binding.image
+    log.detail(f"verdict {verdict_path} is bound to {image} ({_short(img.id)}), its recipe and lock")
+
+    target = target_repository(settings, registry, repository)
+    fields = tag_fields(binding.lock, verdict, verdict.inputs_digest)
+    immutable, moving = plan_tags(settings, fields)
+    log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
+
+    creds = credentials_for(target.registry, env)
+    if creds is not None:
+        log.mask(creds.password)
+        log.detail(f"registry credentials: {creds}")
+    if client is None:
+        client = RegistryClient(target.registry, credentials=creds, on_retry=lambda m: log.warn(m))
+    repo = target.repository
+
+    lock_file = _tag_lock_path(settings.cache_dir, target)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    flock = FileLock(str(lock_file))
+    try:
+        flock.acquire(timeout=lock_timeout)
+    except Timeout:
+        raise RunLocked(
+            f"another `pipeline tag` is moving the tags of {target.name} (lock {lock_file}) and did not "
+            f"finish within {lock_timeout:.0f} s.",
+            hint="Wait for it to finish and run again; nothing was pushed.",
+        ) from None
+    try:
+        # 1. immutable tag: never moved once it exists
+        existing = client.manifest_digest(repo, immutable)
+        if existing is not None:
+            if not _holds_image(client, target, existing, img.id):
+                raise TagError(
+                    f"refusing to tag: {target.name}:{immutable} already exists and holds another image "
+                    f"({existing}); an immutable tag is never moved.",
+                    hint="Find out why the same inputs gave a different image, or change [tag] tag_template.",
+                )
+            digest, pushed = existing, False
+            log.detail(f"{target.name}:{immutable} already holds this image ({existing}); not pushed again")
+        else:
+            engine.tag(img.id, target.name, immutable)
+            log.detail(f"pushing {target.name}:{immutable}")
+            digest = _push(engine, target.name, immutable, creds.auth_config if creds else None, log, sleep)
+            pushed = True
+            # 2. read it back from the registry API: that, not the push stream, is what we tag
+            readback = client.manifest_digest(repo, immutable)
+            if readback != digest:
+                raise TagError(
+                    f"the push of {target.name}:{immutable} reported {digest} but the registry now serves "
+                    f"{readback or 'nothing'} for it; the moving tags were not touched.",
+                    hint="Check the registry (another writer?) and run `pipeline tag` again.",
+                )
+            if not _holds_image(client, target, digest, img.id):
+                raise TagError(
+                    f"the manifest pushed as {target.name}:{immutable} ({digest}) is not image "
+                    f"{_short(img.id)}; the moving tags were not touched.",
+                    hint="Check the registry and run `pipeline tag` again.",
+                )
+        if verdict.image_digest and verdict.image_digest != digest:
+            raise TagError(
+                f"refusing to move tags: the verdict was made for {target.name}@{verdict.image_digest} "
+                f"but {immutable} is {digest} (foreign verdict); the moving tags were not touched.",
+                hint=RERUN,
+            )
+        log.detail(f"{target.name}:{immutable} → {digest}")
+
+        # 3. record (and attestation) before any moving tag points at the image
+        statement = build_statement(
+            RecordInputs(
+                image_name=target.name,
+                digest=digest,
+                image_id=img.id,
+                immutable_tag=immutable,
+                moving_tags=moving,
+                lock=binding.lock,
+                lock_path=binding.lock_path,
+                recipe_name=verdict.recipe_name or binding.recipe_path.name,
+                recipe_path=binding.recipe_path,
+                recipe_sha256=verdict.recipe_sha256,
+                inputs_digest=verdict.inputs_digest,
+                verdict=verdict.raw,
+                verdict_path=verdict_path,
+                verdict_sha256=verdict.sha256,
+                started=started,
+                finished=_now(),
+            )
+        )
+        record_path, predicate_path = write_record(verdict_path.parent, statement)
+        log.detail(f"verification record {record_path}")
+        attested = False
+        if cosign:
+            _attest(target, digest, predicate_path, env, log, client.scheme, run_cosign)
+            attested = True
+
+        # 4. moving tags, by manifest PUT to the verified digest
+        moved = _move_tags(client, target, digest, moving, log)
+    finally:
+        flock.release()
+    return TagResult(
+        immutable_ref=f"{target.name}:{immutable}",
+        digest=digest,
+        moved=moved,
+        record_path=record_path,
+        pinned_ref=f"{target.name}@{digest}",
+        pushed=pushed,
+        attested=attested,
+    )
+
+
+PUSH_ATTEMPTS = 3
+
+
+def _push(
+    engine: EngineLike,
+    repo: str,
+    tag: str,
+    auth_config: Mapping[str, str] | None,
+    log: Logger,
+    sleep: Callable[[float], None],
+) -> str:
+    """`engine.push` with bounded retries when the registry (or engine) is unreachable.
+
+    A refusal (TagError: denied, bad credentials) is not retried; pushing the same
+    image again is harmless, so a transient failure is.
+    """
+    for attempt in range(1, PUSH_ATTEMPTS + 1):
+        try:
+            return engine.push(repo, tag, auth_config=auth_config)
+        except InfraError as err:
+            if attempt == PUSH_ATTEMPTS:
+                raise InfraError(
+                    f"{err.message} (gave up after {PUSH_ATTEMPTS} attempts; "
+                    "the moving tags were not touched)",
+                    hint=err.hint,
+                    evidence=err.evidence,
+                ) from err
+            delay = 2.0 ** (attempt - 1)
+            log.warn(f"push of {repo}:{tag} failed ({err.message}); retrying in {delay:.0f}s")
+            sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _move_tags(
+    client: RegistryClient, target: ImageRef, digest: str, moving: Sequence[str], log: Logger
+) -> list[str]:
+    repo = target.repository
+    body, media_type, got = client.get_manifest(repo, digest)
+    if got != digest:
+        raise TagError(f"asked the registry for {digest} and got {got}; the moving tags were not touched.")
+    previous: dict[str, str | None] = {}
+    moved: list[str] = []
+    try:
+        for tag in moving:
+            previous[tag] = client.manifest_digest(repo, tag)
+            if previous[tag] == digest:
+                log.detail(f"{target.name}:{tag} already at {digest}")
+                moved.append(tag)
+                continue
+            client.put_manifest(repo, tag, body, media_type)
+            moved.append(tag)
+            log.detail(f"{target.name}:{tag} → {digest} (was {previous[tag] or 'absent'})")
+    except PipelineError as err:
+        restored, left = _restore(client, target, digest, previous, moved, log)
+        note = ""
+        if moved:
+            note = f" Restored: {', '.join(restored) or 'none'}."
+            if left:
+                note += f" Could not restore (check them by hand): {', '.join(left)}."
+        cls = type(err) if isinstance(err, InfraError | TagError) else TagError
+        raise cls(
+            f"moving the tags of {target.name} to {digest} failed at '{tag}': {err.message}{note} "
+            f"The immutable tag and the record are in place.",
+            hint="Run `pipeline tag` again once the registry is healthy; it is idempotent.",
+            evidence=err.evidence,
+        ) from err
+    return moved
+
+
+def _restore(
+    client: RegistryClient,
+    target: ImageRef,
+    digest: str,
+    previous: Mapping[str, str | None],
+    moved: Sequence[str],
+    log: Logger,
+) -> tuple[list[str], list[str]]:
+    restored: list[str] = []
+    left: list[str] = []
+    for tag in moved:
+        before = previous.get(tag)
+        if before == digest:
+            continue
+        if before is None:
+            left.append(f"{tag} (did not exist before; the registry API cannot untag)")
+            continue
+        try:
+            client.tag_digest(target.repository, before, tag)
+            restored.append(tag)
+        except PipelineError as e:
+            log.warn(f"could not restore {target.name}:{tag} to {before}: {e.message}")
+            left.append(f"{tag} (was {before})")
+    return restored, left
+
+
+def _attest(
+    target: ImageRef,
+    digest: str,
+    predicate: Path,
+    env: Mapping[str, str],
+    log: Logger,
+    scheme: str,
+    run: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None,
+) -> None:
+    cmd = ["cosign", "attest", "--yes", "--type", PREDICATE_TYPE, "--predicate", str(predicate)]
+    if env.get("COSIGN_KEY"):
+        cmd += ["--key", "env://COSIGN_KEY"]  # the key stays in the environment, never on the command line
+    if scheme == "http" or default_scheme(target.registry) == "http":
+        cmd += ["--allow-http-registry", "--allow-insecure-registry"]
+    cmd.append(f"{target.name}@{digest}")
+    log.detail("$ " + " ".join(cmd))
+    runner = run or _run_cosign
+    try:
+        proc = runner(cmd, env)
+    except OSError as e:
+        raise TagError(f"could not run cosign: {e.strerror}; the moving tags were not touched.") from None
+    if proc.returncode != 0:
+        raise TagError(
+            f"cosign attest for {target.name}@{digest} failed (exit {proc.returncode}); the moving tags "
+            "were not touched.",
+            hint="See the run log for cosign's output; fix the signing setup and run `pipeline tag` again.",
+            evidence=log.redact((proc.stdout or "") + (proc.stderr or "")),
+        )
+    log.info(f"attested {target.name}@{digest} ({PREDICATE_TYPE})")
+
+
+def _run_cosign(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), env=dict(env), capture_output=True, text=True, timeout=600, check=False)

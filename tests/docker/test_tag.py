@@ -1,0 +1,378 @@
+"""`pipeline tag` against a real engine and a real Debian docker-registry on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.dockerw import Engine
+from pipeline.errors import ExitCode, InfraError
+from pipeline.log import Logger
+from pipeline.registry import RegistryClient
+from pipeline.tag import tag_verified
+from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_world
+
+from .conftest import REGISTRY_BIN, DockerCleanup, Registry
+
+REPO_PREFIX = "atom-pipeline-test"
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the CLI from a scratch directory, with its cache and runs there; no registry secrets inherited."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in (
+        "PIPELINE_REGISTRY_USER",
+        "PIPELINE_REGISTRY_PASSWORD",
+        "REGISTRY_USER",
+        "REGISTRY_PASSWORD",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    return work
+
+
+def _build(engine: Engine, base_image: str, cleanup: DockerCleanup, world: World, tmp_path: Path) -> str:
+    """Build an image FROM the local base with the world's labels; write a passed verdict for it."""
+    ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
+    ctx.mkdir()
+    (ctx / "marker").write_text(uuid.uuid4().hex)
+    (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY marker /marker\n")
+    ref = cleanup.tag("tagged")
+    built = engine.build(ctx, tag=ref, labels={**world.labels, **cleanup.labels})
+    world.write_verdict(image={"ref": ref, "id": built.id, "digest": ""})
+    return ref
+
+
+def _tag_args(world: World, image: str, registry: Registry, repo: str, *extra: str) -> list[str]:
+    return [
+        "tag",
+        "--image",
+        image,
+        "--verdict",
+        str(world.verdict_path),
+        "--lock",
+        str(world.lock_path),
+        "--registry",
+        registry.host,
+        "--repository",
+        repo,
+        *extra,
+    ]
+
+
+def _immutable(world: World) -> str:
+    from pipeline.tag import patchset_id
+
+    return f"{MODEL}-20260629-atom{ATOM_SHA[:7]}-aiter{AITER_SHA[:7]}-p{patchset_id(world.lock)}"
+
+
+def test_tag_pushes_by_digest_and_pulls_back(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    repo = f"{REPO_PREFIX}/tag-{docker_cleanup.case_id}"
+    code = main(_tag_args(world, image, registry, repo, "--push-latest", "--json"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    immutable = _immutable(world)
+    name = registry.repo(repo)
+    assert result["immutable_ref"] == f"{name}:{immutable}" and result["pushed"] is True
+    digest = result["digest"]
+    assert result["moved"] == [f"{MODEL}-verified", "latest"]
+
+    client = RegistryClient(registry.host)
+    assert client.tags(repo) == sorted([immutable, f"{MODEL}-verified", "latest"])
+    for tag in (immutable, f"{MODEL}-verified", "latest"):
+        assert client.manifest_digest(repo, tag) == digest
+
+    # pull back by digest: same image, same labels
+    built_id = world.verdict()["image"]["id"]
+    engine.remove_image(f"{name}:{immutable}", force=False)
+    pulled = engine.pull(f"{name}@{digest}")
+    docker_cleanup.image(f"{name}@{digest}")
+    assert pulled.id == built_id
+    for key, value in world.labels.items():
+        assert pulled.labels[key] == value
+    assert f"{name}@{digest}" in pulled.digests
+
+    record = json.loads(Path(result["record_path"]).read_text())
+    assert Path(result["record_path"]).parent == world.verdict_path.parent
+    assert record["subject"][0] == {"name": name, "digest": {"sha256": digest.removeprefix("sha256:")}}
+    assert record["predicate"]["image"]["id"] == built_id
+
+    # idempotent: a second run pushes nothing and keeps the digest
+    assert main(_tag_args(world, image, registry, repo, "--json")) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["digest"] == digest and again["pushed"] is False
+
+
+def test_refusals_push_nothing(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    repo = f"{REPO_PREFIX}/refuse-{docker_cleanup.case_id}"
+    good = world.verdict()
+    client = RegistryClient(registry.host)
+
+    # a failed verdict
+    world.write_verdict(status="failed", passed=False, reason="gsm8k accuracy 0.41 < 0.90")
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    err = capsys.readouterr().err
+    assert "the smoke test failed" in err and "0.41" in err
+
+    # a verdict for another image (the base image)
+    base = engine.image(base_image)
+    assert base is not None
+    world.write_verdict(**{**good, "image": {"ref": base_image, "id": base.id, "digest": ""}})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    assert "foreign verdict" in capsys.readouterr().err
+
+    # an invalid tag
+    world.write_verdict(**good)
+    monkeypatch.setenv("PIPELINE_TAG_TEMPLATE", "{model}:{date}")
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.USAGE
+    assert "not a valid registry tag" in capsys.readouterr().err
+    monkeypatch.delenv("PIPELINE_TAG_TEMPLATE")
+
+    assert client.tags(repo) == []
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
+def _restart(registry: Registry) -> subprocess.Popen[bytes]:
+    """Start docker-registry again on the same port and storage (the fixture's config)."""
+    with (registry.root / "registry-restart.log").open("wb") as logf:
+        proc = subprocess.Popen(
+            [REGISTRY_BIN, "serve", str(registry.root / "config.yml")],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            urllib.request.urlopen(f"{registry.url}/v2/", timeout=1).close()
+            return proc
+        except urllib.error.HTTPError:
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("docker-registry did not come back")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def restarted() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def test_registry_stopped_before_moving_tags_leaves_them_untouched(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    restarted: list[subprocess.Popen[bytes]],
+) -> None:
+    repo = f"{REPO_PREFIX}/stop-{docker_cleanup.case_id}"
+    verified = f"{MODEL}-verified"
+    client = RegistryClient(registry.host)
+
+    # first release: the moving tag points at image A
+    world_a = make_world(tmp_path / "a", image_id="")
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+
+    def run(world: World, image: str) -> Any:
+        return tag_verified(
+            engine,
+            image=image,
+            verdict_path=world.verdict_path,
+            lock=world.lock_path,
+            recipe_path=None,
+            settings=world.settings(registry=registry.host, repository=repo),
+            registry=None,
+            log=Logger(stream=io.StringIO()),
+            env={},
+        )
+
+    first = run(world_a, image_a)
+    assert client.manifest_digest(repo, verified) == first.digest
+
+    # second release (another image, a later day): stop the registry after the immutable push
+    world_b = make_world(tmp_path / "b", image_id="")
+    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    real_put = RegistryClient.put_manifest
+    events: list[str] = []
+
+    def stop_then_put(self: RegistryClient, *a: Any, **kw: Any) -> str:
+        if not events:
+            events.append("stopped")
+            registry.process.terminate()
+            registry.process.wait(timeout=10)
+        return real_put(self, *a, **kw)
+
+    monkeypatch.setattr(RegistryClient, "put_manifest", stop_then_put)
+    with pytest.raises(InfraError) as e:
+        run(world_b, image_b)
+    monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
+    assert events == ["stopped"]
+    assert "moving the tags" in str(e.value)
+
+    restarted.append(_restart(registry))
+    immutable_b = _immutable(world_b).replace("20260629", "20260630")
+    digest_b = client.manifest_digest(repo, immutable_b)
+    assert digest_b is not None and digest_b != first.digest  # the immutable push did happen
+    assert client.manifest_digest(repo, verified) == first.digest  # the moving tag did not move
+    # the record of the second release is written (before any moving tag), pointing at B
+    record = json.loads((world_b.verdict_path.parent / "record.json").read_text())
+    assert record["subject"][0]["digest"]["sha256"] == digest_b.removeprefix("sha256:")
+
+    # once the registry is back, the same command finishes the job
+    second = run(world_b, image_b)
+    assert second.digest == digest_b and not second.pushed
+    assert client.manifest_digest(repo, verified) == digest_b
+
+
+def _assert_secret_nowhere(secret: str, texts: list[str], roots: list[Path]) -> None:
+    for t in texts:
+        assert secret not in t
+    for root in roots:
+        for f in root.rglob("*"):
+            if f.is_file():
+                assert secret not in f.read_text(errors="replace"), f"credential written to {f}"
+
+
+def test_auth_registry_credentials_never_shown(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    auth_registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert auth_registry.username is not None and auth_registry.password is not None
+    user, password = auth_registry.username, auth_registry.password
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    repo = f"{REPO_PREFIX}/auth-{docker_cleanup.case_id}"
+    texts: list[str] = []
+
+    # no credentials: refused, clearly
+    assert main(["-vv", *_tag_args(world, image, auth_registry, repo)]) == ExitCode.TAG
+    out, err = capsys.readouterr()
+    texts += [out, err]
+    assert "credentials" in err
+
+    # wrong password: refused, neither password shown
+    wrong = "wrong-" + password[::-1]
+    monkeypatch.setenv("PIPELINE_REGISTRY_USER", user)
+    monkeypatch.setenv("PIPELINE_REGISTRY_PASSWORD", wrong)
+    assert main(["-vv", *_tag_args(world, image, auth_registry, repo)]) == ExitCode.TAG
+    out, err = capsys.readouterr()
+    texts += [out, err]
+    assert wrong not in out + err
+
+    # right credentials from the environment
+    monkeypatch.setenv("PIPELINE_REGISTRY_PASSWORD", password)
+    assert main(["-vv", *_tag_args(world, image, auth_registry, repo, "--json")]) == 0
+    out, err = capsys.readouterr()
+    texts += [out, err]
+    digest = json.loads(out)["digest"]
+    authed = RegistryClient(auth_registry.host, credentials=(user, password))
+    assert authed.manifest_digest(repo, f"{MODEL}-verified") == digest
+
+    # right credentials from a Docker config instead
+    monkeypatch.delenv("PIPELINE_REGISTRY_USER")
+    monkeypatch.delenv("PIPELINE_REGISTRY_PASSWORD")
+    docker_config = tmp_path / "dockercfg"
+    docker_config.mkdir()
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    (docker_config / "config.json").write_text(json.dumps({"auths": {auth_registry.host: {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_config))
+    assert main(["-vv", *_tag_args(world, image, auth_registry, repo, "--json")]) == 0
+    out, err = capsys.readouterr()
+    texts += [out, err]
+    assert json.loads(out)["digest"] == digest
+
+    _assert_secret_nowhere(password, texts, [cli_env, world.root])
+    _assert_secret_nowhere(wrong, texts, [cli_env, world.root])
+
+
+def test_cosign_attests_the_pushed_digest(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in `cosign` on PATH records how it is called (the real one needs keys and a Rekor)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "cosign-calls.json"
+    script = bindir / "cosign"
+    script.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, os, sys\n"
+        "args = sys.argv[1:]\n"
+        "pred = json.load(open(args[args.index('--predicate') + 1]))\n"
+        f"json.dump({{'args': args, 'predicate_image': pred['image']}}, open({str(calls)!r}, 'w'))\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    repo = f"{REPO_PREFIX}/cosign-{docker_cleanup.case_id}"
+    assert main(_tag_args(world, image, registry, repo, "--cosign", "--json")) == 0
+    result = json.loads(capsys.readouterr().out)
+    call = json.loads(calls.read_text())
+    assert result["attested"] is True
+    assert call["args"][:2] == ["attest", "--yes"]
+    assert call["args"][-1] == f"{registry.repo(repo)}@{result['digest']}"
+    assert call["predicate_image"]["digest"] == result["digest"]
+    assert "--allow-http-registry" in call["args"]

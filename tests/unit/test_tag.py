@@ -1,0 +1,554 @@
+"""The tag flow with a fake engine and the in-memory registry: binding, naming, order, rollback."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from filelock import FileLock
+
+from pipeline import labels
+from pipeline.dockerw import ImageInfo
+from pipeline.errors import ConfigError, ExitCode, InfraError, RunLocked, TagError, UsageError
+from pipeline.log import Logger
+from pipeline.record import PREDICATE_TYPE, STATEMENT_TYPE
+from pipeline.registry import MEDIA_DOCKER_MANIFEST, RegistryClient, parse_image_ref
+from pipeline.tag import (
+    TagResult,
+    _tag_lock_path,
+    _utc_date,
+    patchset_id,
+    plan_tags,
+    render_tag,
+    tag_fields,
+    tag_verified,
+)
+from tests.fixtures.registry_fake import PASSWORD, USER, FakeRegistry, fake_session
+from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_lock, make_world
+
+REG = "127.0.0.1:5000"
+REPO = "rocm/atom-dev"
+IMAGE_ID = "sha256:" + hashlib.sha256(b"config").hexdigest()
+EXPECTED_IMMUTABLE = f"{MODEL}-20260629-atom{ATOM_SHA[:7]}-aiter{AITER_SHA[:7]}-p{patchset_id(make_lock())}"
+
+
+class FakeEngine:
+    """Holds one local image; `push` stores a manifest whose config is the image ID."""
+
+    def __init__(self, registry: FakeRegistry, image_id: str, image_labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.images = {"atom:test": ImageInfo(image_id, ["atom:test"], [], image_labels, "")}
+        self.tagged: list[tuple[str, str, str]] = []
+        self.pushed: list[tuple[str, str, Mapping[str, str] | None]] = []
+        self.push_digest_override: str | None = None
+
+    def image(self, ref: str) -> ImageInfo | None:
+        return self.images.get(ref) or next((i for i in self.images.values() if i.id == ref), None)
+
+    def tag(self, image: str, repo: str, tag: str) -> None:
+        self.tagged.append((image, repo, tag))
+
+    def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        self.pushed.append((repo, tag, auth_config))
+        image_id = self.tagged[-1][0]
+        body = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": MEDIA_DOCKER_MANIFEST,
+                "config": {"digest": image_id},
+                "layers": [],
+            }
+        ).encode()
+        digest = self.registry.add(parse_image_ref(repo).repository, tag, body)
+        return self.push_digest_override or digest
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return make_world(tmp_path / "w", image_id=IMAGE_ID)
+
+
+@pytest.fixture
+def fake() -> FakeRegistry:
+    return FakeRegistry()
+
+
+def _engine(world: World, fake: FakeRegistry) -> FakeEngine:
+    return FakeEngine(fake, IMAGE_ID, world.labels)
+
+
+def _run(
+    world: World,
+    engine: FakeEngine,
+    fake: FakeRegistry,
+    *,
+    env: Mapping[str, str] | None = None,
+    credentials: tuple[str, str] | None = None,
+    log: Logger | None = None,
+    **settings: Any,
+) -> TagResult:
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None, credentials=credentials)
+    return tag_verified(
+        engine,
+        image="atom:test",
+        verdict_path=world.verdict_path,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=REG, **settings),
+        registry=None,
+        log=log or Logger(stream=io.StringIO()),
+        env=env or {},
+        client=client,
+        lock_timeout=1,
+    )
+
+
+# ------------------------------------------------------------------ happy path
+
+
+def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": true}')
+    result = _run(world, engine, fake, push_latest=True)
+    digest = fake.tags[REPO][EXPECTED_IMMUTABLE]
+    assert result.immutable_ref == f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
+    assert result.digest == digest != old and result.pushed
+    assert result.moved == [f"{MODEL}-verified", "latest"]
+    assert fake.tags[REPO][f"{MODEL}-verified"] == digest and fake.tags[REPO]["latest"] == digest
+    assert engine.tagged == [(IMAGE_ID, f"{REG}/{REPO}", EXPECTED_IMMUTABLE)]
+    assert [p[1] for p in engine.pushed] == [EXPECTED_IMMUTABLE]  # moving tags never pushed by the engine
+    # order on the wire: the immutable tag is read back before any moving-tag PUT
+    puts = [i for i, m in enumerate(fake.log) if m[0] == "PUT"]
+    readback = [i for i, m in enumerate(fake.log) if m[0] == "HEAD" and m[1].endswith(EXPECTED_IMMUTABLE)]
+    assert readback and puts and max(readback) < min(puts)
+    # record: in-toto statement next to the verdict
+    assert result.record_path == world.verdict_path.parent / "record.json"
+    st = json.loads(result.record_path.read_text())
+    assert st["_type"] == STATEMENT_TYPE and st["predicateType"] == PREDICATE_TYPE
+    assert st["subject"] == [{"name": f"{REG}/{REPO}", "digest": {"sha256": digest.removeprefix("sha256:")}}]
+    pred = st["predicate"]
+    assert pred["lock"]["sha256"] == world.lock.digest()
+    assert pred["lock"]["data"]["sources"]["atom"]["sha"] == ATOM_SHA
+    assert pred["patches"] == [
+        {"name": "0001-minimax-m3-split-kv-cache.patch", "sha256": "5" * 64, "status": "applied"}
+    ]
+    assert pred["recipe"]["sha256"] == world.verdict()["recipe"]["sha256"]
+    assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
+    assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
+    assert pred["tool"]["version"] and pred["times"]["verified"]
+    assert json.loads((world.verdict_path.parent / "predicate.json").read_text()) == pred
+
+
+def test_second_run_is_idempotent(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    first = _run(world, engine, fake)
+    second = _run(world, engine, fake)
+    assert second.digest == first.digest and not second.pushed
+    assert len(engine.pushed) == 1
+
+
+def test_immutable_tag_holding_another_image_is_refused(world: World, fake: FakeRegistry) -> None:
+    other = json.dumps(
+        {"mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": "sha256:" + "9" * 64}}
+    ).encode()
+    fake.add(REPO, EXPECTED_IMMUTABLE, other)
+    before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
+    with pytest.raises(TagError, match="already exists and holds another image"):
+        _run(world, engine, fake)
+    assert engine.pushed == [] and fake.tags[REPO][f"{MODEL}-verified"] == before
+
+
+def test_readback_mismatch_leaves_moving_tags(world: World, fake: FakeRegistry) -> None:
+    before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
+    engine.push_digest_override = "sha256:" + "e" * 64
+    with pytest.raises(TagError, match="reported sha256:eeee"):
+        _run(world, engine, fake)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
+def test_registry_down_before_moving_leaves_moving_tags(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    real_put = RegistryClient.put_manifest
+
+    def down(self: RegistryClient, *a: Any, **kw: Any) -> str:
+        fake.fail = [requests.ConnectionError("Connection refused")] * 50
+        return real_put(self, *a, **kw)
+
+    monkeypatch.setattr(RegistryClient, "put_manifest", down)
+    with pytest.raises(InfraError) as e:
+        _run(world, _engine(world, fake), fake)
+    fake.fail = []
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
+    assert "moving the tags" in str(e.value) and e.value.exit_code == ExitCode.INFRA
+
+
+def test_failure_on_second_moving_tag_restores_the_first(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    old_latest = fake.add(REPO, "latest", b'{"old": 2}')
+    real_put = RegistryClient.put_manifest
+
+    def flaky(self: RegistryClient, repo: str, tag: str, body: bytes, media: str) -> str:
+        if tag == "latest":
+            fake.fail = [400]
+        return real_put(self, repo, tag, body, media)
+
+    monkeypatch.setattr(RegistryClient, "put_manifest", flaky)
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == old  # restored
+    assert fake.tags[REPO]["latest"] == old_latest
+    assert f"Restored: {MODEL}-verified" in str(e.value)
+
+
+# ------------------------------------------------------------------ refusals (nothing pushed)
+
+
+def _refused(world: World, fake: FakeRegistry, exc: type[Exception] = TagError, **settings: Any) -> str:
+    engine = _engine(world, fake)
+    with pytest.raises(exc) as e:
+        _run(world, engine, fake, **settings)
+    assert engine.pushed == [] and engine.tagged == [] and fake.tags == {}
+    assert not (world.verdict_path.parent / "record.json").exists()
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [("failed", "the smoke test failed"), ("no-hardware", "did not run"), ("error", "could not complete")],
+)
+def test_failed_verdict_refused(world: World, fake: FakeRegistry, status: str, words: str) -> None:
+    world.write_verdict(status=status, passed=False, reason="gsm8k accuracy 0.41 < 0.90")
+    msg = _refused(world, fake)
+    assert "did not pass" in msg and words in msg and "0.41" in msg
+
+
+def test_passed_flag_false_refused_even_if_status_says_passed(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(passed=False)
+    assert "did not pass" in _refused(world, fake)
+
+
+def test_missing_verdict_refused(world: World, fake: FakeRegistry) -> None:
+    world.verdict_path.unlink()
+    assert "missing verdict" in _refused(world, fake)
+
+
+def test_corrupt_verdict_refused(world: World, fake: FakeRegistry) -> None:
+    world.verdict_path.write_text("{not json")
+    assert "not a smoke verdict" in _refused(world, fake)
+    world.verdict_path.write_text(json.dumps({"schema": "something/else"}))
+    assert "something/else" in _refused(world, fake)
+
+
+def test_foreign_verdict_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(image={"ref": "atom:other", "id": "sha256:" + "7" * 64, "digest": ""})
+    msg = _refused(world, fake)
+    assert "foreign verdict" in msg and "777777777777" in msg and "atom:other" in msg
+
+
+def test_missing_image_refused(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    engine.images = {}
+    with pytest.raises(TagError, match="does not exist in the Docker engine"):
+        _run(world, engine, fake)
+
+
+@pytest.mark.parametrize(
+    ("label", "what"),
+    [(labels.LOCK_SHA256, "lock"), (labels.RECIPE_SHA256, "recipe"), (labels.INPUTS_DIGEST, "inputs digest")],
+)
+def test_image_labels_must_match_verdict(world: World, fake: FakeRegistry, label: str, what: str) -> None:
+    engine = _engine(world, fake)
+    info = engine.images["atom:test"]
+    engine.images["atom:test"] = ImageInfo(info.id, info.tags, [], {**info.labels, label: "f" * 64}, "")
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert f"image's {what}" in str(e.value) and engine.pushed == []
+
+
+def test_unlabelled_image_refused(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    engine.images["atom:test"] = ImageInfo(IMAGE_ID, ["atom:test"], [], {}, "")
+    with pytest.raises(TagError, match="not built by this pipeline"):
+        _run(world, engine, fake)
+
+
+def test_stale_recipe_refused(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)  # labels computed from the recipe as smoke-tested
+    world.recipe_path.write_text(world.recipe_path.read_text() + "tp: 4\n")
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "recipe" in str(e.value) and "stale verdict" in str(e.value) and engine.pushed == []
+
+
+def test_stale_lock_refused(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    make_lock(patches=False).save(world.lock_path)
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "lock file" in str(e.value) and "stale verdict" in str(e.value) and engine.pushed == []
+
+
+def test_invalid_tag_template_refused(world: World, fake: FakeRegistry) -> None:
+    msg = _refused(world, fake, UsageError, tag_template="{model}/bad:{date}")
+    assert "is not a valid registry tag" in msg and f"{MODEL}/bad:20260629" in msg
+
+
+def test_unknown_template_field_refused(world: World, fake: FakeRegistry) -> None:
+    msg = _refused(world, fake, ConfigError, tag_template="{model}-{nope}")
+    assert "{nope}" in msg and "{atom7}" in msg
+
+
+def test_invalid_moving_tag_refused(world: World, fake: FakeRegistry) -> None:
+    msg = _refused(world, fake, UsageError, moving_tags=["{model} verified"])
+    assert "moving_tags" in msg
+
+
+def test_cosign_asked_but_missing_refused_before_anything(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: None)
+    assert "cosign" in _refused(world, fake, cosign=True)
+
+
+def test_cosign_attests_before_moving(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: "/usr/bin/cosign")
+    calls: list[tuple[list[str], int]] = []
+
+    def fake_cosign(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+        calls.append((list(cmd), sum(1 for m in fake.log if m[0] == "PUT")))
+        return subprocess.CompletedProcess(list(cmd), 0, "", "")
+
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    result = tag_verified(
+        _engine(world, fake),
+        image="atom:test",
+        verdict_path=world.verdict_path,
+        lock=world.lock_path,
+        recipe_path=world.recipe_path,
+        settings=world.settings(registry=REG, cosign=True),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={"COSIGN_KEY": "-----BEGIN KEY-----"},
+        client=client,
+        run_cosign=fake_cosign,
+    )
+    (cmd, puts_before), *_ = calls
+    assert result.attested and puts_before == 0
+    assert cmd[:3] == ["cosign", "attest", "--yes"] and cmd[-1] == f"{REG}/{REPO}@{result.digest}"
+    assert PREDICATE_TYPE in cmd and "--key" in cmd and "-----BEGIN KEY-----" not in " ".join(cmd)
+    assert cmd[cmd.index("--predicate") + 1].endswith("predicate.json")
+
+
+def test_cosign_failure_leaves_moving_tags(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: "/usr/bin/cosign")
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    with pytest.raises(TagError, match="cosign attest"):
+        tag_verified(
+            _engine(world, fake),
+            image="atom:test",
+            verdict_path=world.verdict_path,
+            lock=world.lock_path,
+            recipe_path=None,
+            settings=world.settings(registry=REG, cosign=True),
+            registry=None,
+            log=Logger(stream=io.StringIO()),
+            env={},
+            client=client,
+            run_cosign=lambda cmd, env: subprocess.CompletedProcess(list(cmd), 1, "", "no key"),
+        )
+    assert f"{MODEL}-verified" not in fake.tags[REPO]
+
+
+def test_tag_lock_held_by_another_run(world: World, fake: FakeRegistry) -> None:
+    settings = world.settings(registry=REG)
+    path = _tag_lock_path(settings.cache_dir, parse_image_ref(f"{REG}/{REPO}"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder = FileLock(str(path))
+    holder.acquire()
+    try:
+        engine = _engine(world, fake)
+        with pytest.raises(RunLocked) as e:
+            _run(world, engine, fake)
+        assert e.value.exit_code == ExitCode.LOCKED and engine.pushed == []
+    finally:
+        holder.release()
+
+
+# ------------------------------------------------------------------ credentials
+
+
+def test_credentials_reach_push_but_no_output_or_file(world: World, tmp_path: Path) -> None:
+    fake = FakeRegistry(auth="basic")
+    engine = _engine(world, fake)
+    out = io.StringIO()
+    log = Logger(stream=out, verbosity=2)
+    log.attach(tmp_path / "runlog")
+    env = {"PIPELINE_REGISTRY_USER": USER, "PIPELINE_REGISTRY_PASSWORD": PASSWORD}
+    result = _run(world, engine, fake, env=env, credentials=(USER, PASSWORD), log=log)
+    log.close()
+    assert engine.pushed[0][2] == {"username": USER, "password": PASSWORD}
+    assert PASSWORD not in out.getvalue()
+    for f in [*world.root.rglob("*"), *(tmp_path / "runlog").rglob("*")]:
+        if f.is_file():
+            assert PASSWORD not in f.read_text(errors="replace"), f
+    assert PASSWORD not in repr(result)
+
+
+def test_record_strips_userinfo_from_urls(world: World, fake: FakeRegistry) -> None:
+    lock = make_lock(atom_url="https://x-access-token:ghp_SECRET123@github.com/ROCm/ATOM.git")
+    lock.save(world.lock_path)
+    world.write_verdict(lock_sha256=lock.digest())
+    engine = _engine(world, fake)
+    info = engine.images["atom:test"]
+    engine.images["atom:test"] = ImageInfo(
+        info.id, info.tags, [], {**info.labels, labels.LOCK_SHA256: lock.digest()}, ""
+    )
+    result = _run(world, engine, fake)
+    text = result.record_path.read_text()
+    assert "ghp_SECRET123" not in text and "https://github.com/ROCm/ATOM.git" in text
+
+
+# ------------------------------------------------------------------ naming
+
+
+def test_tag_fields_and_patchset() -> None:
+    assert patchset_id(make_lock(patches=False)) == "0"
+    ps = patchset_id(make_lock())
+    assert ps.startswith("1.") and len(ps) == 9
+    assert _utc_date("2026-06-30T01:30:00+02:00") == "20260629"
+    assert _utc_date("2026-06-30T01:30:00Z") == "20260630"
+    with pytest.raises(TagError):
+        _utc_date("yesterday")
+
+
+def test_plan_tags_from_settings(world: World) -> None:
+    verdict_fields = tag_fields(make_lock(), _load(world), "sha256:" + "a" * 64)
+    immutable, moving = plan_tags(world.settings(push_latest=True), verdict_fields)
+    assert immutable == EXPECTED_IMMUTABLE and moving == [f"{MODEL}-verified", "latest"]
+    assert render_tag("{model}-{inputs7}", verdict_fields, setting="tag_template") == f"{MODEL}-aaaaaaa"
+    with pytest.raises(ConfigError, match="also a moving tag"):
+        plan_tags(world.settings(tag_template="{model}-verified"), verdict_fields)
+
+
+def _load(world: World) -> Any:
+    from pipeline.tag import load_verdict
+
+    return load_verdict(world.verdict_path)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+@pytest.fixture
+def cli(world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+    """`pipeline tag` wired to the fake engine and the in-memory registry."""
+    engine = _engine(world, fake)
+    engine.close = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setattr("pipeline.dockerw.Engine.connect", classmethod(lambda cls, *a, **kw: engine))
+    real_init = RegistryClient.__init__
+
+    def init(self: RegistryClient, registry: str, **kw: Any) -> None:
+        kw.update(session=fake_session(fake), sleep=lambda s: None)
+        real_init(self, registry, **kw)
+
+    monkeypatch.setattr(RegistryClient, "__init__", init)
+    monkeypatch.chdir(world.root)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(world.root / "cache"))
+    return engine
+
+
+def _argv(world: World, *extra: str) -> list[str]:
+    return ["tag", "--image", "atom:test", "--verdict", str(world.verdict_path), "--registry", REG, *extra]
+
+
+def test_cli_json_result(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    assert main(_argv(world, "--lock", str(world.lock_path), "--json", "--push-latest")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["immutable_ref"] == f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
+    assert out["moved"] == [f"{MODEL}-verified", "latest"] and out["digest"] == fake.tags[REPO]["latest"]
+    assert out["pinned_ref"] == f"{REG}/{REPO}@{out['digest']}"
+
+
+def test_cli_default_lock_path_from_model_label(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    (world.root / "pipeline.toml").write_text(f'[paths]\nlocks_dir = "{world.root / "locks"}"\n')
+    assert main(_argv(world, "--repository", "team/atom")) == 0
+    out = capsys.readouterr().out
+    assert f"{REG}/team/atom@sha256:" in out and f"{MODEL}-verified" in out
+    assert fake.tags["team/atom"][EXPECTED_IMMUTABLE]
+
+
+def test_cli_failed_verdict_refused_before_the_engine(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(world.root)
+    world.write_verdict(status="no-hardware", passed=False, reason="no /dev/kfd")
+    assert main(_argv(world)) == ExitCode.TAG  # the engine (forbidden here) was never reached
+    err = capsys.readouterr().err
+    assert "did not run" in err and "no /dev/kfd" in err
+    world.verdict_path.unlink()
+    assert main(_argv(world)) == ExitCode.TAG
+    assert "missing verdict" in capsys.readouterr().err
+
+
+def test_push_retried_on_infra_errors_then_gives_up(world: World, fake: FakeRegistry) -> None:
+    engine = _engine(world, fake)
+    real_push = engine.push
+    failures = [InfraError("the registry could not be reached")] * 2
+
+    def flaky_push(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        if failures:
+            raise failures.pop()
+        return real_push(repo, tag, auth_config)
+
+    engine.push = flaky_push  # type: ignore[method-assign]
+    sleeps: list[float] = []
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    kwargs: dict[str, Any] = dict(
+        image="atom:test",
+        verdict_path=world.verdict_path,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=REG),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        client=client,
+        sleep=sleeps.append,
+    )
+    result = tag_verified(engine, **kwargs)
+    assert result.pushed and sleeps == [1.0, 2.0]
+
+    before = fake.tags[REPO][f"{MODEL}-verified"]
+    fake.tags[REPO].pop(EXPECTED_IMMUTABLE)
+    failures.extend([InfraError("down")] * 5)
+    with pytest.raises(InfraError, match="gave up after 3 attempts"):
+        tag_verified(engine, **kwargs)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
