@@ -1,0 +1,701 @@
+"""Every ATOM call of an aiter function, whatever the import style.
+
+Per file (summaries cached by blob SHA), the scanner builds name environments
+the way Python scopes work: module-level imports (also inside `if`/`try`),
+imports inside functions, `import aiter as a`, `from aiter.ops.x import f as g`,
+`import aiter.ops.x as m`, attribute chains `aiter.ops.x.f(...)`, aliases
+`g = aiter.f`, re-wrapping `f = mark_trace(f, prefix=...)` (a wrapper called
+with the aiter function as its only positional argument keeps its signature),
+`self.f = aiter.f` / `getattr(aiter, "f", None)` kept on an instance, and the
+guards that make a missing function a warning: `hasattr(aiter, "f")`,
+`getattr(aiter, "f", None)`, an import or call inside `try/except ImportError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pipeline.compat.pysource import parse_source, strip_bodies
+
+ROOT = "aiter"
+
+# A reference into aiter: (module to import, attribute chain after it).
+Ref = tuple[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    text: str  # source text, shortened
+    etype: str | None  # evident type: int/float/str/bool/None/Tensor/list/tuple/dict, or None if unknown
+
+
+@dataclass(frozen=True, slots=True)
+class RawCall:
+    path: str
+    line: int
+    col: int
+    display: str  # how the call spells the callee
+    ref: Ref
+    args: tuple[Arg, ...]
+    kwargs: tuple[tuple[str, Arg], ...]
+    star_args: bool
+    star_kwargs: bool
+    guarded: bool
+    import_line: int | None = None  # line of the import that binds the callee (for missing modules)
+    end_line: int | None = None
+
+    @property
+    def qualname(self) -> str:
+        return ".".join([self.ref[0], *self.ref[1]])
+
+
+@dataclass(frozen=True, slots=True)
+class Unchecked:
+    path: str
+    line: int
+    display: str
+    reason: str
+
+
+@dataclass(slots=True)
+class FileCalls:
+    path: str
+    calls: list[RawCall] = field(default_factory=list)
+    unchecked: list[Unchecked] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    ref: Ref
+    guarded: bool
+    line: int
+
+
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException", "AttributeError"}
+_TORCH_FACTORIES = {
+    "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like",
+    "randn", "rand", "randint", "randn_like", "rand_like", "tensor", "as_tensor", "arange",
+    "empty_strided", "cat", "stack", "from_numpy", "linspace",
+}  # fmt: skip
+_INT_METHODS = {"size", "dim", "numel", "stride", "element_size", "nelement", "ndimension", "get_device"}
+
+
+def _handler_catches_import(h: ast.ExceptHandler) -> bool:
+    if h.type is None:
+        return True
+    names: list[ast.expr] = list(h.type.elts) if isinstance(h.type, ast.Tuple) else [h.type]
+    for n in names:
+        last = n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name) else ""
+        if last in _IMPORT_ERRORS:
+            return True
+    return False
+
+
+def _short(node: ast.AST, limit: int = 60) -> str:
+    try:
+        text = ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse of odd nodes
+        return "?"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[str, Binding]) -> str | None:
+    """The type of an argument when it is evident without running anything."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is None:
+            return "None"
+        if isinstance(v, bool):
+            return "bool"
+        if isinstance(v, int):
+            return "int"
+        if isinstance(v, float):
+            return "float"
+        if isinstance(v, str):
+            return "str"
+        if isinstance(v, bytes):
+            return "bytes"
+        return None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        t = evident_type(node.operand, local_types, env)
+        return t if t in ("int", "float") else None
+    if isinstance(node, ast.JoinedStr):
+        return "str"
+    if isinstance(node, ast.List | ast.ListComp):
+        return "list"
+    if isinstance(node, ast.Tuple):
+        return "tuple"
+    if isinstance(node, ast.Dict | ast.DictComp):
+        return "dict"
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "shape"
+    ):
+        if not isinstance(node.slice, ast.Slice):
+            return "int"
+        return None
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Name):
+            if f.id == "len":
+                return "int"
+            if f.id in ("int", "float", "str", "bool") and f.id not in local_types and f.id not in env:
+                return f.id
+            return None
+        if isinstance(f, ast.Attribute):
+            if f.attr in _INT_METHODS and f.attr != "size":
+                return "int"
+            if f.attr == "size" and len(node.args) == 1 and not node.keywords:
+                return "int"
+            if isinstance(f.value, ast.Name) and f.value.id == "torch" and f.attr in _TORCH_FACTORIES:
+                return "Tensor"
+        return None
+    if isinstance(node, ast.Name):
+        return local_types.get(node.id)
+    return None
+
+
+def _attr_chain(node: ast.expr) -> tuple[str, list[str]] | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return node.id, list(reversed(parts))
+    return None
+
+
+_GUARD_RE = re.compile(
+    r"""\bhasattr\(\s*[\w.]+\s*,\s*["'](\w+)["']\s*\)|\bgetattr\(\s*[\w.]+\s*,\s*["'](\w+)["']\s*,"""
+)
+
+
+class _Scanner:
+    def __init__(self, path: str, tree: ast.Module, text: str) -> None:
+        self.path = path
+        self.tree = tree
+        self.text = text
+        self.out = FileCalls(path)
+        self.guard_names: set[str] = set()
+        self.hot_lines: list[int] = []
+        self.inside_function = 0  # statements of a hot function are all scanned (local imports)
+
+    def _compute_hot(self, names: set[str]) -> None:
+        """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
+        names = {n for n in names if n.isidentifier()}
+        pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+        hits: list[int] = []
+        line = 1
+        pos = 0
+        for m in pat.finditer(self.text):
+            line += self.text.count("\n", pos, m.start())
+            pos = m.start()
+            if not hits or hits[-1] != line:
+                hits.append(line)
+        self.hot_lines = hits
+
+    def hot(self, node: ast.AST) -> bool:
+        if self.inside_function:
+            return True  # closures see the enclosing function's local imports
+        lo = getattr(node, "lineno", None)
+        decos = getattr(node, "decorator_list", None)
+        if decos and lo is not None:
+            lo = min(lo, *(d.lineno for d in decos))
+        if lo is None:
+            return True
+        hi: int = getattr(node, "end_lineno", None) or lo
+        i = bisect.bisect_left(self.hot_lines, lo)
+        return i < len(self.hot_lines) and self.hot_lines[i] <= hi
+
+    # -- references -------------------------------------------------------
+    def ref_of(self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]) -> Binding | None:
+        """The aiter reference an expression denotes, if any."""
+        # getattr(aiter, "f"[, default])
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and node.func.id not in env
+            and len(node.args) >= 2
+        ):
+            base = self.ref_of(node.args[0], env, cls_env)
+            name = node.args[1]
+            if base is not None and isinstance(name, ast.Constant) and isinstance(name.value, str):
+                guarded = base.guarded or len(node.args) >= 3
+                return Binding((base.ref[0], (*base.ref[1], name.value)), guarded, base.line)
+            return None
+        chain = _attr_chain(node)
+        if chain is None:
+            return None
+        head, attrs = chain
+        if head == "self" and attrs and attrs[0] in cls_env:
+            cb = cls_env[attrs[0]]
+            return Binding((cb.ref[0], (*cb.ref[1], *attrs[1:])), cb.guarded, cb.line)
+        eb = env.get(head)
+        if eb is None:
+            return None
+        return Binding((eb.ref[0], (*eb.ref[1], *attrs)), eb.guarded, eb.line)
+
+    def wrapped_ref(
+        self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]
+    ) -> Binding | None:
+        """`W(f, k=v)` where `f` is an aiter function and W is not aiter's: a signature-keeping wrapper."""
+        if not isinstance(node, ast.Call) or len(node.args) != 1:
+            return None
+        if self.ref_of(node.func, env, cls_env) is not None:
+            return None
+        fn = _attr_chain(node.func)
+        if (fn and fn[0] in ("functools", "partial")) or (fn and fn[1][-1:] == ["partial"]):
+            return None
+        return self.ref_of(node.args[0], env, cls_env)
+
+    # -- environments ----------------------------------------------------
+    def collect_env(
+        self,
+        stmts: list[ast.stmt],
+        env: dict[str, Binding],
+        cls_env: dict[str, Binding],
+        guarded: bool,
+        *,
+        module_level: bool,
+        shadow: set[str],
+    ) -> None:
+        """Add the bindings `stmts` make (not descending into nested scopes)."""
+        for st in stmts:
+            if isinstance(st, ast.Import):
+                for a in st.names:
+                    if a.name != ROOT and not a.name.startswith(ROOT + "."):
+                        name = a.asname or a.name.split(".")[0]
+                        env.pop(name, None)
+                        continue
+                    if a.asname:
+                        env[a.asname] = Binding((a.name, ()), guarded, st.lineno)
+                    else:
+                        env[ROOT] = Binding((ROOT, ()), guarded, st.lineno)
+                        if a.name != ROOT:
+                            # `import aiter.ops.x` imports the submodule: remember it
+                            # is required (a missing module is reported on the call).
+                            pass
+            elif isinstance(st, ast.ImportFrom):
+                if st.level or not st.module or (st.module != ROOT and not st.module.startswith(ROOT + ".")):
+                    for a in st.names:
+                        env.pop(a.asname or a.name, None)
+                    continue
+                for a in st.names:
+                    if a.name == "*":
+                        continue
+                    env[a.asname or a.name] = Binding((st.module, (a.name,)), guarded, st.lineno)
+            elif isinstance(st, ast.Assign | ast.AnnAssign):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                value = st.value
+                if value is None:
+                    continue
+                b = self.ref_of(value, env, cls_env) or self.wrapped_ref(value, env, cls_env)
+                if isinstance(value, ast.IfExp):
+                    # `f = getattr(aiter, "f", None) if ok else None`
+                    b = self.ref_of(value.body, env, cls_env) or self.ref_of(value.orelse, env, cls_env)
+                    if b is not None:
+                        b = Binding(b.ref, True, b.line)
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        if b is not None:
+                            env[t.id] = Binding(b.ref, b.guarded or guarded, b.line)
+                        elif isinstance(value, ast.Constant) and value.value is None:
+                            continue  # fallback `f = None` after a failed import
+                        elif t.id in env:
+                            if module_level:
+                                env.pop(t.id, None)
+                            else:
+                                shadow.add(t.id)
+            elif isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if st.name in env:
+                    env.pop(st.name, None)
+                shadow.add(st.name)
+            elif isinstance(st, ast.If):
+                self.collect_env(st.body, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+                self.collect_env(st.orelse, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+            elif isinstance(st, ast.Try | ast.TryStar):
+                g = guarded or any(_handler_catches_import(h) for h in st.handlers)
+                self.collect_env(st.body, env, cls_env, g, module_level=module_level, shadow=shadow)
+                for h in st.handlers:
+                    self.collect_env(h.body, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+                self.collect_env(st.orelse, env, cls_env, g, module_level=module_level, shadow=shadow)
+                self.collect_env(
+                    st.finalbody, env, cls_env, guarded, module_level=module_level, shadow=shadow
+                )
+            elif isinstance(st, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
+                self.collect_env(st.body, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+                orelse = getattr(st, "orelse", [])
+                self.collect_env(orelse, env, cls_env, guarded, module_level=module_level, shadow=shadow)
+
+    # -- scanning --------------------------------------------------------
+    def scan(self) -> FileCalls:
+        for m in _GUARD_RE.finditer(self.text):
+            self.guard_names.add(m.group(1) or m.group(2))
+        env: dict[str, Binding] = {}
+        self.collect_env(self.tree.body, env, {}, False, module_level=True, shadow=set())
+        self._compute_hot({ROOT, *env})
+        # Instance attributes bound to aiter functions make their methods hot too.
+        attrs: set[str] = set()
+        for node in _walk_stmts(self.tree, into_defs=True, hot=self.hot) if self._has_self_binding() else ():
+            if isinstance(node, ast.ClassDef):
+                self._class_envs[node] = ce = self._class_env(node, env)
+                attrs.update(ce)
+        if attrs:
+            self._compute_hot({ROOT, *env, *attrs})
+        self._scan_body(self.tree.body, env, {}, {}, False)
+        return self.out
+
+    _class_envs: dict[ast.ClassDef, dict[str, Binding]]
+
+    def _has_self_binding(self) -> bool:
+        self._class_envs = {}
+        return "self." in self.text
+
+    def _scan_body(
+        self,
+        stmts: list[ast.stmt],
+        env: dict[str, Binding],
+        cls_env: dict[str, Binding],
+        local_types: dict[str, str | None],
+        guarded: bool,
+    ) -> None:
+        for st in stmts:
+            self._scan_stmt(st, env, cls_env, local_types, guarded)
+
+    def _scan_stmt(
+        self,
+        st: ast.stmt,
+        env: dict[str, Binding],
+        cls_env: dict[str, Binding],
+        local_types: dict[str, str | None],
+        guarded: bool,
+    ) -> None:
+        if not self.hot(st):
+            return
+        if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef):
+            for d in st.decorator_list:
+                self._scan_expr(d, env, cls_env, local_types, guarded)
+            self._scan_function(st, env, cls_env)
+            return
+        if isinstance(st, ast.ClassDef):
+            for d in [*st.decorator_list, *st.bases]:
+                self._scan_expr(d, env, cls_env, local_types, guarded)
+            new_cls_env = self._class_envs.get(st)
+            if new_cls_env is None:
+                new_cls_env = self._class_env(st, env)
+            for sub in st.body:
+                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    self._scan_stmt(sub, env, new_cls_env, {}, guarded)
+                else:
+                    self._scan_stmt(sub, env, {}, {}, guarded)
+            return
+        if isinstance(st, ast.Try | ast.TryStar):
+            g = guarded or any(_handler_catches_import(h) for h in st.handlers)
+            self._scan_body(st.body, env, cls_env, local_types, g)
+            for h in st.handlers:
+                self._scan_body(h.body, env, cls_env, local_types, guarded)
+            self._scan_body(st.orelse, env, cls_env, local_types, guarded)
+            self._scan_body(st.finalbody, env, cls_env, local_types, guarded)
+            return
+        # Generic: scan expressions of this statement, then nested statement lists.
+        for name, value in ast.iter_fields(st):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self._scan_body(value, env, cls_env, local_types, guarded)
+                else:
+                    for v in value:
+                        if isinstance(v, ast.expr):
+                            self._scan_expr(v, env, cls_env, local_types, guarded)
+                        elif isinstance(v, ast.AST) and not isinstance(v, ast.stmt):
+                            for child in ast.iter_child_nodes(v):
+                                if isinstance(child, ast.expr):
+                                    self._scan_expr(child, env, cls_env, local_types, guarded)
+                                elif isinstance(child, ast.stmt):
+                                    self._scan_stmt(child, env, cls_env, local_types, guarded)
+            elif isinstance(value, ast.expr):
+                self._scan_expr(value, env, cls_env, local_types, guarded)
+            del name
+
+    def _class_env(self, cls: ast.ClassDef, env: dict[str, Binding]) -> dict[str, Binding]:
+        """`self.x = <aiter function>` anywhere in the class's methods."""
+        out: dict[str, Binding] = {}
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not self.hot(fn):
+                continue
+            fenv = dict(env)
+            self.collect_env(fn.body, fenv, {}, False, module_level=False, shadow=set())
+            for node in _walk_stmts(fn, into_defs=True):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    t = node.targets[0]
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    ):
+                        v = node.value
+                        b = self.ref_of(v, fenv, {}) or self.wrapped_ref(v, fenv, {})
+                        if b is None and isinstance(v, ast.IfExp):
+                            b = self.ref_of(v.body, fenv, {}) or self.ref_of(v.orelse, fenv, {})
+                            if b is not None:
+                                b = Binding(b.ref, True, b.line)
+                        if b is not None:
+                            out[t.attr] = b
+        return out
+
+    def _scan_function(
+        self,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+        outer: dict[str, Binding],
+        cls_env: dict[str, Binding],
+    ) -> None:
+        env = dict(outer)
+        a = fn.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+        if a.vararg:
+            params.append(a.vararg)
+        if a.kwarg:
+            params.append(a.kwarg)
+        for p in params:
+            env.pop(p.arg, None)
+        for d in [*a.defaults, *(x for x in a.kw_defaults if x is not None)]:
+            self._scan_expr(d, outer, cls_env, {}, False)
+        if isinstance(fn, ast.Lambda):
+            self._scan_expr(fn.body, env, cls_env, {}, False)
+            return
+        shadow: set[str] = set()
+        self.collect_env(fn.body, env, cls_env, False, module_level=False, shadow=shadow)
+        # Any other local assignment of a name shadows the module-level binding.
+        local_types = self._local_types(fn, env)
+        for name in shadow:
+            env.pop(name, None)
+        for name in local_types:
+            if name in env and name not in self._aiter_assigned(fn, env, cls_env):
+                env.pop(name, None)
+        self.inside_function += 1
+        try:
+            self._scan_body(fn.body, env, cls_env, local_types, False)
+        finally:
+            self.inside_function -= 1
+
+    def _aiter_assigned(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding], cls_env: dict[str, Binding]
+    ) -> set[str]:
+        out: set[str] = set()
+        for node in _walk_stmts(fn):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and (self.ref_of(node.value, env, cls_env) or self.wrapped_ref(node.value, env, cls_env))
+            ):
+                out.add(node.targets[0].id)
+        return out
+
+    def _local_types(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding]
+    ) -> dict[str, str | None]:
+        """Names assigned in the function; the evident type when all assignments agree."""
+        seen: dict[str, list[ast.expr | None]] = {}
+        for node in _walk_stmts(fn):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    for n in _names_in_target(t):
+                        seen.setdefault(n, []).append(node.value if isinstance(t, ast.Name) else None)
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
+                for n in _names_in_target(node.target):
+                    seen.setdefault(n, []).append(None)
+            elif isinstance(node, ast.With | ast.AsyncWith):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        for n in _names_in_target(item.optional_vars):
+                            seen.setdefault(n, []).append(None)
+            elif isinstance(node, ast.Try | ast.TryStar):
+                for h in node.handlers:
+                    if h.name:
+                        seen.setdefault(h.name, []).append(None)
+            elif isinstance(node, ast.Global | ast.Nonlocal):
+                for n in node.names:
+                    seen.setdefault(n, []).append(None)
+        a = fn.args
+        for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+            seen.setdefault(p.arg, []).append(None)
+        out: dict[str, str | None] = {}
+        for name, values in seen.items():
+            types = {evident_type(v, {}, env) if v is not None else None for v in values}
+            out[name] = types.pop() if len(types) == 1 else None
+        return out
+
+    def _scan_expr(
+        self,
+        node: ast.expr,
+        env: dict[str, Binding],
+        cls_env: dict[str, Binding],
+        local_types: dict[str, str | None],
+        guarded: bool,
+    ) -> None:
+        stack: list[ast.AST] = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.Lambda):
+                self._scan_function(n, env, cls_env)
+                continue
+            if isinstance(n, ast.Call):
+                self._call(n, env, cls_env, local_types, guarded)
+            stack.extend(ast.iter_child_nodes(n))
+
+    def _call(
+        self,
+        node: ast.Call,
+        env: dict[str, Binding],
+        cls_env: dict[str, Binding],
+        local_types: dict[str, str | None],
+        guarded: bool,
+    ) -> None:
+        f = node.func
+        display = _short(f, 80)
+        # getattr(aiter, name)(...) with a non-constant name: dynamic.
+        if (
+            isinstance(f, ast.Call)
+            and isinstance(f.func, ast.Name)
+            and f.func.id == "getattr"
+            and len(f.args) >= 2
+            and not (isinstance(f.args[1], ast.Constant) and isinstance(f.args[1].value, str))
+            and self.ref_of(f.args[0], env, cls_env) is not None
+        ):
+            self.out.unchecked.append(Unchecked(self.path, node.lineno, display, "dynamic getattr on aiter"))
+            return
+        b = self.ref_of(f, env, cls_env)
+        if b is None:
+            return
+        if not b.ref[1] and b.ref[0] == ROOT:
+            return  # calling the package itself: not a function call
+        args: list[Arg] = []
+        star_args = star_kwargs = False
+        for a in node.args:
+            if isinstance(a, ast.Starred):
+                star_args = True
+                continue
+            args.append(Arg(_short(a), evident_type(a, local_types, env)))
+        kwargs: list[tuple[str, Arg]] = []
+        for k in node.keywords:
+            if k.arg is None:
+                star_kwargs = True
+                continue
+            kwargs.append((k.arg, Arg(_short(k.value), evident_type(k.value, local_types, env))))
+        name = (b.ref[1][-1:] or (b.ref[0].rsplit(".", 1)[-1],))[0]
+        self.out.calls.append(
+            RawCall(
+                path=self.path,
+                line=node.lineno,
+                end_line=node.end_lineno,
+                col=node.col_offset + 1,
+                display=display,
+                ref=b.ref,
+                args=tuple(args),
+                kwargs=tuple(kwargs),
+                star_args=star_args,
+                star_kwargs=star_kwargs,
+                guarded=guarded or b.guarded or name in self.guard_names,
+                import_line=b.line,
+            )
+        )
+
+
+def _names_in_target(t: ast.expr) -> list[str]:
+    if isinstance(t, ast.Name):
+        return [t.id]
+    if isinstance(t, ast.Tuple | ast.List):
+        out: list[str] = []
+        for e in t.elts:
+            out.extend(_names_in_target(e))
+        return out
+    if isinstance(t, ast.Starred):
+        return _names_in_target(t.value)
+    return []
+
+
+def _walk_stmts(
+    node: ast.AST, *, into_defs: bool = False, hot: Callable[[ast.AST], bool] | None = None
+) -> Iterator[ast.stmt]:
+    """Statements under `node` (not expressions): cheap, and enough to see assignments.
+
+    Nested functions and classes are yielded but not entered unless `into_defs`.
+    """
+    stack: list[ast.stmt] = list(reversed(getattr(node, "body", [])))
+    while stack:
+        st = stack.pop()
+        if hot is not None and not hot(st):
+            continue
+        yield st
+        if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not into_defs:
+            continue
+        for fname in ("body", "orelse", "finalbody"):
+            sub = getattr(st, fname, None)
+            if sub:
+                stack.extend(reversed(sub))
+        if isinstance(st, ast.Try | ast.TryStar):
+            for h in st.handlers:
+                stack.extend(reversed(h.body))
+        elif isinstance(st, ast.Match):
+            for c in st.cases:
+                stack.extend(reversed(c.body))
+
+
+def _walk_scope(fn: ast.AST) -> list[ast.AST]:
+    """Nodes of a function body, not descending into nested functions/classes."""
+    out: list[ast.AST] = []
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return out
+
+
+_SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
+
+
+def scan_file(data: bytes, path: str) -> FileCalls:
+    """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
+
+    Speed: the module skeleton (all function bodies stripped, line numbers
+    kept) is parsed first to learn the names bound to aiter; then only the
+    bodies that mention one of them (or `aiter`, or an instance attribute set
+    from one) are parsed. A body that mentions none cannot call aiter.
+    """
+    if ROOT.encode() not in data:
+        return FileCalls(path)
+    text = data.decode("utf-8", "replace")
+    tree: ast.Module | str | None = None
+    skeleton = strip_bodies(data)
+    if skeleton is not None:
+        sk = parse_source(skeleton, path)
+        if isinstance(sk, ast.Module):
+            env: dict[str, Binding] = {}
+            _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
+            names = {ROOT, *env}
+            pat = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
+            attrs = {m.group(1) for m in _SELF_ATTR_RE.finditer(data) if pat.search(m.group(2))}
+            if attrs:
+                names |= {a.decode() for a in attrs}
+                pat = re.compile(
+                    rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b"
+                )
+            partial = strip_bodies(data, keep=lambda body: pat.search(body) is not None)
+            if partial is not None:
+                tree = parse_source(partial, path)
+    if not isinstance(tree, ast.Module):
+        tree = parse_source(data, path)
+    if isinstance(tree, str):
+        return FileCalls(path, error=tree)
+    return _Scanner(path, tree, text).scan()

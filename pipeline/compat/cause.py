@@ -1,0 +1,267 @@
+"""Name the aiter commit that broke a call, and say what the change does to it.
+
+The history of the file defining the function is read with one
+`git log --raw` (each commit with the blob SHA of that file), each distinct
+blob is summarized once (cache keyed by blob SHA), and the walk goes from the
+pinned commit back to the newest version under which the call is clean. The
+commit after it in the file's history is the cause.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pipeline.compat.aiterapi import ModSummary, Signature, summarize_module
+from pipeline.compat.bind import Binding, arg_desc, bind, show_param
+from pipeline.compat.calls import RawCall
+from pipeline.compat.pysource import SummaryCache, module_of
+from pipeline.gitw import CommitInfo, GitRepo
+
+
+@dataclass(frozen=True, slots=True)
+class FileVersion:
+    commit: CommitInfo
+    blob: str | None  # None: the file is absent after this commit
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    commit: CommitInfo  # first aiter commit where the call is broken
+    last_good: str | None  # its first parent: the last commit where the call was clean
+    change: str  # "kv_cache_v inserted at position 15"
+    effect: str  # what that does to this call
+    old_sig: Signature | None
+    new_sig: Signature | None
+
+    def sentence(self) -> str:
+        c = self.commit
+        head = f'{self.change} by aiter {c.short} ({c.date.strftime("%Y-%m-%d")}, "{c.subject}")'
+        return f"{head}: {self.effect}" if self.effect else head
+
+
+class History:
+    """File histories and signatures at each version, memoized for one run."""
+
+    def __init__(self, repo: GitRepo, cache: SummaryCache) -> None:
+        self.repo = repo
+        self.cache = cache
+        self._logs: dict[tuple[str, str], list[FileVersion]] = {}
+
+    def file_log(self, rev: str, path: str) -> list[FileVersion]:
+        key = (rev, path)
+        got = self._logs.get(key)
+        if got is not None:
+            return got
+        out = self.repo.git(
+            "log", "--format=%x01%H%x00%ct%x00%an%x00%s", "--raw", "--no-abbrev", "--no-renames",
+            "--first-parent", "-m", rev, "--", path,
+        )  # fmt: skip
+        versions: list[FileVersion] = []
+        for chunk in out.split("\x01"):
+            if not chunk.strip():
+                continue
+            header, _, rest = chunk.partition("\n")
+            sha, ts, author, subject = header.split("\x00", 3)
+            blob: str | None = None
+            for line in rest.splitlines():
+                if line.startswith(":") and "\t" in line:
+                    meta = line.split("\t", 1)[0].split()
+                    blob = None if set(meta[3]) == {"0"} else meta[3]
+            info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
+            versions.append(FileVersion(info, blob))
+        self._logs[key] = versions
+        return versions
+
+    def summary(self, path: str, blob: str) -> ModSummary:
+        mod = module_of(path) or path
+        res = self.cache.get_many(self.repo, [(path, blob)], lambda b, p: summarize_module(b, p, mod))
+        s: ModSummary = res[path]
+        return s
+
+    def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
+        if blob is None:
+            return None
+        s = self.summary(path, blob)
+        for ev_name, kind, payload, _ in reversed(s.events):
+            if ev_name == name and kind in ("def", "class"):
+                return payload if isinstance(payload, Signature) else None
+        return None
+
+
+def find_cause(
+    hist: History,
+    rev: str,
+    sig: Signature | None,
+    path: str,
+    name: str,
+    call: RawCall,
+    clean: Callable[[Signature], bool],
+) -> Cause | None:
+    """Walk the history of `path` back from `rev` to the newest version under which `call` is clean."""
+    versions = hist.file_log(rev, path)
+    newer: FileVersion | None = None
+    newer_sig: Signature | None = sig
+    for v in versions:
+        s = hist.sig_at(path, v.blob, name)
+        if s is not None and clean(s):
+            if newer is None:
+                return None  # clean at the pinned version: nothing to blame here
+            parent = _first_parent(hist.repo, newer.commit.sha)
+            change, effect = explain(s, newer_sig, call, name)
+            return Cause(newer.commit, parent, change, effect, s, newer_sig)
+        if s is None and newer is not None and newer_sig is not None:
+            # Before this the function did not exist in this file: it was never clean here.
+            return None
+        newer, newer_sig = v, s
+    return None
+
+
+def _first_parent(repo: GitRepo, sha: str) -> str | None:
+    return repo.rev_parse(f"{sha}^1")
+
+
+# ---------------------------------------------------------------------------
+# Explaining a signature change
+
+
+def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | None]]:
+    """Human phrases for what changed, each with the 1-based position it starts at."""
+    o = [p.name for p in old.params]
+    n = [p.name for p in new.params]
+    out: list[tuple[str, int | None]] = []
+    sm = difflib.SequenceMatcher(a=o, b=n, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        olds, news = o[i1:i2], n[j1:j2]
+        moved_in = [x for x in news if x in o]
+        moved_out = [x for x in olds if x in n]
+        olds = [x for x in olds if x not in n]
+        news_only = [x for x in news if x not in o]
+        k = 0
+        if tag == "replace":
+            for a, b in zip(olds, news_only, strict=False):
+                pos = n.index(b) + 1
+                out.append((f"`{a}` renamed to `{b}` (position {pos})", pos))
+                k += 1
+        for b in news_only[k:]:
+            pos = n.index(b) + 1
+            out.append((f"`{b}` inserted at position {pos}", pos))
+        for a in olds[k:]:
+            pos = o.index(a) + 1
+            out.append((f"`{a}` removed (was position {pos})", pos))
+        for x in set(moved_in) | set(moved_out):
+            out.append((f"`{x}` moved from position {o.index(x) + 1} to {n.index(x) + 1}", n.index(x) + 1))
+    old_by = {p.name: p for p in old.params}
+    for p in new.params:
+        q = old_by.get(p.name)
+        if q is None:
+            continue
+        pos = n.index(p.name) + 1
+        if q.has_default and not p.has_default:
+            out.append((f"`{p.name}` made required", pos))
+        if q.kind in ("pos", "posonly") and p.kind == "kwonly":
+            out.append((f"`{p.name}` made keyword-only", pos))
+        if q.kind == "pos" and p.kind == "posonly":
+            out.append((f"`{p.name}` made positional-only", pos))
+        if q.annotation != p.annotation and q.annotation and p.annotation:
+            out.append((f"`{p.name}` retyped from `{show_param(q)}` to `{show_param(p)}`", pos))
+    # dedupe, keep order
+    seen: set[str] = set()
+    uniq: list[tuple[str, int | None]] = []
+    for phrase, where in out:
+        if phrase not in seen:
+            seen.add(phrase)
+            uniq.append((phrase, where))
+    return uniq
+
+
+def explain(old: Signature, new: Signature | None, call: RawCall, name: str) -> tuple[str, str]:
+    """(change, effect on this call)."""
+    if new is None:
+        return f"`{name}` removed", "this call now fails with AttributeError/ImportError"
+    changes = describe_changes(old, new)
+    nargs = len(call.args)
+    kw = {k for k, _ in call.kwargs}
+    # Changes that reach this call: inside its positional range or a keyword it uses.
+    relevant = [
+        (c, pos) for c, pos in changes
+        if (pos is not None and pos <= max(nargs, 1)) or any(f"`{k}`" in c for k in kw) or "required" in c
+    ]  # fmt: skip
+    shifting = [c for c, _ in relevant if "inserted" in c or "removed" in c or "moved" in c]
+    headline_list = shifting or [c for c, _ in relevant] or [c for c, _ in changes] or ["signature changed"]
+    change = "; ".join(_strip_ticks_first(headline_list))
+    ob, nb = bind(call, old), bind(call, new)
+    effect_parts: list[str] = []
+    shifted = _shift_range(ob, nb, new)
+    if shifted:
+        lo, hi, delta = shifted
+        rng = f"{lo}–{hi}" if hi > lo else f"{lo}"
+        plural = "s" if hi > lo else ""
+        if delta is None:
+            effect_parts.append(
+                f"positional argument{plural} {rng} of this call now bind to different parameters"
+            )
+        else:
+            words = {1: "one", 2: "two", 3: "three", 4: "four"}
+            count = words.get(abs(delta), str(abs(delta)))
+            how = f"{count} slot{'s' if abs(delta) != 1 else ''} {'later' if delta > 0 else 'earlier'}"
+            effect_parts.append(f"positional argument{plural} {rng} of this call now bind {how}")
+    for p in nb.problems:
+        effect_parts.append(p.message)
+    if not nb.problems:
+        # Unknown types: name where each shifted argument now lands.
+        moved = [
+            (i, a, op, np_)
+            for i, (a, op, np_) in enumerate(zip(call.args, ob.positional, nb.positional, strict=True), 1)
+            if (op.name if op else None) != (np_.name if np_ else None)
+        ]
+        for i, a, op, np_ in moved[:3]:
+            effect_parts.append(
+                f"{arg_desc(i, a)} written for `{op.name if op else '?'}` now lands on `{show_param(np_)}`"
+            )
+        if len(moved) > 3:
+            effect_parts.append(f"and {len(moved) - 3} more")
+    others = [c for c, _ in changes if c not in headline_list]
+    text = "; ".join(effect_parts)
+    if others:
+        text += f" (also in that commit: {'; '.join(others[:4])})"
+    return change, text
+
+
+def _strip_ticks_first(items: list[str]) -> list[str]:
+    # "`kv_cache_v` inserted at position 15" reads as "kv_cache_v inserted at position 15"
+    out = []
+    for s in items:
+        if s.startswith("`"):
+            end = s.find("`", 1)
+            s = s[1:end] + s[end + 1 :]
+        out.append(s)
+    return out
+
+
+def _shift_range(ob: Binding, nb: Binding, new: Signature) -> tuple[int, int, int | None] | None:
+    """(first, last, delta) of positional arguments whose intended parameter now sits elsewhere.
+
+    Argument i was written for the parameter it bound to under the old
+    signature; if that parameter now sits at another position, the argument
+    is shifted. delta (> 0: the parameter moved later) when uniform.
+    """
+    new_pos = {p.name: i for i, p in enumerate(x for x in new.params if x.kind in ("pos", "posonly"))}
+    shifted: list[tuple[int, int]] = []
+    for i, op in enumerate(ob.positional):
+        if op is None or op.kind == "vararg":
+            continue
+        j = new_pos.get(op.name)
+        if j is not None and j != i:
+            shifted.append((i, j - i))
+        elif j is None and nb.positional[i] is not None and nb.positional[i] is not op:
+            continue
+    if not shifted:
+        return None
+    lo, hi = shifted[0][0] + 1, shifted[-1][0] + 1
+    deltas = {d for _, d in shifted}
+    return lo, hi, deltas.pop() if len(deltas) == 1 else None

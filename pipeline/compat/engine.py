@@ -1,0 +1,457 @@
+"""`run_check`: every ATOM call of aiter, bound against the pinned aiter's signatures.
+
+Baselines ("the signature the ATOM code was written against"): an explicit
+`baseline_aiter_rev` (the previous lock) applies to every call. Without it,
+each call gets the aiter of the date its lines were last changed in ATOM
+(`git blame`, only for calls that need it) and the aiter of the ATOM commit's
+date screens the calls that bind cleanly for positional shifts.
+
+A call that is already broken with the aiter it was written against is an ATOM
+bug no aiter pin fixes: it is reported as a pre-existing warning, not as an
+incompatibility of the pin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline.compat.aiterapi import ApiIndex, Signature, Target
+from pipeline.compat.bind import Binding, bind
+from pipeline.compat.calls import FileCalls, RawCall, scan_file
+from pipeline.compat.cause import Cause, History, explain, find_cause
+from pipeline.compat.pysource import SummaryCache, Tree
+from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
+from pipeline.errors import SourceError
+from pipeline.gitw import CommitInfo, GitRepo
+
+ATOM_PREFIX = "atom"
+AITER_PREFIX = "aiter"
+
+
+@dataclass
+class Caches:
+    """The per-run view of the on-disk summary caches (shared by a search's many checks)."""
+
+    atom: SummaryCache
+    aiter: SummaryCache
+    cache_dir: Path | None
+
+    @classmethod
+    def open(cls, cache_dir: Path | None) -> Caches:
+        return cls(SummaryCache.open("atom", cache_dir), SummaryCache.open("aiter", cache_dir), cache_dir)
+
+    def save(self) -> None:
+        self.atom.save()
+        self.aiter.save()
+
+
+def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
+    sha = repo.rev_parse(rev)
+    if sha is None:
+        raise SourceError(
+            f"{what} ref {rev!r} is not a commit in {repo.path}.",
+            hint=f"Check the ref, or fetch it into the {what} repository.",
+        )
+    return sha
+
+
+def scan_atom(atom: GitRepo, atom_sha: str, caches: Caches) -> list[FileCalls]:
+    tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
+    got = caches.atom.get_many(atom, sorted(tree.blobs.items()), scan_file)
+    return [got[p] for p in sorted(got)]
+
+
+def aiter_tip(aiter: GitRepo, fallback: str) -> str:
+    """aiter's default branch (the pin may be older than the ATOM commit)."""
+    return aiter.rev_parse("HEAD") or fallback
+
+
+def aiter_as_of(aiter: GitRepo, tip: str, when: datetime) -> str | None:
+    out = aiter.git("rev-list", "-1", "--first-parent", f"--before={int(when.timestamp())}", tip).strip()
+    return out or None
+
+
+def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -> str:
+    """aiter as of the ATOM commit's date (newest first-parent commit of aiter's default branch by then)."""
+    when = atom.commit_info(atom_sha).date
+    return aiter_as_of(aiter, aiter_tip(aiter, aiter_sha), when) or aiter_sha
+
+
+def target_of(index: ApiIndex, call: RawCall) -> Target:
+    mod, attrs = call.ref
+    t = index.resolve_module_path(mod)
+    for a in attrs:
+        if t.kind in ("missing", "unknown"):
+            break
+        t = index.attr_of(t, a)
+    return t
+
+
+def _day(c: CommitInfo) -> str:
+    return c.date.strftime("%Y-%m-%d")
+
+
+class Checker:
+    """One ATOM commit's calls against aiter commits (one check per pin; a search runs many)."""
+
+    def __init__(
+        self,
+        atom: GitRepo,
+        atom_sha: str,
+        aiter: GitRepo,
+        caches: Caches,
+        *,
+        tip: str,
+        explicit_baseline: str | None = None,
+    ) -> None:
+        self.atom = atom
+        self.atom_sha = atom_sha
+        self.aiter = aiter
+        self.caches = caches
+        self.tip = tip
+        self.explicit_baseline = explicit_baseline
+        self.files = scan_atom(atom, atom_sha, caches)
+        self.hist = History(aiter, caches.aiter)
+        self._index: dict[str, ApiIndex] = {}
+        self._blame: dict[tuple[str, int, int], str | None] = {}
+        self._as_of: dict[int, str | None] = {}
+        self._fit: dict[tuple[str, int, int], tuple[str, Signature, Binding] | None] = {}
+        self.date_baseline = explicit_baseline or (
+            aiter_as_of(aiter, tip, atom.commit_info(atom_sha).date) or None
+        )
+
+    def index(self, aiter_sha: str) -> ApiIndex:
+        got = self._index.get(aiter_sha)
+        if got is None:
+            got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
+            self._index[aiter_sha] = got
+        return got
+
+    # -- baselines -----------------------------------------------------------
+    def call_baseline(self, call: RawCall) -> str | None:
+        """The aiter the call was written against: explicit, or aiter as of the call's blame date."""
+        if self.explicit_baseline:
+            return self.explicit_baseline
+        key = (call.path, call.line, call.end_line or call.line)
+        if key in self._blame:
+            return self._blame[key]
+        ts = self._blame_time(call.path, call.line, call.end_line or call.line)
+        sha: str | None = None
+        if ts is not None:
+            if ts not in self._as_of:
+                self._as_of[ts] = aiter_as_of(self.aiter, self.tip, datetime.fromtimestamp(ts, tz=UTC))
+            sha = self._as_of[ts]
+        self._blame[key] = sha
+        return sha
+
+    def _blame_time(self, path: str, lo: int, hi: int) -> int | None:
+        try:
+            out = self.atom.git("blame", "--porcelain", "-L", f"{lo},{hi}", self.atom_sha, "--", path)
+        except SourceError:
+            return None
+        times = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committer-time ")]
+        return max(times) if times else None
+
+    # -- the check -----------------------------------------------------------
+    def check(self, aiter_sha: str, *, with_causes: bool = True) -> CheckReport:
+        t0 = time.perf_counter()
+        idx = self.index(aiter_sha)
+        findings: list[Finding] = []
+        unchecked: list[UncheckedCall] = []
+        checked = 0
+        unparseable = [Unparseable("atom", f.path, f.error) for f in self.files if f.error]
+        for fc in self.files:
+            for u in fc.unchecked:
+                unchecked.append(UncheckedCall(u.path, u.line, u.display, u.reason))
+            for call in fc.calls:
+                t = target_of(idx, call)
+                if t.kind in ("func", "class") and t.sig is not None:
+                    if call.star_args or call.star_kwargs:
+                        unchecked.append(
+                            UncheckedCall(call.path, call.line, call.qualname, "*args/**kwargs at the call")
+                        )
+                        continue
+                    checked += 1
+                    f = self._check_call(call, t.sig, aiter_sha, with_causes)
+                    if f is not None:
+                        findings.append(f)
+                elif t.kind == "missing":
+                    checked += 1
+                    findings.append(self._missing(call, t, aiter_sha, with_causes))
+                elif t.kind == "module":
+                    continue  # an attribute chain ending on a module: not a call of an aiter function
+                else:
+                    reason = {
+                        "class": "class whose __init__ is inherited",
+                        "value": "callable object, not a function aiter defines",
+                        "unknown": "resolved through dynamic attribute access or an unparseable module",
+                    }[t.kind]
+                    unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
+        unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
+        findings.sort(key=lambda f: (f.path, f.line, f.col))
+        return CheckReport(
+            findings=findings,
+            calls_checked=checked,
+            calls_unchecked=len(unchecked),
+            unparseable=unparseable,
+            atom_sha=self.atom_sha,
+            aiter_sha=aiter_sha,
+            baseline_aiter_sha=self.explicit_baseline or self.date_baseline,
+            unchecked=unchecked,
+            seconds=time.perf_counter() - t0,
+        )
+
+    # -- one call ------------------------------------------------------------
+    def _sig_at(self, aiter_sha: str | None, call: RawCall) -> Signature | None:
+        if aiter_sha is None:
+            return None
+        t = target_of(self.index(aiter_sha), call)
+        return t.sig if t.kind in ("func", "class") else None
+
+    def fitting_baseline(self, call: RawCall) -> tuple[str, Signature, Binding] | None:
+        """The aiter this call was written against: the first baseline under which it binds cleanly.
+
+        In order: the explicit baseline (previous lock) or aiter as of the ATOM
+        commit's date; then aiter as of the date the call's lines were last
+        changed (`git blame`), for an ATOM that lagged behind aiter.
+        """
+        key = (call.path, call.line, call.col)
+        if key in self._fit:
+            return self._fit[key]
+        found: tuple[str, Signature, Binding] | None = None
+        tried: set[str] = set()
+        for which in ("date", "blame"):
+            if which == "date":
+                sha = self.date_baseline
+            else:
+                sha = None if self.explicit_baseline else self.call_baseline(call)
+            if sha is None or sha in tried:
+                continue
+            tried.add(sha)
+            s = self._sig_at(sha, call)
+            if s is None:
+                continue
+            bb = bind(call, s)
+            if bb.ok:
+                found = (sha, s, bb)
+                break
+        self._fit[key] = found
+        return found
+
+    def _check_call(
+        self,
+        call: RawCall,
+        sig: Signature,
+        aiter_sha: str,
+        with_causes: bool,
+    ) -> Finding | None:
+        b = bind(call, sig)
+        defined_at = f"{sig.path}:{sig.line}"
+        head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
+        if not b.ok:
+            kind = b.problems[0].kind
+            details = tuple(p.message for p in b.problems)
+            fit = self.fitting_baseline(call)
+            if fit is None:
+                against = self.explicit_baseline or self.call_baseline(call) or self.date_baseline
+                if against is not None and self._sig_at(against, call) is not None:
+                    return Finding(
+                        call.path, call.line, call.col, call.qualname, "warning", kind,
+                        head + "; ".join(details) + f". Pre-existing: the call fails the same way with aiter "
+                        f"{against[:10]}, the aiter it was written against, so no aiter pin fixes it "
+                        "(an ATOM bug, probably on a path not run).",
+                        details, None, defined_at, preexisting=True, written_against=against,
+                    )  # fmt: skip
+            base = fit[0] if fit else None
+            cause = None
+            if with_causes:
+                cause = self._cause_back(call, sig, aiter_sha, lambda s: bind(call, s).ok)
+                if cause is None and fit is not None:
+                    cause = self._cause_forward(call, aiter_sha, fit[0], fit[1], lambda s: bind(call, s).ok)
+            if cause is not None and "slot" in cause.effect:
+                kind = "positional-shift"
+            msg = head + (cause.sentence() if cause is not None else "; ".join(details))
+            return Finding(
+                call.path, call.line, call.col, call.qualname, "error", kind, msg,
+                details, _cause_info(cause), defined_at, written_against=base,
+            )  # fmt: skip
+        # Binds without error: do the arguments land where the author meant them to?
+        if self.date_baseline is None or self.date_baseline == aiter_sha:
+            if self.explicit_baseline is not None:
+                return None
+            # Pinned at the ATOM date: only a lagging ATOM (blame baseline) can show a shift.
+            st = None
+        else:
+            st = self._sig_at(self.date_baseline, call)
+            if st is not None:
+                sb = bind(call, st)
+                if sb.ok and sb.landing() == b.landing():
+                    return None  # lands as under the ATOM-date (or explicit) baseline
+        fit = self.fitting_baseline(call)
+        if fit is None:
+            return None
+        base, base_sig, bb = fit
+        if bb.landing() == b.landing():
+            return None
+        want = bb.landing()
+
+        def clean(s: Signature) -> bool:
+            sb = bind(call, s)
+            return sb.ok and sb.landing() == want
+
+        cause = None
+        if with_causes:
+            cause = self._cause_back(call, sig, aiter_sha, clean) or self._cause_forward(
+                call, aiter_sha, base, base_sig, clean
+            )
+        shifted: list[str] = []
+        for i, (a, op, np_) in enumerate(zip(call.args, bb.positional, b.positional, strict=True), 1):
+            if (op.name if op else None) != (np_.name if np_ else None):
+                shifted.append(
+                    f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
+                    f"now lands on `{np_.name if np_ else '*args'}`"
+                )
+        msg = (
+            f"`{call.qualname}` call binds without error but its positional arguments land on other "
+            f"parameters than under aiter {base[:10]} (the aiter it was written against): "
+        )
+        if cause is not None:
+            msg += cause.sentence()
+        else:
+            change, effect = explain(base_sig, sig, call, sig.name)
+            msg += f"{change}: {effect}"
+        return Finding(
+            call.path, call.line, call.col, call.qualname, "error", "positional-shift", msg,
+            tuple(shifted), _cause_info(cause), defined_at, written_against=base,
+        )  # fmt: skip
+
+    def _cause_back(
+        self, call: RawCall, sig: Signature, aiter_sha: str, clean: Callable[[Signature], bool]
+    ) -> Cause | None:
+        return find_cause(self.hist, aiter_sha, sig, sig.path, sig.name, call, clean)
+
+    def _cause_forward(
+        self,
+        call: RawCall,
+        aiter_sha: str,
+        base: str,
+        base_sig: Signature,
+        clean: Callable[[Signature], bool],
+    ) -> Cause | None:
+        """The pin predates the change the call was written for: the oldest later version that fits."""
+        if base == aiter_sha or not self.aiter.is_ancestor(aiter_sha, base):
+            return None
+        after = set(self.aiter.git("rev-list", f"{aiter_sha}..{base}", "--", base_sig.path).split())
+        versions = [v for v in self.hist.file_log(base, base_sig.path) if v.commit.sha in after]
+        prev_sig = self._sig_at(aiter_sha, call)
+        for v in reversed(versions):  # oldest first
+            s = self.hist.sig_at(base_sig.path, v.blob, base_sig.name)
+            if s is not None and clean(s):
+                parent = self.aiter.rev_parse(f"{v.commit.sha}^1")
+                if prev_sig is None:
+                    change, effect = f"`{base_sig.name}` added", ""
+                else:
+                    change, effect = explain(prev_sig, s, call, base_sig.name)
+                return Cause(
+                    v.commit, parent, change,
+                    "this call was written for that version, which the pinned aiter predates"
+                    + (f" ({effect})" if effect else ""),
+                    prev_sig, s,
+                )  # fmt: skip
+        return None
+
+    def _missing(self, call: RawCall, t: Target, aiter_sha: str, with_causes: bool) -> Finding:
+        what = t.missing_what or "function"
+        kind = "missing-module" if what == "module" else "missing-function"
+        sev = "warning" if call.guarded else "error"
+        where = f"module `{t.module}`" if what == "module" else f"`{call.qualname}`"
+        msg = f"{where} does not exist in aiter {aiter_sha[:10]}"
+        if call.guarded:
+            msg += (
+                " (the call is guarded by hasattr/getattr or an ImportError handler, "
+                "so it is skipped at run time)"
+            )
+        cause_info: CauseInfo | None = None
+        name = call.ref[1][-1] if call.ref[1] else ""
+        if with_causes and what == "function" and t.module and name:
+            idx = self.index(aiter_sha)
+            path = idx.mods.get(t.module)
+            if path is not None:
+                newer = None
+                found = False
+                for v in self.hist.file_log(aiter_sha, path):
+                    if self.hist.sig_at(path, v.blob, name) is not None:
+                        found = True
+                        break
+                    newer = v
+                if found and newer is not None:
+                    c = newer.commit
+                    cause_info = CauseInfo(c, self.aiter.rev_parse(f"{c.sha}^1"), f"`{name}` removed", "")
+                    msg += (
+                        f". Cause: `{name}` removed from {path} by aiter {c.short} "
+                        f"({_day(c)}, \"{c.subject}\")"
+                    )
+            if cause_info is None and not call.guarded:
+                cause_info, extra = self._added_later(call, aiter_sha, name)
+                msg += extra
+        return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _added_later(self, call: RawCall, aiter_sha: str, name: str) -> tuple[CauseInfo | None, str]:
+        """The function exists in the aiter the call was written against: say which commit added it."""
+        base = self.call_baseline(call)
+        base_sig = self._sig_at(base, call)
+        if base is None or base_sig is None or not self.aiter.is_ancestor(aiter_sha, base):
+            return None, ""
+        versions = self.hist.file_log(base, base_sig.path)
+        added = None
+        for v in versions:  # newest first: the oldest version that defines it
+            if self.hist.sig_at(base_sig.path, v.blob, base_sig.name) is None:
+                break
+            added = v
+        if added is None:
+            return None, ""
+        c = added.commit
+        parent = self.aiter.rev_parse(f"{c.sha}^1")
+        info = CauseInfo(c, parent, f"`{name}` added", "the pinned aiter predates it")
+        return info, (
+            f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
+            f"{c.short} ({_day(c)}, \"{c.subject}\"), which the pinned aiter predates"
+        )
+
+
+def _cause_info(c: Cause | None) -> CauseInfo | None:
+    if c is None:
+        return None
+    return CauseInfo(c.commit, c.last_good, c.change, c.effect)
+
+
+def run_check(
+    atom: GitRepo,
+    atom_rev: str,
+    aiter: GitRepo,
+    aiter_rev: str,
+    *,
+    baseline_aiter_rev: str | None = None,
+    cache_dir: Path | None = None,
+) -> CheckReport:
+    """Check every ATOM call of aiter at (atom, atom_rev) against aiter at aiter_rev.
+
+    `baseline_aiter_rev` is the aiter the ATOM code was written against (the
+    previous lock); by default each call's own (aiter as of when its lines
+    were written), screened with aiter as of the ATOM commit's date.
+    """
+    atom_sha = resolve_sha(atom, atom_rev, "ATOM")
+    aiter_sha = resolve_sha(aiter, aiter_rev, "aiter")
+    explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
+    caches = Caches.open(cache_dir)
+    try:
+        checker = Checker(
+            atom, atom_sha, aiter, caches, tip=aiter_tip(aiter, aiter_sha), explicit_baseline=explicit
+        )
+        return checker.check(aiter_sha)
+    finally:
+        caches.save()

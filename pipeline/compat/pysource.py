@@ -1,0 +1,261 @@
+"""Python sources read straight from git objects, summaries cached by blob SHA.
+
+No checkout and no import: a tree is the `{path: blob sha}` map of a commit,
+and each blob is parsed once (per machine) into a small, picklable summary.
+The cache is a single pickle per kind of summary under the cache dir, keyed by
+blob SHA plus a schema version, so a warm run only lists the trees.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pickle
+import re
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.gitw import GitRepo
+
+SCHEMA = 8  # bump when a summary's shape or its extraction rules change
+
+
+@dataclass
+class Tree:
+    """The Python files of one commit: path -> blob SHA."""
+
+    repo: GitRepo
+    sha: str
+    blobs: dict[str, str]
+
+    @classmethod
+    def load(cls, repo: GitRepo, sha: str, prefix: str = "") -> Tree:
+        return cls(repo, sha, repo.blob_shas(sha, prefix=prefix, suffix=".py"))
+
+
+def parse_source(data: bytes, path: str) -> ast.Module | str:
+    """An AST, or the syntax error text (an unparseable upstream file is a finding, not a crash)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences etc. in upstream code
+            return ast.parse(data, filename=path)
+    except (SyntaxError, ValueError) as e:
+        line = getattr(e, "lineno", None)
+        msg = getattr(e, "msg", None) or str(e)
+        return f"line {line}: {msg}" if line else str(msg)
+
+
+@dataclass
+class SummaryCache:
+    """`{blob sha: summary}` for one kind of summary, persisted as one pickle."""
+
+    kind: str
+    cache_dir: Path | None
+    data: dict[str, Any] = field(default_factory=dict)
+    dirty: bool = False
+
+    @property
+    def file(self) -> Path | None:
+        return self.cache_dir / f"compat-{self.kind}-v{SCHEMA}.pickle" if self.cache_dir else None
+
+    @classmethod
+    def open(cls, kind: str, cache_dir: Path | None) -> SummaryCache:
+        c = cls(kind, cache_dir)
+        f = c.file
+        if f is not None and f.is_file():
+            try:
+                with f.open("rb") as fh:
+                    loaded = pickle.load(fh)
+                if isinstance(loaded, dict):
+                    c.data = loaded
+            except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+                c.data = {}  # a corrupt or stale cache is only a slower run
+        return c
+
+    def get_many(
+        self,
+        repo: GitRepo,
+        pairs: Iterable[tuple[str, str]],
+        summarize: Callable[[bytes, str], Any],
+    ) -> dict[str, Any]:
+        """{path: summary} for `(path, blob sha)` pairs, reading and parsing only cache misses.
+
+        The key is blob SHA plus path: a summary depends on the module name
+        (relative imports), so a moved file is summarized again.
+        """
+        out: dict[str, Any] = {}
+        missing: dict[str, list[str]] = {}
+        for path, sha in pairs:
+            key = f"{sha}:{path}"
+            got = self.data.get(key)
+            if got is not None:
+                out[path] = got
+            else:
+                missing.setdefault(sha, []).append(path)
+        if missing:
+            for sha, blob in repo.read_blobs(list(missing)):
+                for path in missing[sha]:
+                    s = summarize(blob, path)
+                    self.data[f"{sha}:{path}"] = s
+                    out[path] = s
+            self.dirty = True
+        return out
+
+    def save(self) -> None:
+        f = self.file
+        if f is None or not self.dirty:
+            return
+        f.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=f.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(self.data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, f)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+            return
+        self.dirty = False
+
+
+def module_of(path: str) -> str | None:
+    """Dotted module name of a repository path (`aiter/ops/x.py` -> `aiter.ops.x`)."""
+    if not path.endswith(".py"):
+        return None
+    parts = path[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def module_files(blobs: dict[str, str]) -> dict[str, str]:
+    """{dotted module: path} for every importable file of a tree."""
+    out: dict[str, str] = {}
+    for path in blobs:
+        m = module_of(path)
+        if m is not None and (m not in out or path.endswith("__init__.py")):
+            out[m] = path
+    return out
+
+
+def resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str | None:
+    """Absolute module name of a `from ...target import` inside `module`."""
+    if level == 0:
+        return target
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    if level > 1:
+        if level - 1 > len(base):
+            return None
+        base = base[: len(base) - (level - 1)]
+    if target:
+        base = [*base, *target.split(".")]
+    return ".".join(base) if base else None
+
+
+_DEF_RE = re.compile(rb"^([ \t]*)(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.M)
+
+
+def strip_bodies(data: bytes, keep: Callable[[bytes], bool] | None = None) -> bytes | None:
+    """The source with function bodies replaced by `...`, line numbers unchanged.
+
+    Parsing an API module only needs its top-level bindings and signatures;
+    the bodies are most of the text. With `keep`, a body for which
+    `keep(body text)` is true is kept whole (nested functions included).
+    None when the text is too unusual for this line-based pass (the caller
+    then parses the full source).
+    """
+    lines = data.split(b"\n")
+    out: list[bytes] = []
+    i = 0
+    n = len(lines)
+    while i < n:
+        line = lines[i]
+        m = _DEF_RE.match(line)
+        if not m:
+            out.append(line)
+            i += 1
+            continue
+        indent = len(m.group(1).expandtabs())
+        j, end_col = _header_end(lines, i)
+        if j < 0:
+            return None
+        out.extend(lines[i:j])
+        header_last = lines[j]
+        rest = header_last[end_col + 1 :].split(b"#", 1)[0].strip()
+        if rest:
+            out.append(header_last)  # one-line def: keep as is
+            i = j + 1
+            continue
+        # The body: lines indented deeper than the def (or blank), minding triple-quoted strings.
+        b0 = k = j + 1
+        in_str: bytes | None = None
+        while k < n:
+            body = lines[k]
+            if in_str is not None:
+                if body.count(in_str) % 2 == 1:
+                    in_str = None
+                k += 1
+                continue
+            stripped = body.lstrip()
+            if (
+                stripped
+                and not stripped.startswith(b"#")
+                and len(body[: len(body) - len(stripped)].expandtabs()) <= indent
+            ):
+                break
+            for q in (b'"""', b"'''"):
+                if body.count(q) % 2 == 1:
+                    in_str = q
+                    break
+            k += 1
+        if in_str is not None:
+            return None
+        if keep is not None and keep(b"\n".join(lines[b0:k])):
+            out.append(header_last)
+            out.extend(lines[b0:k])
+        else:
+            out.append(header_last[: end_col + 1] + b" ...")
+            out.extend([b""] * (k - b0))
+        i = k
+    return b"\n".join(out)
+
+
+def _header_end(lines: list[bytes], i: int) -> tuple[int, int]:
+    """(line index, column) of the ':' closing the def header starting at line i, or (-1, -1)."""
+    depth = 0
+    j = i
+    n = len(lines)
+    while j < n:
+        text = lines[j]
+        k = 0
+        quote = 0
+        while k < len(text):
+            c = text[k]
+            if quote:
+                if c == 92:  # backslash
+                    k += 2
+                    continue
+                if c == quote:
+                    quote = 0
+            elif c in (34, 39):  # " '
+                if text[k : k + 3] in (b'"""', b"'''"):
+                    return -1, -1  # triple quotes in a header: give up
+                quote = c
+            elif c == 35:  # comment
+                break
+            elif c in (40, 91, 123):
+                depth += 1
+            elif c in (41, 93, 125):
+                depth -= 1
+            elif c == 58 and depth == 0:  # ':'
+                return j, k
+            k += 1
+        j += 1
+    return -1, -1

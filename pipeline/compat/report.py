@@ -1,0 +1,251 @@
+"""The check's result: findings, counts, and text / JSON / SARIF 2.1.0 renderings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.gitw import CommitInfo
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+TOOL_NAME = "atom-image-pipeline compat"
+
+KINDS: dict[str, str] = {
+    "positional-shift": "An argument passed positionally now lands on a different aiter parameter.",
+    "too-many-positional": "More positional arguments than the aiter function accepts.",
+    "missing-argument": "A required parameter of the aiter function is not given.",
+    "unexpected-keyword": "A keyword argument the aiter function does not have.",
+    "duplicate-argument": "A parameter given both positionally and by keyword.",
+    "positional-only-as-keyword": "A positional-only parameter passed by keyword.",
+    "type-mismatch": "An argument whose evident type does not fit the parameter's annotation.",
+    "missing-function": "The aiter function does not exist at the pinned commit.",
+    "missing-module": "The aiter module does not exist at the pinned commit.",
+    "unparseable-file": "A source file that does not parse.",
+}
+
+
+@dataclass(frozen=True)
+class CauseInfo:
+    commit: CommitInfo
+    last_good: str | None
+    change: str
+    effect: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit.sha,
+            "short": self.commit.short,
+            "date": self.commit.iso_date,
+            "subject": self.commit.subject,
+            "author": self.commit.author,
+            "last_good": self.last_good,
+            "change": self.change,
+            "effect": self.effect,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    col: int
+    function: str  # aiter qualified name as called, e.g. aiter.fused_qknorm_idxrqknorm
+    severity: str  # error / warning
+    kind: str
+    message: str
+    details: tuple[str, ...] = ()
+    cause: CauseInfo | None = None
+    defined_at: str | None = None  # aiter path:line of the signature checked against
+    # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
+    preexisting: bool = False
+    written_against: str | None = None  # aiter SHA the call was written against (its baseline)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "path": self.path,
+            "line": self.line,
+            "column": self.col,
+            "function": self.function,
+            "severity": self.severity,
+            "kind": self.kind,
+            "message": self.message,
+            "details": list(self.details),
+            "defined_at": self.defined_at,
+            "preexisting": self.preexisting,
+            "written_against": self.written_against,
+        }
+        d["cause"] = self.cause.to_json() if self.cause else None
+        return d
+
+
+@dataclass(frozen=True)
+class Unparseable:
+    repo: str  # "atom" / "aiter"
+    path: str
+    error: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"repo": self.repo, "path": self.path, "error": self.error}
+
+
+@dataclass(frozen=True)
+class UncheckedCall:
+    path: str
+    line: int
+    function: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "function": self.function, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    findings: list[Finding]
+    calls_checked: int
+    calls_unchecked: int
+    unparseable: list[Unparseable]
+    atom_sha: str
+    aiter_sha: str
+    baseline_aiter_sha: str | None = None
+    unchecked: list[UncheckedCall] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    # -- renderings -------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": TOOL_NAME,
+            "atom": self.atom_sha,
+            "aiter": self.aiter_sha,
+            "baseline_aiter": self.baseline_aiter_sha,
+            "compatible": self.ok,
+            "counts": {
+                "calls_checked": self.calls_checked,
+                "calls_unchecked": self.calls_unchecked,
+                "errors": len(self.errors),
+                "warnings": len(self.warnings),
+                "unparseable_files": len(self.unparseable),
+            },
+            "calls_checked": self.calls_checked,
+            "calls_unchecked": self.calls_unchecked,
+            "findings": [f.to_json() for f in self.findings],
+            "unchecked": [u.to_json() for u in self.unchecked],
+            "unparseable": [u.to_json() for u in self.unparseable],
+        }
+
+    def to_text(self) -> str:
+        lines = [
+            f"ATOM {self.atom_sha[:10]} × aiter {self.aiter_sha[:10]}"
+            + (f" (written against aiter {self.baseline_aiter_sha[:10]})" if self.baseline_aiter_sha else ""),
+        ]
+        for f in self.findings:
+            lines.append(f"{f.path}:{f.line}:{f.col}: {f.severity}: [{f.kind}] {f.message}")
+            for d in f.details:
+                lines.append(f"    {d}")
+            if f.cause is not None:
+                lines.append(f"    cause: aiter {f.cause.commit.sha} (last good {f.cause.last_good or '?'})")
+        for u in self.unparseable:
+            lines.append(f"{u.repo}:{u.path}: warning: [unparseable-file] {u.error}")
+        verdict = "compatible" if self.ok else "INCOMPATIBLE"
+        lines.append(
+            f"{verdict}: {len(self.errors)} error(s), {len(self.warnings)} warning(s); "
+            f"{self.calls_checked} call(s) checked, {self.calls_unchecked} unchecked "
+            f"(*args/**kwargs, dynamic getattr, callables without a Python signature), "
+            f"{len(self.unparseable)} unparseable file(s)"
+        )
+        return "\n".join(lines)
+
+    def to_sarif(self) -> dict[str, Any]:
+        """SARIF 2.1.0, as GitHub code scanning accepts it (relative URIs, rules, levels)."""
+        rules = [
+            {
+                "id": kind,
+                "name": "".join(w.capitalize() for w in kind.split("-")),
+                "shortDescription": {"text": desc},
+                "fullDescription": {"text": desc},
+                "defaultConfiguration": {"level": "error"},
+                "helpUri": "https://github.com/ROCm/aiter",
+                "properties": {"tags": ["compatibility", "aiter"], "precision": "high"},
+            }
+            for kind, desc in KINDS.items()
+        ]
+        rule_index = {r["id"]: i for i, r in enumerate(rules)}
+        results: list[dict[str, Any]] = []
+        for f in self.findings:
+            text = f.message
+            if f.details:
+                text += "\n" + "\n".join(f.details)
+            res: dict[str, Any] = {
+                "ruleId": f.kind,
+                "ruleIndex": rule_index.get(f.kind, 0),
+                "level": "error" if f.severity == "error" else "warning",
+                "message": {"text": text},
+                "locations": [
+                    {
+                        "physicalLocation": {
+                            "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
+                            "region": {"startLine": max(f.line, 1), "startColumn": max(f.col, 1)},
+                        }
+                    }
+                ],
+                "partialFingerprints": {"primaryLocationLineHash": f"{f.function}:{f.kind}:{f.path}"},
+                "properties": {"function": f.function},
+            }
+            if f.cause is not None:
+                res["properties"]["cause"] = f.cause.to_json()
+            results.append(res)
+        for u in self.unparseable:
+            if u.repo != "atom":
+                continue
+            results.append(
+                {
+                    "ruleId": "unparseable-file",
+                    "ruleIndex": rule_index["unparseable-file"],
+                    "level": "warning",
+                    "message": {"text": f"Not parseable: {u.error}"},
+                    "locations": [
+                        {
+                            "physicalLocation": {
+                                "artifactLocation": {"uri": u.path, "uriBaseId": "%SRCROOT%"},
+                                "region": {"startLine": 1},
+                            }
+                        }
+                    ],
+                }
+            )
+        return {
+            "$schema": SARIF_SCHEMA,
+            "version": "2.1.0",
+            "runs": [
+                {
+                    "tool": {
+                        "driver": {
+                            "name": TOOL_NAME,
+                            "informationUri": "https://github.com/ROCm/ATOM",
+                            "rules": rules,
+                        }
+                    },
+                    "versionControlProvenance": [
+                        {"repositoryUri": "https://github.com/ROCm/ATOM", "revisionId": self.atom_sha}
+                    ],
+                    "properties": {
+                        "aiter": self.aiter_sha,
+                        "callsChecked": self.calls_checked,
+                        "callsUnchecked": self.calls_unchecked,
+                    },
+                    "results": results,
+                }
+            ],
+        }
