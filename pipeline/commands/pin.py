@@ -1,12 +1,222 @@
-"""`pipeline pin` (stage not built yet)."""
+"""`pipeline pin`: resolve ATOM and aiter refs to full SHAs and write the lock file.
+
+Every later stage reads only the lock file this writes. Writing is atomic and
+skipped when nothing changed (the file keeps its mtime).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
 
 import click
 
-from pipeline.errors import NotImplementedStage
+from pipeline.app import App, pass_app
+from pipeline.config import Settings
+from pipeline.errors import IncompatibleError, NotImplementedStage
+from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.lock import Lock, SourcePin, default_lock_path
+from pipeline.log import Logger
+from pipeline.sources import AiterChooser, PinResult, pin, submodule_mirror, validate_model
 
 
-@click.command(name="pin", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
+@click.command(name="pin")
+@click.option("--model", required=True, help="Model name; the lock is locks/<model>.toml by default.")
+@click.option("--atom", "atom_ref", help="ATOM ref: branch, tag, short or full SHA, or HEAD.")
+@click.option("--aiter", "aiter_ref", help="aiter ref: branch, tag, short or full SHA, or HEAD.")
+@click.option("--atom-repo", metavar="URL|PATH", help="ATOM repository (any git URL or a local path).")
+@click.option("--aiter-repo", metavar="URL|PATH", help="aiter repository (any git URL or a local path).")
+@click.option(
+    "--base-image", metavar="REF", help="Base image reference (digest pinned when a registry answers)."
+)
+@click.option(
+    "--lock",
+    "lock_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Lock file to write (default: <locks_dir>/<model>.toml).",
+)
+@click.option("--offline", is_flag=True, help="Do not fetch: resolve from the existing mirrors only.")
+@click.option(
+    "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object on stdout.")
+@pass_app
+def command(
+    app: App,
+    model: str,
+    atom_ref: str | None,
+    aiter_ref: str | None,
+    atom_repo: str | None,
+    aiter_repo: str | None,
+    base_image: str | None,
+    lock_path: Path | None,
+    offline: bool,
+    auto: bool,
+    as_json: bool,
+) -> None:
     """Resolve ATOM and aiter refs to full SHAs and write the lock file."""
-    raise NotImplementedStage("pin")
+    validate_model(model)
+    settings = app.settings(
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+        atom_ref=atom_ref,
+        aiter_ref=aiter_ref,
+        base_image=base_image,
+    )
+    path = lock_path or default_lock_path(Path(settings.paths.locks_dir), model)
+    previous = Lock.load(path) if path.is_file() else None  # a corrupt lock stops here, naming file and line
+
+    app.open_run(f"pin-{model}")
+    log = app.log
+    auto_report: dict[str, Any] = {}
+    chooser = _auto_chooser(settings.cache_dir, log, auto_report) if auto else None
+
+    with log.stage("pin", model) as rec:
+        result = pin(
+            settings,
+            model=model,
+            atom_ref=settings.sources.atom_ref,
+            aiter_ref=settings.sources.aiter_ref,
+            base_image=settings.image.base_image,
+            log=log,
+            offline=offline,
+            previous=previous,
+            choose_aiter=chooser,
+        )
+        lock = result.lock
+        changed = lock.save(path)
+        rec.figure = f"ATOM {lock.atom.short} · aiter {lock.aiter.short}" + (
+            "" if changed else " (unchanged)"
+        )
+
+    dropped = previous is not None and bool(previous.patches) and not lock.patches
+    if as_json:
+        app.emit_json(_as_json(result, path, changed, dropped, auto_report, settings=settings))
+    else:
+        app.echo(_as_text(result, path, changed, dropped, auto_report, settings=settings))
+
+
+def _auto_chooser(cache_dir: Path, log: Logger, report: dict[str, Any]) -> AiterChooser:
+    try:
+        compat = importlib.import_module("pipeline.compat")
+    except ImportError:
+        raise NotImplementedStage("pin --auto") from None
+
+    def choose(
+        atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
+    ) -> CommitInfo:
+        log.info(
+            f"searching aiter up to {aiter_head.short} for the newest commit compatible "
+            f"with ATOM {atom.short}"
+        )
+        res = compat.search_compatible(
+            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat"
+        )
+        first_breaking: CommitInfo | None = res.first_breaking
+        newest: CommitInfo | None = res.newest_compatible
+        report["commits_examined"] = res.commits_examined
+        report["first_breaking"] = _commit_json(first_breaking) if first_breaking else None
+        report["newest_compatible"] = _commit_json(newest) if newest else None
+        if first_breaking is not None:
+            log.info(f"first breaking aiter commit: {first_breaking.short} {first_breaking.subject}")
+        if newest is None:
+            raise IncompatibleError(
+                f"no aiter commit up to {aiter_head.sha} is compatible with ATOM {atom.sha} without patches"
+                + (
+                    f" (first breaking: {first_breaking.sha} {first_breaking.subject!r})"
+                    if first_breaking
+                    else ""
+                )
+                + ".",
+                hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
+                "or choose another ATOM commit.",
+            )
+        return newest
+
+    return choose
+
+
+def _commit_json(c: CommitInfo) -> dict[str, str]:
+    return {"sha": c.sha, "date": c.iso_date, "subject": c.subject}
+
+
+def _pin_json(p: SourcePin) -> dict[str, Any]:
+    return {
+        "url": p.url,
+        "ref": p.ref,
+        "sha": p.sha,
+        "date": p.date,
+        "subject": p.subject,
+        "submodules": [{"path": s.path, "url": s.url, "sha": s.sha} for s in p.submodules],
+    }
+
+
+def _as_json(
+    result: PinResult,
+    path: Path,
+    changed: bool,
+    dropped: bool,
+    auto: dict[str, Any],
+    *,
+    settings: Settings,
+) -> dict[str, Any]:
+    lock = result.lock
+    atom = _pin_json(lock.atom)
+    aiter = _pin_json(lock.aiter)
+    for sub in aiter["submodules"]:
+        sub["mirrored"] = _sub_mirrored(settings, sub["url"], sub["sha"])
+    out: dict[str, Any] = {
+        "model": lock.model,
+        "lock": str(path),
+        "changed": changed,
+        "lock_sha256": lock.digest(),
+        "sources": {"atom": atom, "aiter": aiter},
+        "base_image": {"ref": lock.base_image.ref, "digest": lock.base_image.digest or None},
+        "patches_kept": len(lock.patches),
+        "patches_dropped": dropped,
+    }
+    if auto:
+        out["auto"] = {**auto, "requested": _commit_json(result.aiter_requested)}
+    return out
+
+
+def _sub_mirrored(settings: Settings, url: str, sha: str) -> bool:
+    repo = submodule_mirror(settings, url)
+    return repo is not None and repo.rev_parse(sha) is not None
+
+
+def _as_text(
+    result: PinResult,
+    path: Path,
+    changed: bool,
+    dropped: bool,
+    auto: dict[str, Any],
+    *,
+    settings: Settings,
+) -> str:
+    lock = result.lock
+    lines = []
+    for name, p in (("ATOM", lock.atom), ("aiter", lock.aiter)):
+        lines.append(f"{name:<6} {p.url}")
+        lines.append(f"       {p.ref} -> {p.sha}  {p.date}  {p.subject}")
+        for s in p.submodules:
+            state = "mirrored" if _sub_mirrored(settings, s.url, s.sha) else "NOT mirrored"
+            lines.append(f"       submodule {s.path} {s.sha} ({s.url or 'no URL'}; {state})")
+    if auto:
+        req = result.aiter_requested
+        lines.append(
+            f"auto   requested aiter head {req.sha[:10]}; pinned newest compatible {lock.aiter.short}"
+        )
+        fb = auto.get("first_breaking")
+        if fb:
+            lines.append(f"       first breaking aiter commit {fb['sha'][:10]} {fb['subject']}")
+    base = lock.base_image
+    digest = base.digest or "(no digest: kept as given)"
+    lines.append(f"base   {base.ref}  {digest}")
+    if dropped:
+        lines.append("patches: dropped from the lock (ATOM or aiter changed); run `pipeline patch` again")
+    elif lock.patches:
+        lines.append(f"patches: {len(lock.patches)} kept (ATOM and aiter unchanged)")
+    lines.append(f"{'lock written' if changed else 'lock unchanged'}: {path}")
+    return "\n".join(lines)

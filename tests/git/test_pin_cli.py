@@ -1,0 +1,205 @@
+"""`pipeline pin` end to end through `pipeline.cli.main`, on fixture upstreams."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from pipeline import sources
+from pipeline.cli import main
+from pipeline.errors import ExitCode
+from pipeline.lock import Lock, PatchPin
+from tests.fixtures.upstream_repos import Upstreams, free_port, make_upstreams
+
+DIGEST = "sha256:" + "f" * 64
+
+
+@pytest.fixture
+def ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstreams:
+    monkeypatch.setattr(sources, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(sources, "default_digest_resolver", lambda ref: None)  # no registry in tests
+    for name in list(__import__("os").environ):
+        if name.startswith("PIPELINE_") or name.startswith("GITHUB_"):
+            monkeypatch.delenv(name)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    return make_upstreams(tmp_path)
+
+
+def pin_args(ups: Upstreams, *extra: str) -> list[str]:
+    return [
+        "pin",
+        "--model",
+        "MiniMax-M3-MXFP4",
+        "--atom-repo",
+        ups.atom.url,
+        "--aiter-repo",
+        ups.aiter.url,
+        "--base-image",
+        "base/img:1@" + DIGEST,
+        *extra,
+    ]
+
+
+def test_pin_writes_lock_then_is_a_noop(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(pin_args(ups, "--atom", "v1.0", "--aiter", ups.shas["aiter_split"][:8])) == 0
+    out = capsys.readouterr().out
+    lock_path = Path("locks/MiniMax-M3-MXFP4.toml")
+    lock = Lock.load(lock_path)
+    assert lock.atom.sha == ups.shas["atom_1"] and lock.atom.ref == "v1.0"
+    assert lock.aiter.sha == ups.shas["aiter_split"] and lock.aiter.ref == ups.shas["aiter_split"][:8]
+    assert lock.aiter.submodules[0].sha == ups.shas["ck_2"]
+    assert lock.base_image.digest == DIGEST
+    assert ups.shas["atom_1"] in out and ups.shas["aiter_split"] in out
+    assert "ATOM: MiniMax-M3 model" in out and "3rdparty/composable_kernel" in out
+    assert "lock written" in out
+
+    mtime = lock_path.stat().st_mtime_ns
+    assert main(pin_args(ups, "--atom", "v1.0", "--aiter", ups.shas["aiter_split"][:8])) == 0
+    assert "lock unchanged" in capsys.readouterr().out
+    assert lock_path.stat().st_mtime_ns == mtime
+
+
+def test_json_output_and_env_sources(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIPELINE_ATOM_REPO", ups.atom.file_url)
+    monkeypatch.setenv("PIPELINE_AITER_REPO", ups.aiter.url)
+    monkeypatch.setenv("PIPELINE_AITER_REF", "release/v0.1")
+    code = main(["pin", "--model", "M", "--base-image", "b@" + DIGEST, "--lock", "out/m.toml", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["changed"] is True and data["lock"] == "out/m.toml"
+    assert data["sources"]["atom"]["url"] == ups.atom.file_url
+    assert data["sources"]["atom"]["ref"] == "main" and data["sources"]["atom"]["sha"] == ups.shas["atom_2"]
+    assert data["sources"]["aiter"]["sha"] == ups.shas["aiter_old"]
+    (sub,) = data["sources"]["aiter"]["submodules"]
+    assert sub["sha"] == ups.shas["ck_1"] and sub["mirrored"] is True
+    assert data["base_image"] == {"ref": "b@" + DIGEST, "digest": DIGEST}
+    assert data["lock_sha256"] == Lock.load(Path("out/m.toml")).digest()
+
+
+def test_config_file_sources(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    Path("pipeline.toml").write_text(
+        f'[sources]\natom_repo = "{ups.atom.url}"\naiter_repo = "{ups.aiter.url}"\natom_ref = "dev"\n'
+    )
+    assert main(["pin", "--model", "M", "--base-image", "b@" + DIGEST]) == 0
+    assert Lock.load(Path("locks/M.toml")).atom.sha == ups.shas["atom_1"]
+
+
+def test_unknown_ref_exit_code_and_message(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(pin_args(ups, "--aiter", "mian")) == ExitCode.SOURCE
+    err = capsys.readouterr().err
+    assert "aiter ref 'mian' not found" in err and ups.aiter.url in err and "main" in err
+    assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()  # nothing half-done
+
+
+def test_unreachable_url_is_an_infra_error(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    dead = f"git://127.0.0.1:{free_port()}/ATOM"
+    assert main(pin_args(ups, "--atom-repo", dead)) == ExitCode.INFRA
+    err = capsys.readouterr().err
+    assert dead in err and "attempts" in err
+
+
+def test_corrupt_lock_names_file_and_line(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(pin_args(ups)) == 0
+    path = Path("locks/MiniMax-M3-MXFP4.toml")
+    lines = path.read_text().splitlines()
+    lines[4] = 'sha = "not a sha'  # unterminated string on line 5
+    path.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(pin_args(ups)) == ExitCode.SOURCE
+    err = capsys.readouterr().err
+    assert str(path) in err and "line 5" in err
+
+
+def test_patches_survive_only_unchanged_shas(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(pin_args(ups)) == 0
+    path = Path("locks/MiniMax-M3-MXFP4.toml")
+    patched = Lock.load(path).with_patches(
+        (PatchPin(name="0001-a.patch", sha256="0" * 64, status="applied"),)
+    )
+    patched.save(path)
+    assert main(pin_args(ups)) == 0
+    assert Lock.load(path).patches == patched.patches
+    assert "lock unchanged" in capsys.readouterr().out
+    ups.atom.commit({"new": "1"}, "upstream moved")
+    assert main(pin_args(ups)) == 0
+    out = capsys.readouterr().out
+    assert Lock.load(path).patches == () and "dropped" in out
+
+
+def test_offline_flag(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(pin_args(ups, "--offline")) == ExitCode.SOURCE
+    assert "no mirror" in capsys.readouterr().err
+    assert main(pin_args(ups)) == 0
+    ups.atom.commit({"new": "1"}, "not fetched offline")
+    capsys.readouterr()
+    assert main(pin_args(ups, "--offline", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["sources"]["atom"]["sha"] == ups.shas["atom_2"] and data["changed"] is False
+
+
+def test_invalid_model_is_a_usage_error(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pin", "--model", "../x"]) == ExitCode.USAGE
+    assert "invalid model name" in capsys.readouterr().err
+
+
+def test_auto_without_compat_module_is_not_implemented(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pipeline.compat", None)  # makes the import fail
+    assert main(pin_args(ups, "--auto")) == ExitCode.NOT_IMPLEMENTED
+    assert "pin --auto" in capsys.readouterr().err
+
+
+def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
+    mod = types.ModuleType("pipeline.compat")
+    calls: list[tuple[str, str]] = []
+
+    def search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None):  # type: ignore[no-untyped-def]
+        calls.append((atom_rev, aiter_head))
+
+        def info(sha):  # type: ignore[no-untyped-def]
+            return aiter.commit_info(sha) if sha else None
+
+        return types.SimpleNamespace(
+            newest_compatible=info(newest),
+            first_breaking=info(breaking),
+            report_at_head=None,
+            commits_examined=2,
+        )
+
+    mod.search_compatible = search_compatible  # type: ignore[attr-defined]
+    mod.calls = calls  # type: ignore[attr-defined]
+    return mod
+
+
+def test_auto_pins_newest_compatible_and_reports_first_breaking(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake_compat(ups.shas["aiter_old"], ups.shas["aiter_split"])
+    monkeypatch.setitem(sys.modules, "pipeline.compat", fake)
+    assert main(pin_args(ups, "--auto", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert fake.calls == [(ups.shas["atom_2"], ups.shas["aiter_split"])]  # type: ignore[attr-defined]
+    assert data["sources"]["aiter"]["sha"] == ups.shas["aiter_old"]
+    assert data["sources"]["aiter"]["ref"] == "auto:main"
+    assert data["auto"]["first_breaking"]["sha"] == ups.shas["aiter_split"]
+    assert data["auto"]["requested"]["sha"] == ups.shas["aiter_split"]
+
+
+def test_auto_with_no_compatible_aiter_is_incompatible(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pipeline.compat", _fake_compat(None, ups.shas["aiter_old"]))
+    assert main(pin_args(ups, "--auto")) == ExitCode.INCOMPATIBLE
+    err = capsys.readouterr().err
+    assert "no aiter commit" in err and "without patches" in err and ups.shas["aiter_old"] in err
+    assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
