@@ -9,7 +9,7 @@ objects: no checkout is needed to analyse a commit.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +54,19 @@ class CommitInfo:
     @property
     def iso_date(self) -> str:
         return self.date.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class GitResult:
+    """Outcome of a git command whose failure the caller interprets itself."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
 
 
 class GitRepo:
@@ -187,6 +200,30 @@ class GitRepo:
         """Short names of all branches and tags (for 'nearest refs' hints)."""
         out = self.git("for-each-ref", "--format=%(refname:short)", "refs/heads", "refs/tags")
         return [r for r in out.splitlines() if r]
+
+    def run(
+        self, *args: str, env: Mapping[str, str] | None = None, work_tree: Path | None = None
+    ) -> GitResult:
+        """Run `git <args>`; return status/stdout/stderr without raising on failure.
+
+        For commands whose exit status is the answer (`apply --check`, `grep`).
+        With `work_tree`, the command runs inside that (linked) work tree and
+        git finds the git dir from its `.git` file.
+        """
+        if work_tree is None:
+            runner = self.repo.git
+            cmd = ["git", f"--git-dir={self.repo.git_dir}", *args]
+        else:
+            runner = git.Git(str(work_tree))
+            cmd = ["git", *args]
+        status, out, err = runner.execute(
+            cmd,
+            env=dict(env) if env else None,
+            with_extended_output=True,
+            with_exceptions=False,
+            strip_newline_in_stdout=False,
+        )
+        return GitResult(int(status or 0), str(out), str(err))
 
 
 def _first_line(text: str) -> str:

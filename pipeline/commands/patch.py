@@ -1,12 +1,401 @@
-"""`pipeline patch` (stage not built yet)."""
+"""`pipeline patch`: list, check, apply, import, export and add to the ATOM patch series."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from pipeline.errors import NotImplementedStage
+from pipeline.app import App, pass_app
+from pipeline.errors import PatchError, UsageError
+from pipeline.gitw import GitRepo
+from pipeline.lock import Lock, default_lock_path
+from pipeline.patchq import (
+    PatchSeries,
+    apply_series,
+    check_series,
+    export_series,
+    import_series,
+    new_patch,
+)
+from pipeline.patchq.model import AITER_AFTER, AITER_REQUIRES, RANGE, VERSION
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.command(name="patch", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """List, check, apply and export the ATOM patch series."""
-    raise NotImplementedStage("patch")
+def _dir_option(f: F) -> F:
+    return click.option(
+        "--patches-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Directory holding `series` and the patches (default: paths.patches_dir).",
+    )(f)
+
+
+def _lock_options(f: F) -> F:
+    f = click.option(
+        "--lock",
+        "lock_file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Lock file (default: locks/<model>.toml).",
+    )(f)
+    f = click.option("--model", help="Model whose lock to use (locks/<model>.toml).")(f)
+    return f
+
+
+def _repo_options(f: F) -> F:
+    f = click.option(
+        "--atom-repo",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="ATOM repository or mirror (default: the mirror of the locked source).",
+    )(f)
+    f = click.option(
+        "--aiter-repo",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="aiter repository or mirror (default: the mirror of the locked source).",
+    )(f)
+    return f
+
+
+def _series(app: App, patches_dir: Path | None) -> PatchSeries:
+    directory = patches_dir or Path(app.settings().paths.patches_dir)
+    return PatchSeries.load(directory)
+
+
+def _lock_path(app: App, lock_file: Path | None, model: str | None) -> Path:
+    if lock_file is not None:
+        return lock_file
+    locks_dir = Path(app.settings().paths.locks_dir)
+    if model:
+        return default_lock_path(locks_dir, model)
+    found = sorted(locks_dir.glob("*.toml")) if locks_dir.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    raise UsageError(
+        f"which lock? {len(found)} lock files in {locks_dir}.",
+        hint="Pass --model MODEL or --lock FILE.",
+    )
+
+
+def _repos(app: App, lock: Lock, atom_repo: Path | None, aiter_repo: Path | None) -> tuple[GitRepo, GitRepo]:
+    if atom_repo is not None and aiter_repo is not None:
+        return GitRepo(atom_repo), GitRepo(aiter_repo)
+    try:
+        sources = importlib.import_module("pipeline.sources")
+    except ImportError:
+        sources = None
+    if sources is not None and hasattr(sources, "mirrors_for_lock"):
+        atom, aiter = sources.mirrors_for_lock(app.settings(), lock)
+        return (GitRepo(atom_repo) if atom_repo else atom), (GitRepo(aiter_repo) if aiter_repo else aiter)
+    raise UsageError(
+        "where are the ATOM and aiter repositories?",
+        hint="Pass --atom-repo PATH and --aiter-repo PATH (local clones or mirrors).",
+    )
+
+
+@click.group(name="patch")
+def command() -> None:
+    """List, check, apply and edit the ATOM patch series (patches/atom/series).
+
+    \b
+    pipeline patch list                       the series and each patch's range
+    pipeline patch check                      status of each patch for the locked commits
+    pipeline patch apply                      commits on pipeline/patched/<atom7>-<series7>
+    pipeline patch import --repo WT           the series as commits on a branch, to edit
+    pipeline patch export --repo WT           those commits back into patch files + series
+    pipeline patch new --repo WT              one commit appended as the next patch
+    """
+
+
+@command.command(name="list")
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def list_cmd(app: App, patches_dir: Path | None, as_json: bool) -> None:
+    """The series in order, with each patch's version, ATOM range and aiter condition."""
+    series = _series(app, patches_dir)
+    if as_json:
+        app.emit_json(
+            {
+                "series": str(series.series_file),
+                "digest": series.digest(),
+                "patches": [
+                    {
+                        "name": p.name,
+                        "sha256": p.sha256,
+                        "version": p.version,
+                        "subject": p.subject,
+                        "atom_range": str(p.atom_range),
+                        "aiter_after": p.aiter_after,
+                        "aiter_requires": [str(r) for r in p.aiter_requires],
+                        "files": list(p.paths),
+                        "origin": p.field("Origin"),
+                        "forwarded": p.field("Forwarded"),
+                        "applied_upstream": p.field("Applied-Upstream"),
+                    }
+                    for p in series
+                ],
+            }
+        )
+        return
+    if not len(series):
+        app.echo(f"{series.series_file}: empty series")
+        return
+    for p in series:
+        app.echo(f"{p.name}  v{p.version}  {p.subject}")
+        app.echo(f"    ATOM range: {p.atom_range}   files: {', '.join(p.paths)}")
+        conds = ([f"aiter contains {p.aiter_after}"] if p.aiter_after else []) + [
+            str(r) for r in p.aiter_requires
+        ]
+        if conds:
+            app.echo(f"    needed when: {'; '.join(conds)}")
+        if p.field("Applied-Upstream"):
+            app.echo(f"    applied upstream: {p.field('Applied-Upstream')}")
+
+
+@command.command(name="check")
+@_dir_option
+@_lock_options
+@_repo_options
+@click.option("--atom", "atom_rev", help="Check against this ATOM commit instead of the locked one.")
+@click.option("--aiter", "aiter_rev", help="Check against this aiter commit instead of the locked one.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def check_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    atom_repo: Path | None,
+    aiter_repo: Path | None,
+    atom_rev: str | None,
+    aiter_rev: str | None,
+    as_json: bool,
+) -> None:
+    """Each patch: applies, not-needed, already-upstream or conflict (exit 5 on a conflict)."""
+    series = _series(app, patches_dir)
+    lock = None
+    if atom_rev is None or aiter_rev is None or atom_repo is None or aiter_repo is None:
+        lock = Lock.load(_lock_path(app, lock_file, model))
+    if lock is not None:
+        atom, aiter = _repos(app, lock, atom_repo, aiter_repo)
+    else:
+        assert atom_repo is not None and aiter_repo is not None
+        atom, aiter = GitRepo(atom_repo), GitRepo(aiter_repo)
+    atom_sha = atom_rev or (lock.atom.sha if lock else "")
+    aiter_sha = aiter_rev or (lock.aiter.sha if lock else "")
+    with app.log.stage("patch check") as rec:
+        checks = check_series(series, atom, atom_sha, aiter, aiter_sha)
+        counts = {
+            s: sum(c.status == s for c in checks)
+            for s in ("applies", "not-needed", "already-upstream", "conflict")
+        }
+        rec.figure = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "empty series"
+    stale = _stale_pins(lock, series) if lock else []
+    if as_json:
+        app.emit_json(
+            {
+                "atom": atom_sha,
+                "aiter": aiter_sha,
+                "patches": [c.to_json() for c in checks],
+                "stale_lock_entries": stale,
+            }
+        )
+    else:
+        for c in checks:
+            app.echo(c.line())
+        for s in stale:
+            app.log.warn(s)
+    conflicts = [c for c in checks if c.status == "conflict"]
+    if conflicts:
+        raise PatchError(
+            f"{len(conflicts)} patch(es) conflict with ATOM {atom_sha[:9]}: "
+            + ", ".join(c.patch.name for c in conflicts)
+            + ".",
+            hint="Refresh them (`pipeline patch import`, fix, `pipeline patch export`) or narrow their "
+            f"{RANGE}.",
+            evidence="\n".join(c.line() for c in conflicts),
+        )
+
+
+def _stale_pins(lock: Lock, series: PatchSeries) -> list[str]:
+    files = {p.name: p.sha256 for p in series}
+    out = []
+    for pin in lock.patches:
+        if pin.name not in files:
+            out.append(
+                f"the lock records {pin.name}, which is no longer in the series; run `pipeline patch apply`."
+            )
+        elif files[pin.name] != pin.sha256:
+            out.append(f"{pin.name} changed since the lock recorded it; run `pipeline patch apply`.")
+    return out
+
+
+@command.command(name="apply")
+@_dir_option
+@_lock_options
+@_repo_options
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the patched work tree goes (default: <cache_dir>/patched).",
+)
+@click.option("--no-lock-update", is_flag=True, help="Do not record the patches in the lock file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def apply_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    atom_repo: Path | None,
+    aiter_repo: Path | None,
+    workdir: Path | None,
+    no_lock_update: bool,
+    as_json: bool,
+) -> None:
+    """Apply the needed patches to the locked ATOM commit (one commit each, all or nothing).
+
+    Prints the patched commit SHA. Patches that are not needed (outside
+    their range or aiter condition) or already upstream are dropped with a
+    note. The lock's `patches` entries record what was applied (sha256).
+    """
+    series = _series(app, patches_dir)
+    lock_path = _lock_path(app, lock_file, model)
+    lock = Lock.load(lock_path)
+    atom, aiter = _repos(app, lock, atom_repo, aiter_repo)
+    workdir = workdir or app.settings().cache_dir / "patched"
+    with app.log.stage("patch apply") as rec:
+        result = apply_series(series, atom, lock.atom.sha, aiter, lock.aiter.sha, workdir=workdir)
+        rec.figure = f"{len(result.applied)}/{len(series)} applied"
+    for note in result.notes:
+        app.log.info(note)
+    if not no_lock_update and lock.with_patches(result.pins).save(lock_path):
+        app.log.info(f"recorded {len(result.pins)} patch(es) in {lock_path}")
+    if as_json:
+        app.emit_json(
+            {
+                "head": result.head_sha,
+                "branch": result.branch,
+                "worktree": result.worktree,
+                "patches": [p.model_dump() for p in result.pins],
+                "notes": result.notes,
+            }
+        )
+    else:
+        app.echo(result.head_sha)
+
+
+@command.command(name="import")
+@_dir_option
+@_lock_options
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="An ATOM work tree (clean) to create the branch in.",
+)
+@click.option("--base", help="Commit to start from (default: the locked ATOM commit).")
+@click.option("--branch", help="Branch to create (default: patch-queue/<base7>).")
+@click.option("--force", is_flag=True, help="Reset the branch if it exists.")
+@pass_app
+def import_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    repo: Path,
+    base: str | None,
+    branch: str | None,
+    force: bool,
+) -> None:
+    """Apply every patch (no range checks) as commits on a branch of an ATOM work tree, to edit."""
+    series = _series(app, patches_dir)
+    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    name, head = import_series(series, GitRepo(repo), base, branch=branch, force=force)
+    app.echo(f"{name} {head}")
+
+
+@command.command(name="export")
+@_dir_option
+@_lock_options
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The ATOM work tree holding the patch-queue commits.",
+)
+@click.option("--from", "base", help="The base commit (default: the locked ATOM commit).")
+@click.option("--to", "tip", default="HEAD", show_default=True, help="The last commit to export.")
+@pass_app
+def export_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    repo: Path,
+    base: str | None,
+    tip: str,
+) -> None:
+    """Regenerate the patch files and `series` from the commits BASE..TIP (one patch per commit)."""
+    directory = patches_dir or Path(app.settings().paths.patches_dir)
+    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    for path in export_series(GitRepo(repo), base, tip, directory):
+        app.echo(str(path))
+
+
+@command.command(name="new")
+@_dir_option
+@_lock_options
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The ATOM work tree holding the commit.",
+)
+@click.option("--commit", default="HEAD", show_default=True, help="The commit to turn into a patch.")
+@click.option("--from", "base", help="The pinned ATOM commit it sits on (default: the locked one).")
+@click.option("--range", "atom_range", help=f"{RANGE} (default: BASE..).")
+@click.option("--aiter-after", help=f"{AITER_AFTER}: needed only when aiter contains this commit.")
+@click.option("--aiter-requires", help=f"{AITER_REQUIRES}: e.g. 'fused_qknorm_idxrqknorm has kv_cache_v'.")
+@click.option("--origin", help="DEP-3 Origin (default: vendor).")
+@click.option("--bug", help="DEP-3 Bug (URL).")
+@click.option("--forwarded", help="DEP-3 Forwarded (default: no).")
+@click.option("--patch-version", type=int, help=f"{VERSION} (default: 1).")
+@pass_app
+def new_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    repo: Path,
+    commit: str,
+    base: str | None,
+    atom_range: str | None,
+    aiter_after: str | None,
+    aiter_requires: str | None,
+    origin: str | None,
+    bug: str | None,
+    forwarded: str | None,
+    patch_version: int | None,
+) -> None:
+    """Append one commit to the series as the next NNNN-slug.patch, with DEP-3 headers."""
+    directory = patches_dir or Path(app.settings().paths.patches_dir)
+    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    overrides = {
+        k: v
+        for k, v in (
+            (RANGE, atom_range),
+            (AITER_AFTER, aiter_after),
+            (AITER_REQUIRES, aiter_requires),
+            ("Origin", origin),
+            ("Bug", bug),
+            ("Forwarded", forwarded),
+            (VERSION, str(patch_version) if patch_version is not None else None),
+        )
+        if v is not None
+    }
+    path = new_patch(GitRepo(repo), commit, base, directory, overrides=overrides)
+    app.echo(str(path))
