@@ -1,0 +1,368 @@
+"""Model recipes: what `pipeline smoke` runs, transcribed from ATOM's own recipes.
+
+A recipe is a YAML file (``recipes/<model>.yaml``) validated against a strict
+schema: the model, the GPUs it needs, the server command and its environment,
+the container options, the readiness limit and the checks (a chat completion,
+GSM8K through ``lm_eval``, the serving benchmark) with their reference figures.
+
+Commands are argv lists; ``${name}`` placeholders are filled in by the smoke
+runner (``${model}``, ``${port}``, ``${isl}``, ``${osl}``, ``${concurrency}``,
+``${num_prompts}``). An invalid recipe is a ``ConfigError`` naming the file,
+the key and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.errors import ConfigError
+
+RECIPE_SCHEMA = "atom-image-pipeline/recipe/v1"
+
+# Placeholders a command may use, and where they are known.
+SERVER_PLACEHOLDERS = frozenset({"model", "port"})
+GSM8K_PLACEHOLDERS = frozenset({"model", "port"})
+BENCH_PLACEHOLDERS = frozenset({"model", "port", "isl", "osl", "concurrency", "num_prompts"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _placeholders(argv: Iterable[str]) -> set[str]:
+    names: set[str] = set()
+    for arg in argv:
+        for m in string.Template.pattern.finditer(arg):
+            if m.group("invalid") is not None:
+                raise ValueError(f"argument {arg!r} has a stray '$' (write '$$' for a literal dollar)")
+            name = m.group("named") or m.group("braced")
+            if name:
+                names.add(name)
+    return names
+
+
+def _check_placeholders(argv: Iterable[str], allowed: frozenset[str]) -> None:
+    unknown = _placeholders(argv) - allowed
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {', '.join('${' + u + '}' for u in sorted(unknown))}; "
+            f"known here: {', '.join('${' + a + '}' for a in sorted(allowed))}"
+        )
+
+
+def expand(argv: Iterable[str], values: Mapping[str, object]) -> list[str]:
+    """Fill ``${name}`` placeholders (validated at load time, so every name is known)."""
+    subst = {k: str(v) for k, v in values.items()}
+    return [string.Template(a).substitute(subst) for a in argv]
+
+
+class ModelSpec(_Strict):
+    id: str = Field(min_length=1, description="Hugging Face model id, e.g. amd/MiniMax-M3-MXFP4")
+    revision: str | None = None
+
+
+class HardwareSpec(_Strict):
+    gpus: int = Field(ge=1)
+    gfx: str = Field(pattern=r"^gfx[0-9a-f]{3,4}$")
+    name: str = ""  # marketing name, for messages (MI355)
+    # Device nodes that must exist on the engine host (tests: none).
+    devices: tuple[str, ...] = ("/dev/kfd", "/dev/dri")
+
+    @property
+    def gfx_target_version(self) -> int:
+        return gfx_to_target_version(self.gfx)
+
+
+class ContainerSpec(_Strict):
+    devices: tuple[str, ...] = ()
+    group_add: tuple[str, ...] = ()
+    ipc_mode: str | None = None
+    cap_add: tuple[str, ...] = ()
+    security_opt: tuple[str, ...] = ()
+    network_mode: str | None = None
+    shm_size: str | None = None
+    # Where the engine host's Hugging Face cache is mounted in the container.
+    hf_cache_mount: str = "/root/.cache/huggingface"
+
+
+class ServerSpec(_Strict):
+    command: tuple[str, ...] = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    health_path: str = Field(default="/health", pattern=r"^/")
+    ready_timeout_s: float = Field(gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    # "always": a traceback in the server log fails the run at any time;
+    # "startup": only until the server is ready.
+    fatal_traceback: Literal["always", "startup"] = "always"
+    # Interpreter inside the image used for the HTTP probes (run with `docker exec`).
+    python: str = "python3"
+
+    @field_validator("command")
+    @classmethod
+    def _cmd(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _check_placeholders(v, SERVER_PLACEHOLDERS)
+        return v
+
+
+class ChatCheck(_Strict):
+    kind: Literal["chat"]
+    name: str = "chat"
+    prompt: str = Field(min_length=1)
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = 0.0
+    finish_reasons: tuple[str, ...] = ("stop", "length")
+    expect_regex: str | None = None
+    timeout_s: float = Field(default=300, gt=0)
+
+    @field_validator("expect_regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+
+class Gsm8kReference(_Strict):
+    value: float = Field(ge=0, le=1)
+    stderr: float = Field(ge=0, le=1)
+    samples: int = Field(ge=1, description="documents in the validated run (GSM8K test: 1319)")
+    source: str = ""
+
+
+class Gsm8kCheck(_Strict):
+    kind: Literal["gsm8k"]
+    name: str = "gsm8k"
+    # lm_eval's argv without --output_path/--limit (the runner adds them).
+    command: tuple[str, ...] = Field(min_length=1)
+    # Run before the command when it is missing from the image (ATOM CI does the same).
+    setup: tuple[str, ...] = ()
+    task: str = "gsm8k"
+    metric: str = "exact_match,flexible-extract"
+    reference: Gsm8kReference
+    limit: int | None = Field(default=None, ge=1)  # None: the full test set
+    quick_limit: int = Field(default=250, ge=1)  # --quick
+    # One-sided z for the gate: value >= reference - z * sqrt(se_ref^2 + p(1-p)/n)
+    z: float = Field(default=3.0, gt=0)
+    timeout_s: float = Field(gt=0)
+
+    @field_validator("command")
+    @classmethod
+    def _cmd(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _check_placeholders(v, GSM8K_PLACEHOLDERS)
+        for flag in ("--output_path", "--limit"):
+            if any(a == flag or a.startswith(flag + "=") for a in v):
+                raise ValueError(f"must not contain {flag}: the smoke runner sets it")
+        return v
+
+
+class BenchRow(_Strict):
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=1)
+    concurrency: int = Field(ge=1)
+    requests: int | None = None
+    duration_s: float | None = None
+    mean_ttft_ms: float = Field(gt=0)
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float = Field(gt=0)
+    p99_tpot_ms: float | None = None
+    output_throughput: float = Field(gt=0)  # output tok/s
+    total_token_throughput: float | None = None
+
+
+class BenchmarkCheck(_Strict):
+    kind: Literal["serving-benchmark"]
+    name: str = "serving-benchmark"
+    command: tuple[str, ...] = Field(min_length=1)
+    num_prompts_per_concurrency: int = Field(default=10, ge=1)
+    # Relative tolerance: throughput >= ref*(1-t), mean TTFT/TPOT <= ref*(1+t).
+    tolerance: float = Field(default=0.10, ge=0, lt=10)
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=1)
+    concurrencies: tuple[int, ...] = Field(min_length=1)  # rows run by default
+    quick_concurrencies: tuple[int, ...] | None = None  # rows run with --quick (default: the first)
+    reference: tuple[BenchRow, ...] = Field(min_length=1)
+    timeout_s: float = Field(gt=0)  # per concurrency row
+
+    @field_validator("command")
+    @classmethod
+    def _cmd(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _check_placeholders(v, BENCH_PLACEHOLDERS)
+        for flag in ("--result-dir", "--result-filename"):
+            if any(a == flag or a.startswith(flag + "=") for a in v):
+                raise ValueError(f"must not contain {flag}: the smoke runner sets it")
+        return v
+
+    @model_validator(mode="after")
+    def _rows(self) -> BenchmarkCheck:
+        for conc in (*self.concurrencies, *(self.quick_concurrencies or ())):
+            if self.row(conc) is None:
+                raise ValueError(
+                    f"concurrency {conc} (ISL {self.isl} / OSL {self.osl}) has no row in 'reference'"
+                )
+        return self
+
+    def row(self, concurrency: int) -> BenchRow | None:
+        for r in self.reference:
+            if r.isl == self.isl and r.osl == self.osl and r.concurrency == concurrency:
+                return r
+        return None
+
+
+Check = Annotated[ChatCheck | Gsm8kCheck | BenchmarkCheck, Field(discriminator="kind")]
+
+
+class Recipe(_Strict):
+    schema_: Literal["atom-image-pipeline/recipe/v1"] = Field(alias="schema")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    source: str = ""  # where it was transcribed from
+    model: ModelSpec
+    hardware: HardwareSpec
+    container: ContainerSpec = ContainerSpec()
+    environment: dict[str, str] = {}
+    # Names of environment variables passed from the caller's environment to the
+    # server container only (never logged, never in reports or labels).
+    secrets: tuple[str, ...] = ("HF_TOKEN",)
+    server: ServerSpec
+    checks: tuple[Check, ...] = Field(min_length=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    @field_validator("environment")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _unique(self) -> Recipe:
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"check names must be unique; repeated: {', '.join(dupes)}")
+        clash = sorted(set(self.secrets) & set(self.environment))
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} listed in both 'secrets' and 'environment': secrets come from "
+                "the caller's environment only, never from the recipe file"
+            )
+        return self
+
+
+# -- gfx names <-> KFD gfx_target_version ---------------------------------------
+
+
+def gfx_to_target_version(gfx: str) -> int:
+    """gfx950 -> 90500, gfx942 -> 90402, gfx90a -> 90010 (KFD's encoding)."""
+    digits = gfx.removeprefix("gfx")
+    major, minor, step = digits[:-2], digits[-2], digits[-1]
+    return int(major) * 10000 + int(minor, 16) * 100 + int(step, 16)
+
+
+def target_version_to_gfx(version: int) -> str:
+    major, rest = divmod(version, 10000)
+    minor, step = divmod(rest, 100)
+    return f"gfx{major}{minor:x}{step:x}"
+
+
+# -- loading -------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("chat", "gsm8k", "serving-benchmark"):
+            continue  # discriminator tag pydantic inserts into the path
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _tuples(data: Any) -> Any:
+    """YAML sequences become tuples (the strict schema takes immutable sequences only)."""
+    if isinstance(data, list):
+        return tuple(_tuples(x) for x in data)
+    if isinstance(data, dict):
+        return {k: _tuples(v) for k, v in data.items()}
+    return data
+
+
+def parse_recipe(text: str, path: Path | str = "<recipe>") -> Recipe:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"recipe {path} is not valid YAML: {e}.", hint="Fix the file and run again."
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path}: expected a mapping at the top level, got {type(data).__name__}.")
+    try:
+        return Recipe.model_validate(_tuples(data))
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            where = _loc(tuple(err["loc"]))
+            msg = err["msg"].removeprefix("Value error, ")
+            got = err.get("input")
+            shown = (
+                "" if isinstance(got, dict | list | tuple) or err["type"] == "missing" else f" (got {got!r})"
+            )
+            problems.append(f"{where}: {msg}{shown}")
+        raise ConfigError(
+            f"recipe {path} is invalid: " + "; ".join(problems) + ".",
+            hint="Fix the key(s) named above; the schema is documented in docs/smoke.md.",
+        ) from None
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate a recipe file; `ConfigError` names the file, key and problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read recipe {path}: {e.strerror}.") from None
+    return parse_recipe(text, path)
+
+
+def find_recipe(model: str, recipes_dir: Path) -> Path:
+    """`recipes/<model>.yaml`, or a ConfigError listing the recipes that exist."""
+    for suffix in (".yaml", ".yml"):
+        candidate = recipes_dir / f"{model}{suffix}"
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in recipes_dir.glob("*.y*ml")) if recipes_dir.is_dir() else []
+    raise ConfigError(
+        f"no recipe for model {model!r} in {recipes_dir}"
+        + (f" (known: {', '.join(known)})." if known else " (the directory has no recipes)."),
+        hint="Pass --recipe FILE, or set [paths] recipes_dir.",
+    )

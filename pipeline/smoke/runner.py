@@ -1,0 +1,721 @@
+"""Run a recipe's smoke test against an image on a Docker engine.
+
+    preflight -> start server container -> stream its log -> wait for /health
+    -> chat -> gsm8k (lm_eval) -> serving benchmark -> verdict
+
+The server container runs exactly the recipe's command, environment and
+options. The checks run *inside* it (``docker exec``), as the recipe runs them,
+and reach the server at 127.0.0.1, so a remote engine needs no open ports. The
+runner stops at the first failing gate (unless `run_all`), fails fast on a
+server crash with the exception line as the reason, and always removes the
+container, also on Ctrl-C/SIGTERM (which the CLI turns into KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import re
+import secrets as _secrets
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import __version__, labels
+from pipeline.config import Settings
+from pipeline.errors import InfraError, NoHardware, PipelineError, UsageError
+from pipeline.fsutil import atomic_write_text, sha256_file
+from pipeline.log import Logger
+from pipeline.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, Recipe, expand
+from pipeline.smoke.checks import evaluate_benchmark, evaluate_chat, evaluate_gsm8k
+from pipeline.smoke.failfast import LogWatcher, last_exception_in
+from pipeline.smoke.preflight import (
+    Preflight,
+    PreflightVia,
+    engine_is_local,
+    no_hardware_error,
+    probe_source,
+    run_preflight,
+)
+from pipeline.smoke.reports import write_reports
+from pipeline.smoke.verdict import CheckResult, ImageRef, RecipeRef, Status, Verdict
+
+SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
+IN_CONTAINER_OUT = "/tmp/atom-smoke"
+READY_CHECK = "server-ready"
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    """Per-run choices on top of the recipe (CLI flags)."""
+
+    run_all: bool = False
+    quick: bool = False
+    gsm8k_limit: int | None = None  # overrides the recipe's limit / quick_limit
+    bench_concurrencies: tuple[int, ...] | None = None
+    bench_tolerance: float | None = None
+    ready_timeout_s: float | None = None
+    preflight_via: PreflightVia = "auto"
+    labels: Mapping[str, str] = field(default_factory=dict)  # extra container labels (CI bookkeeping)
+
+
+class _ServerGone(Exception):
+    """The server crashed (fatal traceback or exit) while we were waiting on it."""
+
+    def __init__(self, line: str, how: str) -> None:
+        super().__init__(line)
+        self.line = line
+        self.how = how
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _digest(info: Any) -> str:
+    for d in getattr(info, "digests", []) or []:
+        if "@" in d:
+            return str(d.split("@", 1)[1])
+    return ""
+
+
+class _Run:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        image: str,
+        recipe: Recipe,
+        settings: Settings,
+        env: Mapping[str, str],
+        run_dir: Path,
+        log: Logger,
+        opts: SmokeOptions,
+    ) -> None:
+        self.engine = engine
+        self.image = image
+        self.recipe = recipe
+        self.settings = settings
+        self.env = env
+        self.run_dir = run_dir
+        self.log = log
+        self.opts = opts
+        self.run_id = _secrets.token_hex(4)
+        self.container: Any = None
+        self.watcher: LogWatcher | None = None
+        self.ready = False
+        self.timings: dict[str, float] = {}
+        self.port = recipe.server.port
+        self.probe = probe_source()
+
+    # -- container plumbing ------------------------------------------------------------
+
+    def _exec(self, argv: Sequence[str]) -> tuple[int, str]:
+        assert self.container is not None
+        code, out = self.container.exec(list(argv))
+        return int(code), out
+
+    def _probe(self, *args: str, supervised: float | None = None) -> dict[str, Any]:
+        """Run the in-container probe; with `supervised` (a timeout), wake up at once on a crash."""
+        argv = [self.recipe.server.python, "-c", self.probe, *args]
+        if supervised is None:
+            code, out = self._exec(argv)
+        else:
+            ran = self._supervised(argv, supervised, "probe")
+            if isinstance(ran, str):
+                return {"status": 0, "body": "", "error": ran}
+            code, out = ran
+        lines = out.strip().splitlines()
+        try:
+            data = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise InfraError(
+                f"the in-container probe ({self.recipe.server.python}) exited {code} without a result",
+                hint="The image needs a Python 3 interpreter at server.python.",
+                evidence=self.log.redact(out[-3000:]),
+            )
+        return data
+
+    def _server_gone(self) -> _ServerGone | None:
+        """A crash the runner must act on now, or None."""
+        w = self.watcher
+        if w is None:
+            return None
+        if w.fatal and (not self.ready or self.recipe.server.fatal_traceback == "always"):
+            return _ServerGone(w.fatal, "traceback")
+        if w.ended:
+            code = self._exit_code()
+            if code is None and w.error is None:
+                return None  # log stream ended but container still running: keep going
+            full = self._server_log_text()
+            line = last_exception_in(full)
+            if line is None:
+                last = next((ln for ln in reversed(full.splitlines()) if ln.strip()), "")
+                line = f"server container exited with code {code}" + (
+                    f"; last log line: {last}" if last else ""
+                )
+            return _ServerGone(line, f"exit {code}")
+        return None
+
+    def _exit_code(self) -> int | None:
+        try:
+            return self.container.exit_code() if self.container is not None else None
+        except PipelineError:
+            return None
+
+    def _server_log_text(self) -> str:
+        try:
+            return (self.run_dir / "server.log").read_text(encoding="utf-8")
+        except OSError:
+            return ""
+
+    def _wait(self, seconds: float) -> None:
+        assert self.watcher is not None
+        # something changed: let the caller look; avoid a busy loop once the log ended
+        if self.watcher.wait(seconds) and self.watcher.ended and self._exit_code() is None:
+                time.sleep(min(seconds, 0.2))
+
+    def _supervised(self, argv: Sequence[str], timeout: float, what: str) -> tuple[int, str] | str:
+        """Run `argv` in the server container, watching the server; (code, output) or a timeout text.
+
+        Raises _ServerGone as soon as the server crashes.
+        """
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = self._exec(argv)
+            except BaseException as e:  # reported in the main thread
+                box["error"] = e
+
+        t = threading.Thread(target=target, name=f"smoke-exec-{what}", daemon=True)
+        t.start()
+        deadline = time.monotonic() + timeout
+        while t.is_alive():
+            gone = self._server_gone()
+            if gone is not None:
+                raise gone
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"{what} did not finish within {timeout:.0f} s"
+            t.join(min(0.05, left))  # look at the server's state 20 times a second
+        if "error" in box:
+            gone = self._server_gone()
+            if gone is not None:
+                raise gone
+            raise box["error"]
+        result: tuple[int, str] = box["result"]
+        return result
+
+    def _save(self, name: str, text: str) -> Path:
+        path = self.run_dir / name
+        atomic_write_text(path, self.log.redact(text))
+        return path
+
+    # -- phases --------------------------------------------------------------------------
+
+    def start_server(self, env: Mapping[str, str], volumes: Mapping[str, Mapping[str, str]]) -> None:
+        r = self.recipe
+        command = expand(r.server.command, {"model": r.model.id, "port": self.port})
+        c = r.container
+        run_labels = {
+            SMOKE_LABEL: self.run_id,
+            labels.MODEL: r.name,
+            labels.RECIPE: f"{r.name}.yaml",
+            **dict(self.opts.labels),
+        }
+        name = f"atom-smoke-{re.sub(r'[^a-z0-9.-]', '-', r.name.lower())}-{self.run_id}"
+        # Echo the equivalent docker run line with variable *names* only.
+        shown = ["docker", "run", "--name", name]
+        for d in c.devices:
+            shown += ["--device", d]
+        for g in c.group_add:
+            shown += ["--group-add", g]
+        if c.ipc_mode:
+            shown += ["--ipc", c.ipc_mode]
+        for cap in c.cap_add:
+            shown += ["--cap-add", cap]
+        for so in c.security_opt:
+            shown += ["--security-opt", so]
+        if c.network_mode:
+            shown += ["--network", c.network_mode]
+        for src, spec in volumes.items():
+            shown += ["-v", f"{src}:{spec['bind']}:{spec.get('mode', 'rw')}"]
+        for key in env:
+            shown += ["--env", key]  # values never shown
+        self.log.detail("server: " + shlex.join([*shown, self.image, *command]))
+        self._save("server-command.txt", shlex.join([*shown, self.image, *command]) + "\n")
+        self.container = self.engine.run(
+            self.image,
+            command,
+            name=name,
+            environment=dict(env),
+            devices=list(c.devices) or None,
+            group_add=list(c.group_add) or None,
+            ipc_mode=c.ipc_mode,
+            cap_add=list(c.cap_add) or None,
+            security_opt=list(c.security_opt) or None,
+            network_mode=c.network_mode,
+            volumes={k: dict(v) for k, v in volumes.items()} or None,
+            shm_size=c.shm_size,
+            labels=run_labels,
+        )
+        container = self.container
+        self.watcher = LogWatcher(
+            lambda: container.logs(stream=True, follow=True),
+            self.run_dir / "server.log",
+            redact=self.log.redact,
+            on_line=lambda line: self.log.debug(f"server| {line}"),
+        ).start()
+
+    def wait_ready(self) -> CheckResult:
+        r = self.recipe.server
+        limit = self.opts.ready_timeout_s or r.ready_timeout_s
+        url = f"http://127.0.0.1:{self.port}{r.health_path}"
+        start = time.monotonic()
+        limits = {"ready_timeout_s": limit, "health": r.health_path}
+        last = ""
+        while True:
+            gone = self._server_gone()
+            if gone is not None:
+                return self._crash_result(READY_CHECK, gone, start, limits, phase="startup")
+            try:
+                res = self._probe("http", "GET", url, "5", supervised=30)
+            except _ServerGone as crashed:
+                return self._crash_result(READY_CHECK, crashed, start, limits, phase="startup")
+            except InfraError:
+                after = self._server_gone()
+                if after is None:
+                    time.sleep(0.2)  # the exec raced the exit: look again
+                    after = self._server_gone()
+                if after is not None:
+                    return self._crash_result(READY_CHECK, after, start, limits, phase="startup")
+                raise
+            elapsed = time.monotonic() - start
+            if res.get("status") == 200:
+                self.ready = True
+                self.timings["ready_s"] = round(elapsed, 3)
+                return CheckResult.ok(
+                    READY_CHECK,
+                    f"{r.health_path} answered 200 after {elapsed:.1f} s",
+                    figures={"ready_s": round(elapsed, 3)},
+                    limits=limits,
+                    seconds=elapsed,
+                )
+            last = f"HTTP {res['status']}" if res.get("status") else str(res.get("error") or "")
+            if elapsed >= limit:
+                assert self.watcher is not None
+                return CheckResult.fail(
+                    READY_CHECK,
+                    f"server not ready within {limit:.0f} s ({r.health_path}: {last or 'no answer'})",
+                    figures={"ready_s": None, "waited_s": round(elapsed, 3)},
+                    limits=limits,
+                    seconds=elapsed,
+                    evidence=self.watcher.tail_text(),
+                )
+            self._wait(min(r.poll_interval_s, max(limit - elapsed, 0.05)))
+
+    def _crash_result(
+        self, name: str, gone: _ServerGone, start: float, limits: dict[str, Any], *, phase: str
+    ) -> CheckResult:
+        assert self.watcher is not None
+        w = self.watcher
+        seen_at = w.fatal_at if gone.how == "traceback" and w.fatal_at else (w.ended_at or time.monotonic())
+        self.timings["crash_detected_s"] = round(seen_at - start, 3)
+        self._crash_seen_at = seen_at
+        evidence = "\n".join(w.detector.traceback) if w.detector.traceback else w.tail_text()
+        return CheckResult.fail(
+            name,
+            gone.line,
+            figures={
+                "phase": phase,
+                "detected_by": gone.how,
+                "exit_code": self._exit_code(),
+                "after_s": round(seen_at - start, 3),
+            },
+            limits=limits,
+            seconds=time.monotonic() - start,
+            evidence=evidence,
+        )
+
+    def run_chat(self, check: ChatCheck) -> CheckResult:
+        body = json.dumps(
+            {
+                "model": self.recipe.model.id,
+                "messages": [{"role": "user", "content": check.prompt}],
+                "max_tokens": check.max_tokens,
+                "temperature": check.temperature,
+            }
+        )
+        url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
+        start = time.monotonic()
+        argv = [self.recipe.server.python, "-c", self.probe, "http", "POST", url, str(check.timeout_s), body]
+        out = self._supervised(argv, check.timeout_s + 30, "chat completion")
+        seconds = time.monotonic() - start
+        if isinstance(out, str):
+            return CheckResult.fail(check.name, out, seconds=seconds, limits={"timeout_s": check.timeout_s})
+        code, text = out
+        try:
+            res = json.loads(text.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return CheckResult.fail(
+                check.name,
+                f"chat probe exited {code} without a result",
+                evidence=self.log.redact(text[-2000:]),
+                seconds=seconds,
+            )
+        self._save(f"{check.name}-response.json", str(res.get("body", "")))
+        if not res.get("status"):
+            return CheckResult.fail(
+                check.name,
+                f"chat completion failed: {res.get('error')}",
+                seconds=seconds,
+                limits={"timeout_s": check.timeout_s},
+            )
+        result = evaluate_chat(
+            check, int(res["status"]), str(res.get("body", "")), float(res.get("seconds", seconds))
+        )
+        result.seconds = seconds
+        return result
+
+    def _tool(self, name: str, argv: Sequence[str], timeout: float) -> tuple[int, str] | CheckResult:
+        """Run a check's tool; its output is saved as `<name>.log`."""
+        self.log.detail(f"{name}: {shlex.join(argv)}")
+        start = time.monotonic()
+        out = self._supervised(argv, timeout, name)
+        if isinstance(out, str):
+            return CheckResult.fail(
+                name, out, seconds=time.monotonic() - start, limits={"timeout_s": timeout}
+            )
+        code, text = out
+        self._save(f"{name}.log", f"$ {shlex.join(argv)}\n{text}")
+        return code, text
+
+    def run_gsm8k(self, check: Gsm8kCheck) -> CheckResult:
+        limit = self.opts.gsm8k_limit or (check.quick_limit if self.opts.quick else check.limit)
+        start = time.monotonic()
+        if check.setup:
+            setup = self._tool(f"{check.name}-setup", check.setup, 1800)
+            if isinstance(setup, CheckResult):
+                return setup
+            if setup[0] != 0:
+                return CheckResult.fail(
+                    check.name,
+                    f"setup {shlex.join(check.setup)} exited {setup[0]}",
+                    evidence=self.log.redact(setup[1][-3000:]),
+                )
+        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
+        argv = [
+            *expand(check.command, {"model": self.recipe.model.id, "port": self.port}),
+            "--output_path",
+            out_dir,
+        ]
+        if limit is not None:
+            argv += ["--limit", str(limit)]
+        ran = self._tool(check.name, argv, check.timeout_s)
+        if isinstance(ran, CheckResult):
+            return ran
+        code, text = ran
+        seconds = time.monotonic() - start
+        if code != 0:
+            return CheckResult.fail(
+                check.name, f"lm_eval exited {code}", seconds=seconds, evidence=self.log.redact(text[-3000:])
+            )
+        found = self._probe("newest", out_dir, "results_*.json")
+        if not found.get("path"):
+            return CheckResult.fail(
+                check.name,
+                f"lm_eval exited 0 but wrote no results_*.json under {out_dir}",
+                seconds=seconds,
+                evidence=self.log.redact(text[-3000:]),
+            )
+        self._save(f"{check.name}-results.json", str(found["text"]))
+        result = evaluate_gsm8k(check, str(found["text"]), limit=limit)
+        result.seconds = seconds
+        result.figures["results_file"] = str(found["path"])
+        return result
+
+    def bench_rows(self, check: BenchmarkCheck) -> tuple[int, ...]:
+        if self.opts.bench_concurrencies:
+            return self.opts.bench_concurrencies
+        if self.opts.quick:
+            return check.quick_concurrencies or check.concurrencies[:1]
+        return check.concurrencies
+
+    def run_benchmark(self, check: BenchmarkCheck, conc: int) -> CheckResult:
+        name = f"{check.name}[c{conc}]"
+        row = check.row(conc)
+        if row is None:
+            return CheckResult.fail(
+                name,
+                f"the recipe has no reference row for ISL {check.isl}/OSL {check.osl} concurrency {conc}",
+            )
+        tolerance = check.tolerance if self.opts.bench_tolerance is None else self.opts.bench_tolerance
+        num_prompts = conc * check.num_prompts_per_concurrency
+        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
+        filename = f"bench-isl{check.isl}-osl{check.osl}-c{conc}.json"
+        start = time.monotonic()
+        code, text = self._exec(["mkdir", "-p", out_dir])
+        if code != 0:
+            return CheckResult.fail(name, f"cannot create {out_dir} in the container: {text.strip()}")
+        argv = [
+            *expand(
+                check.command,
+                {
+                    "model": self.recipe.model.id,
+                    "port": self.port,
+                    "isl": check.isl,
+                    "osl": check.osl,
+                    "concurrency": conc,
+                    "num_prompts": num_prompts,
+                },
+            ),
+            f"--result-dir={out_dir}",
+            f"--result-filename={filename}",
+        ]
+        ran = self._tool(f"{check.name}-c{conc}", argv, check.timeout_s)
+        if isinstance(ran, CheckResult):
+            ran.name = name
+            return ran
+        code, text = ran
+        seconds = time.monotonic() - start
+        if code != 0:
+            return CheckResult.fail(
+                name,
+                f"benchmark_serving exited {code}",
+                seconds=seconds,
+                evidence=self.log.redact(text[-3000:]),
+            )
+        found = self._probe("read", f"{out_dir}/{filename}")
+        if not found.get("path"):
+            return CheckResult.fail(
+                name,
+                f"benchmark_serving exited 0 but wrote no {out_dir}/{filename}",
+                seconds=seconds,
+                evidence=self.log.redact(text[-3000:]),
+            )
+        self._save(f"{check.name}-c{conc}.json", str(found["text"]))
+        result = evaluate_benchmark(
+            check, row, str(found["text"]), tolerance=tolerance, num_prompts=num_prompts, name=name
+        )
+        result.seconds = seconds
+        return result
+
+    def planned(self) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for check in self.recipe.checks:
+            if isinstance(check, BenchmarkCheck):
+                out += [(f"{check.name}[c{c}]", (check, c)) for c in self.bench_rows(check)]
+            else:
+                out.append((check.name, check))
+        return out
+
+    def run_checks(self) -> list[CheckResult]:
+        results: list[CheckResult] = []
+        stop_reason = ""
+        for name, item in self.planned():
+            if stop_reason:
+                results.append(CheckResult.skipped(name, stop_reason))
+                continue
+            t0 = time.monotonic()
+            with self.log.stage(name) as rec:
+                try:
+                    if isinstance(item, ChatCheck):
+                        res = self.run_chat(item)
+                    elif isinstance(item, Gsm8kCheck):
+                        res = self.run_gsm8k(item)
+                    else:
+                        res = self.run_benchmark(*item)
+                except _ServerGone as gone:
+                    res = self._crash_result(name, gone, t0, {}, phase=name)
+                rec.figure = res.message[:120]
+                if not res.passed:
+                    rec.status = "failed"
+            results.append(res)
+            self.log.info(f"  {'✓' if res.passed else '✕'} {name}: {res.message}")
+            crashed = res.figures.get("detected_by") is not None
+            if not res.passed and (crashed or not self.opts.run_all):
+                stop_reason = (
+                    "not run: the server crashed"
+                    if crashed
+                    else f"not run: gate {name} failed (use --run-all to run every check)"
+                )
+        return results
+
+
+def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[str, str]:
+    out = dict(recipe.environment)
+    for key in recipe.secrets:
+        value = env.get(key)
+        if value:
+            log.mask(value)
+            out[key] = value
+    return out
+
+
+def run_smoke(
+    engine: Any,
+    *,
+    image: str,
+    recipe: Recipe,
+    recipe_path: Path,
+    settings: Settings,
+    env: Mapping[str, str],
+    run_dir: Path,
+    log: Logger,
+    run_all: bool = False,
+    sysfs_root: Path | None = None,
+    options: SmokeOptions | None = None,
+) -> Verdict:
+    """Smoke-test `image` with `recipe`; writes and returns the verdict.
+
+    Gate failures are in the verdict (never raised). Raises `NoHardware` when the
+    engine lacks the GPUs/devices/model (a verdict with status "no-hardware" is
+    written first), `InfraError` when the engine fails (verdict "error"), and lets
+    KeyboardInterrupt through after removing the container (verdict "error").
+    """
+    opts = options or SmokeOptions()
+    if run_all and not opts.run_all:
+        opts = dataclasses.replace(opts, run_all=True)
+    started = _now()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    docker_host = getattr(engine, "docker_host", None) or settings.smoke.docker_host or None
+    engine_desc = f"the Docker engine at {docker_host}" if docker_host else "the local Docker engine"
+
+    info = engine.image(image)
+    if info is None:
+        raise UsageError(
+            f"The Docker engine ({engine_desc}) has no image {image!r}.",
+            hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
+        )
+    image_labels = dict(getattr(info, "labels", {}) or {})
+    base = {
+        "image": ImageRef(ref=image, id=str(info.id), digest=_digest(info)),
+        "recipe": RecipeRef(name=recipe.name, path=str(recipe_path), sha256=sha256_file(recipe_path)),
+        "lock_sha256": image_labels.get(labels.LOCK_SHA256, ""),
+        "inputs_digest": image_labels.get(labels.INPUTS_DIGEST, ""),
+        "model": recipe.model.id,
+        "tool_version": __version__,
+        "engine": docker_host or "local",
+        "started": started,
+    }
+    if image_labels.get(labels.RECIPE_SHA256) and image_labels[labels.RECIPE_SHA256] != base["recipe"].sha256:
+        log.warn(
+            f"{image} was built for a recipe with sha256 {image_labels[labels.RECIPE_SHA256][:12]}…, "
+            f"not {recipe_path} ({base['recipe'].sha256[:12]}…); the verdict records the recipe used here."
+        )
+    container_env = _container_env(recipe, env, log)  # masks secrets before anything is logged
+    run = _Run(
+        engine, image=image, recipe=recipe, settings=settings, env=env, run_dir=run_dir, log=log, opts=opts
+    )
+    options_rec = {
+        "run_all": opts.run_all,
+        "quick": opts.quick,
+        "gsm8k_limit": opts.gsm8k_limit,
+        "bench_concurrencies": list(opts.bench_concurrencies or ()),
+        "bench_tolerance": opts.bench_tolerance,
+        "ready_timeout_s": opts.ready_timeout_s or recipe.server.ready_timeout_s,
+    }
+
+    def finish(status: Status, reason: str, checks: list[CheckResult], hw: dict[str, Any]) -> Verdict:
+        v = Verdict(
+            status=status,
+            passed=status == "passed",
+            reason=log.redact(reason),
+            checks=checks,
+            finished=_now(),
+            options=options_rec,
+            timings=run.timings,
+            hardware=hw,
+            **base,
+        )
+        write_reports(v, run_dir, log.redact)
+        return v
+
+    nodes_dir = (
+        str(sysfs_root / "class/kfd/kfd/topology/nodes")
+        if sysfs_root is not None
+        else settings.smoke.kfd_topology
+    )
+    pf: Preflight
+    with log.stage("preflight", f"{recipe.hardware.gpus}x {recipe.hardware.gfx}, {recipe.model.id}") as rec:
+        try:
+            pf = run_preflight(
+                engine,
+                image=image,
+                recipe=recipe,
+                nodes_dir=nodes_dir,
+                hf_cache_raw=settings.smoke.hf_cache,
+                env=env,
+                docker_host=docker_host,
+                via=opts.preflight_via,
+                labels=opts.labels,
+            )
+        except NoHardware as e:
+            finish("no-hardware", e.message, [], {"kfd_topology": nodes_dir})
+            raise
+        if pf.missing:
+            err = no_hardware_error(pf, recipe, image=image, engine_desc=engine_desc)
+            finish("no-hardware", err.message, [], pf.summary())
+            rec.status = "failed"
+            raise err
+        how = "cached" if pf.model_cached else "via token"
+        rec.figure = f"{len(pf.gpus)} {recipe.hardware.gfx} GPU(s), model {how}"
+
+    volumes: dict[str, dict[str, str]] = {}
+    if pf.hf_cache and (pf.hf_cache_exists or not engine_is_local(docker_host)):
+        volumes[pf.hf_cache] = {"bind": recipe.container.hf_cache_mount, "mode": "rw"}
+
+    checks: list[CheckResult] = []
+    try:
+        try:
+            with log.stage("server", " ".join(recipe.server.command[:3])) as rec:
+                run.start_server(container_env, volumes)
+                ready = run.wait_ready()
+                checks.append(ready)
+                rec.figure = ready.message[:120]
+                if not ready.passed:
+                    rec.status = "failed"
+                    log.info(f"  ✕ {READY_CHECK}: {ready.message}")
+            if ready.passed:
+                checks += run.run_checks()
+            else:
+                checks += [
+                    CheckResult.skipped(n, "not run: the server never became ready") for n, _ in run.planned()
+                ]
+        finally:
+            crash_seen = getattr(run, "_crash_seen_at", None)
+            failed = next((c for c in checks if c.status in ("failed", "error")), None)
+            if checks and crash_seen is not None:
+                run.timings["detect_to_verdict_s"] = round(time.monotonic() - crash_seen, 3)
+            verdict: Verdict | None = None
+            if checks and len(checks) == 1 + len(run.planned()):
+                status: Status = "failed" if failed else "passed"
+                reason = failed.message if failed else f"all {len(checks)} checks passed"
+                verdict = finish(status, reason, checks, pf.summary())
+            if run.container is not None:
+                log.detail(f"removing server container {run.container.name}")
+                run.container.remove()
+            if run.watcher is not None:
+                run.watcher.join(5)
+    except KeyboardInterrupt:
+        finish(
+            "error",
+            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; the container was removed",
+            checks,
+            pf.summary(),
+        )
+        raise
+    except PipelineError as e:
+        finish("error", f"{type(e).__name__}: {e.message}", checks, pf.summary())
+        raise
+    if verdict is None:  # pragma: no cover - every path above fills the checks
+        raise InfraError("internal: the smoke run ended without a verdict")
+    return verdict
