@@ -57,6 +57,13 @@ def _check_placeholders(argv: Iterable[str], allowed: frozenset[str]) -> None:
         )
 
 
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from None
+
+
 def expand(argv: Iterable[str], values: Mapping[str, object]) -> list[str]:
     """Fill ``${name}`` placeholders (validated at load time, so every name is known)."""
     subst = {k: str(v) for k, v in values.items()}
@@ -101,6 +108,8 @@ class ServerSpec(_Strict):
     # "always": a traceback in the server log fails the run at any time;
     # "startup": only until the server is ready.
     fatal_traceback: Literal["always", "startup"] = "always"
+    # Regexes of exception lines this server logs harmlessly (never fatal). Empty by default.
+    ignore_exceptions: tuple[str, ...] = ()
     # Interpreter inside the image used for the HTTP probes (run with `docker exec`).
     python: str = "python3"
 
@@ -110,6 +119,13 @@ class ServerSpec(_Strict):
         _check_placeholders(v, SERVER_PLACEHOLDERS)
         return v
 
+    @field_validator("ignore_exceptions")
+    @classmethod
+    def _ignore(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            _compile(pattern)
+        return v
+
 
 class ChatCheck(_Strict):
     kind: Literal["chat"]
@@ -117,7 +133,8 @@ class ChatCheck(_Strict):
     prompt: str = Field(min_length=1)
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = 0.0
-    finish_reasons: tuple[str, ...] = ("stop", "length")
+    # Accepted finish_reason values, each a regex matched against the whole value.
+    finish_reasons: tuple[str, ...] = Field(default=("stop", "length"), min_length=1)
     expect_regex: str | None = None
     timeout_s: float = Field(default=300, gt=0)
 
@@ -125,10 +142,14 @@ class ChatCheck(_Strict):
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"not a valid regular expression: {e}") from None
+            _compile(v)
+        return v
+
+    @field_validator("finish_reasons")
+    @classmethod
+    def _reasons(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            _compile(pattern)
         return v
 
 

@@ -690,8 +690,9 @@ def resolve_digest(
         return image.digest
     if credentials is None and env is not None:
         credentials = _docker_config_only(image.registry, env)
+    # two attempts share the time budget, so a black-holed network costs about `timeout` seconds
     client = RegistryClient(
-        image.registry, credentials=credentials, retries=1, backoff=0.5, timeout=timeout, session=session
+        image.registry, credentials=credentials, retries=1, backoff=0.2, timeout=timeout / 2, session=session
     )
     try:
         digest = client.manifest_digest(image.repository, image.reference)

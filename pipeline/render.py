@@ -35,16 +35,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
-from pipeline.gitw import GitRepo
 from pipeline.lock import Lock
+
+if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the manifest
+    import jinja2
+
+    from pipeline.gitw import GitRepo
 
 TEMPLATE = "Dockerfile.j2"
 MANIFEST = "render.json"
@@ -62,7 +64,8 @@ AITER_REF = f"{labels.OURS}.aiter.ref"
 ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (content, not history)
 AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
 
-DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n**/__pycache__\n**/*.pyc\n/render.json\n"
+# Only what is not part of the trees: the image must hold exactly the exported trees.
+DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n/render.json\n"
 
 
 # --------------------------------------------------------------------------- quoting
@@ -93,6 +96,8 @@ _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _text(value: Any, what: str) -> str:
+    import jinja2
+
     if isinstance(value, jinja2.Undefined):
         value._fail_with_undefined_error()
     if isinstance(value, bool) or not isinstance(value, str | int):
@@ -184,6 +189,8 @@ FILTERS: dict[str, Callable[[Any], Any]] = {
 
 
 def _finalize(value: Any) -> Any:
+    import jinja2
+
     if isinstance(value, Quoted):
         return value
     if isinstance(value, jinja2.Undefined):
@@ -195,6 +202,8 @@ def _finalize(value: Any) -> Any:
 
 
 def make_environment(templates_dir: Path) -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
         undefined=jinja2.StrictUndefined,
@@ -322,6 +331,13 @@ def plan_render(
     for what, sha in (("ATOM tree", atom_tree), ("aiter tree", aiter_tree)):
         if not _SHA.match(sha):
             raise RenderError(f"{what} id {sha!r} is not a full SHA.")
+    m = re.search(r"\bGPU_ARCHS=(['\"]?)([^\s'\"]+)\1", img.aiter_build_cmd)
+    if m and m.group(2) != img.gpu_archs:
+        raise RenderError(
+            f"[image] aiter_build_cmd builds for GPU_ARCHS={m.group(2)} but [image] gpu_archs is "
+            f"{img.gpu_archs!r}.",
+            hint="Make the two agree (the kernels must be built for the GPUs the image runs on).",
+        )
     created = created_time(lock, source_date_epoch)
     patches = [{"name": p.name, "sha256": p.sha256} for p in lock.applied_patches]
     patchset = hashlib.sha256(f_json(patches).encode()).hexdigest()[:8] if patches else ""
@@ -413,6 +429,8 @@ def candidate_tag(inputs_digest: str) -> str:
 
 def render_dockerfile(templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE) -> str:
     """Render `template`; template errors become RenderError naming file and line."""
+    import jinja2
+
     env = make_environment(templates_dir)
     try:
         return env.get_template(template).render(**values)
@@ -478,21 +496,48 @@ def _describe(repo: GitRepo, sha: str) -> str | None:
         return None
 
 
+def _archive_attributes(repo: GitRepo, rev: str) -> list[str]:
+    """`.gitattributes` lines that would make `git archive` differ from the tree."""
+    found = []
+    for path, sha in repo.blob_shas(rev, suffix=".gitattributes").items():
+        for _, data in repo.read_blobs([sha]):
+            for line in data.decode("utf-8", "replace").splitlines():
+                if "export-ignore" in line or "export-subst" in line:
+                    found.append(f"{path}: {line.strip()}")
+    return found
+
+
 def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
-    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree."""
+    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree.
+
+    The image must hold exactly the tree that was checked, so trees whose
+    attributes make `git archive` drop or rewrite files are refused.
+    """
+    attrs = _archive_attributes(repo, rev)
+    if attrs:
+        raise RenderError(
+            f"{repo.path} at {rev[:10]} has export attributes that make `git archive` differ from the "
+            "tree: " + "; ".join(attrs[:5]) + ".",
+            hint="The image must hold the exact tree; remove those attributes with a patch.",
+        )
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="atom-render-") as tmp:
         tar_path = Path(tmp) / "tree.tar"
         repo.git("archive", "--format=tar", "-o", str(tar_path), rev)
         with tarfile.open(tar_path) as tf:
             members = [m for m in tf.getmembers() if m.name != "pax_global_header"]
-            tf.extractall(dest, members=members, filter="data")
+            try:
+                tf.extractall(dest, members=members, filter="data")
+            except tarfile.FilterError as e:
+                raise RenderError(
+                    f"{repo.path} at {rev[:10]}: {e} (a link pointing outside the tree is not exported).",
+                ) from e
     expected = len(repo.blob_shas(rev))  # blobs and symlinks; gitlinks are not files
     got = sum(1 for m in members if m.isfile() or m.issym())
     if got != expected:
         raise RenderError(
             f"git archive of {rev} in {repo.path} gave {got} files, the tree has {expected}.",
-            hint="An export-ignore attribute may drop files; the image must hold the exact tree.",
+            hint="The image must hold the exact tree.",
         )
     return got
 

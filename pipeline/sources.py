@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -38,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import filelock
 
 from pipeline.config import Settings
-from pipeline.errors import InfraError, RunLocked, SourceError, UsageError
+from pipeline.errors import InfraError, RunLocked, SourceError, TagError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo, is_unreachable
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
@@ -361,7 +360,7 @@ def _configure_mirror(git_dir: Path, url: str) -> None:
 def _update_head(repo: GitRepo) -> None:
     """Point the mirror's HEAD at the remote's default branch (best effort)."""
     try:
-        out = repo.git("ls-remote", "--symref", "origin", "HEAD")
+        out = repo.git(*_FETCH_CONFIG, "ls-remote", "--symref", "origin", "HEAD", env=_GIT_ENV)
     except (SourceError, InfraError):
         return
     for line in out.splitlines():
@@ -370,6 +369,29 @@ def _update_head(repo: GitRepo) -> None:
             if repo.rev_parse(target):
                 repo.git("symbolic-ref", "HEAD", target)
             return
+
+
+class LongFetchProgress:
+    """git's progress lines: all at detail level; when a fetch runs long, some at info level.
+
+    Quiet runs see nothing for quick fetches, and one line every `every`
+    seconds once a fetch has taken more than `after` seconds.
+    """
+
+    def __init__(self, log: Logger, url: str, *, after: float = 5.0, every: float = 10.0) -> None:
+        self.log = log
+        self.url = url
+        self.after = after
+        self.every = every
+        self.start = time.monotonic()
+        self.last_info = 0.0
+
+    def __call__(self, line: str) -> None:
+        self.log.detail(line)
+        now = time.monotonic()
+        if self.log.verbosity == 0 and now - self.start >= self.after and now - self.last_info >= self.every:
+            self.last_info = now
+            self.log.info(f"  {self.url}: {line}")
 
 
 def _touch_marker(path: Path) -> None:
@@ -413,8 +435,6 @@ def open_mirror(
     path = mirror_path(settings, url)
     if retries is None:
         retries = settings.sources.fetch_retries
-    if progress is None and log is not None:
-        progress = log.detail
 
     if not fetch:
         repo = _open_existing(path)
@@ -443,6 +463,8 @@ def open_mirror(
     lock = _mirror_lock(path, log)
     try:
         start = time.monotonic()
+        if progress is None and log is not None:
+            progress = LongFetchProgress(log, url)
         # temp dirs of a clone that was killed (we hold this mirror's lock: none is in use)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -518,12 +540,17 @@ def fetch_commit(repo: GitRepo, sha: str, *, url: str, log: Logger | None = None
     """Try to fetch one commit by full SHA (for commits not on any branch). True if now present."""
     if repo.rev_parse(sha):
         return True
+    lock = _mirror_lock(repo.path, log)
     try:
-        repo.git("fetch", "--no-tags", "origin", f"+{sha}:{PIN_REF_PREFIX}{sha}")
+        repo.git(
+            *_FETCH_CONFIG, "fetch", "--no-tags", "origin", f"+{sha}:{PIN_REF_PREFIX}{sha}", env=_GIT_ENV
+        )
     except (SourceError, InfraError) as e:
         if log is not None:
             log.detail(f"fetching {sha} from {url} by SHA failed: {e.message}")
         return False
+    finally:
+        lock.release()
     return repo.rev_parse(sha) is not None
 
 
@@ -710,14 +737,11 @@ def _mirror_submodule(settings: Settings, sub: Submodule, log: Logger) -> None:
 # -- base image ----------------------------------------------------------------------
 
 
-def default_digest_resolver(ref: str) -> str | None:
-    """`pipeline.registry.resolve_digest` when available, else None."""
-    try:
-        registry = importlib.import_module("pipeline.registry")
-    except ImportError:
-        return None
-    resolve: Callable[..., str | None] = registry.resolve_digest
-    return resolve(ref, timeout=10.0)
+def default_digest_resolver(ref: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The registry's digest for `ref` (Docker config credentials from `env`), None if none answers."""
+    from pipeline.registry import resolve_digest
+
+    return resolve_digest(ref, timeout=10.0, env=env)
 
 
 def pin_base_image(
@@ -726,7 +750,14 @@ def pin_base_image(
     log: Logger,
     resolver: DigestResolver | None = None,
     previous: BaseImagePin | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> BaseImagePin:
+    """Keep `ref` as given; add its digest when a registry answers.
+
+    No registry answering is a warning (the digest of an earlier lock for the
+    same reference is kept). A registry that answers "no such image" or
+    refuses access is an error: pinning must not hide it.
+    """
     ref = ref.strip()
     if not ref:
         raise UsageError("the base image reference is empty.", hint="Pass --base-image or set base_image.")
@@ -735,10 +766,12 @@ def pin_base_image(
         return BaseImagePin(ref=ref, digest=m.group(1))
     digest: str | None
     try:
-        digest = (resolver or default_digest_resolver)(ref)
-    except Exception as e:  # a registry problem must not stop pinning the sources
+        digest = resolver(ref) if resolver is not None else default_digest_resolver(ref, env)
+    except InfraError as e:
         log.detail(f"digest lookup for {ref} failed: {e}")
         digest = None
+    except TagError as e:  # the registry answered and refused: a source problem for pin
+        raise SourceError(f"base image {ref}: {e.message}", hint=e.hint, evidence=e.evidence) from e
     if digest:
         return BaseImagePin(ref=ref, digest=digest)
     if previous is not None and previous.ref == ref and previous.digest:
@@ -797,6 +830,7 @@ def pin_sources(
     previous: Lock | None = None,
     digest_resolver: DigestResolver | None = None,
     choose_aiter: AiterChooser | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Lock:
     """Resolve both sources to full SHAs (mirroring as needed) and build the Lock."""
     return pin(
@@ -810,6 +844,7 @@ def pin_sources(
         previous=previous,
         digest_resolver=digest_resolver,
         choose_aiter=choose_aiter,
+        env=env,
     ).lock
 
 
@@ -825,6 +860,7 @@ def pin(
     previous: Lock | None = None,
     digest_resolver: DigestResolver | None = None,
     choose_aiter: AiterChooser | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> PinResult:
     """`pin_sources` with the mirrors and the requested aiter commit (for the CLI report)."""
     validate_model(model)
@@ -856,6 +892,7 @@ def pin(
         log=log,
         resolver=digest_resolver,
         previous=previous.base_image if previous is not None else None,
+        env=env,
     )
     lock = Lock(
         model=model,

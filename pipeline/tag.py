@@ -93,7 +93,13 @@ class Verdict:
 
 
 def load_verdict(path: Path) -> Verdict:
-    """Read `verdict.json`; TagError saying "missing" or "unreadable" otherwise."""
+    """Read `verdict.json` (or the run directory holding one); TagError saying "missing" or "unreadable".
+
+    Same document as `pipeline.smoke.verdict.Verdict`; read here with the tag stage's own
+    refusal messages (a missing verdict is a refusal to tag, not a configuration error).
+    """
+    if path.is_dir():
+        path = path / "verdict.json"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -322,6 +328,13 @@ def target_repository(settings: Settings, registry: str | None, repository: str 
     """`registry/repository` to push to (flags over settings)."""
     repo = repository or settings.image.repository
     reg = registry if registry is not None else settings.tag.registry
+    if "@" in reg or "://" in reg:
+        # not echoed: a value like user:password@host would put a secret on the console
+        raise UsageError(
+            "the registry to push to must be host[:port], without a scheme or credentials.",
+            hint="Give credentials in PIPELINE_REGISTRY_USER / PIPELINE_REGISTRY_PASSWORD "
+            "or the Docker config.",
+        )
     name = f"{reg.rstrip('/')}/{repo}" if reg else repo
     ref = parse_image_ref(name)
     if ref.tag or ref.digest:
@@ -405,6 +418,7 @@ def tag_verified(
             hint="Install cosign, or run without --cosign.",
         )
     verdict = load_verdict(verdict_path)
+    verdict_path = verdict.path
     info = engine.image(image)
     binding = check_binding(
         verdict,

@@ -186,6 +186,7 @@ def check_cmd(
         atom, aiter = GitRepo(atom_repo), GitRepo(aiter_repo)
     atom_sha = atom_rev or (lock.atom.sha if lock else "")
     aiter_sha = aiter_rev or (lock.aiter.sha if lock else "")
+    stale = _stale_pins(lock, series) if lock else []
     with app.log.stage("patch check") as rec:
         checks = check_series(series, atom, atom_sha, aiter, aiter_sha)
         counts = {
@@ -193,31 +194,30 @@ def check_cmd(
             for s in ("applies", "not-needed", "already-upstream", "conflict")
         }
         rec.figure = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "empty series"
-    stale = _stale_pins(lock, series) if lock else []
-    if as_json:
-        app.emit_json(
-            {
-                "atom": atom_sha,
-                "aiter": aiter_sha,
-                "patches": [c.to_json() for c in checks],
-                "stale_lock_entries": stale,
-            }
-        )
-    else:
-        for c in checks:
-            app.echo(c.line())
+        if as_json:
+            app.emit_json(
+                {
+                    "atom": atom.rev_parse(atom_sha),
+                    "aiter": aiter.rev_parse(aiter_sha),
+                    "patches": [c.to_json() for c in checks],
+                    "stale_lock_entries": stale,
+                }
+            )
+        else:
+            for c in checks:
+                app.echo(c.line())
         for s in stale:
             app.log.warn(s)
-    conflicts = [c for c in checks if c.status == "conflict"]
-    if conflicts:
-        raise PatchError(
-            f"{len(conflicts)} patch(es) conflict with ATOM {atom_sha[:9]}: "
-            + ", ".join(c.patch.name for c in conflicts)
-            + ".",
-            hint="Refresh them (`pipeline patch import`, fix, `pipeline patch export`) or narrow their "
-            f"{RANGE}.",
-            evidence="\n".join(c.line() for c in conflicts),
-        )
+        conflicts = [c for c in checks if c.status == "conflict"]
+        if conflicts:
+            raise PatchError(
+                f"{len(conflicts)} patch(es) conflict with ATOM {atom_sha[:9]}: "
+                + ", ".join(c.patch.name for c in conflicts)
+                + ".",
+                hint="Refresh them (`pipeline patch import`, fix, `pipeline patch export`) or narrow their "
+                f"{RANGE}.",
+                evidence="\n".join(c.line() for c in conflicts),
+            )
 
 
 def _stale_pins(lock: Lock, series: PatchSeries) -> list[str]:

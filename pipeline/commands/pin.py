@@ -55,7 +55,14 @@ def command(
     auto: bool,
     as_json: bool,
 ) -> None:
-    """Resolve ATOM and aiter refs to full SHAs and write the lock file."""
+    """Resolve ATOM and aiter refs to full SHAs and write the lock file.
+
+    Sources default to upstream GitHub; set them with --atom-repo/--aiter-repo,
+    [sources] in pipeline.toml, or PIPELINE_ATOM_REPO / PIPELINE_AITER_REPO
+    (refs: PIPELINE_ATOM_REF / PIPELINE_AITER_REF). Every source is mirrored
+    under the cache dir (PIPELINE_CACHE_DIR) and fetched incrementally; later
+    stages read only the lock file and these mirrors.
+    """
     validate_model(model)
     settings = app.settings(
         atom_repo=atom_repo,
@@ -83,6 +90,7 @@ def command(
             offline=offline,
             previous=previous,
             choose_aiter=chooser,
+            env=app.env,
         )
         lock = result.lock
         changed = lock.save(path)

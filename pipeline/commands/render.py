@@ -67,6 +67,7 @@ def _submodule_repos(settings: Settings, lock: Lock, given: tuple[str, ...]) -> 
 
 
 def _atom_tree(lock: Lock, given: str | None, atom: GitRepo) -> str:
+    """The patched ATOM commit: --atom-tree, else the branch `pipeline patch` left for this lock."""
     if given:
         sha = atom.rev_parse(given)
         if sha is None:
@@ -74,11 +75,22 @@ def _atom_tree(lock: Lock, given: str | None, atom: GitRepo) -> str:
         return sha
     if not lock.applied_patches:
         return lock.atom.sha
-    raise UsageError(
-        f"the lock applies {len(lock.applied_patches)} patch(es) and this build of the pipeline cannot apply "
-        "the series by itself yet.",
-        hint="Run `pipeline patch` and pass the patched ATOM commit with --atom-tree SHA.",
-    )
+    patchq = _optional("pipeline.patchq.apply")
+    branch_name = getattr(patchq, "branch_name", None) if patchq is not None else None
+    if branch_name is None:
+        raise UsageError(
+            f"the lock applies {len(lock.applied_patches)} patch(es) and this build of the pipeline cannot "
+            "find the patched commit by itself yet.",
+            hint="Run `pipeline patch` and pass the patched ATOM commit with --atom-tree SHA.",
+        )
+    branch = str(branch_name(lock.atom.sha, lock.patches))
+    sha = atom.rev_parse(f"refs/heads/{branch}")
+    if sha is None:
+        raise UsageError(
+            f"no patched ATOM commit for this lock in {atom.path} (branch {branch}).",
+            hint=f"Run `pipeline patch --model {lock.model}` first, or pass --atom-tree SHA.",
+        )
+    return sha
 
 
 def render_command(

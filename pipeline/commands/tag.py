@@ -15,8 +15,8 @@ from pipeline.app import App, pass_app
     "--verdict",
     "verdict_path",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The smoke verdict (verdict.json) of this image; the record is written next to it.",
+    type=click.Path(path_type=Path),
+    help="The smoke verdict (verdict.json, or its run directory); the record is written next to it.",
 )
 @click.option(
     "--lock",

@@ -15,6 +15,7 @@ source mentions the name looked up).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -241,6 +242,13 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
 # ---------------------------------------------------------------------------
 # Resolution
 
+_STAR_RE = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]*\*", re.M)
+
+
+# A dependency of a resolution: ("e", module, exists, "") module or namespace existence,
+# ("f", module, exists, "") file module existence, ("m", module, True, blob sha or "") contents.
+Dep = tuple[str, str, bool, str]
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -269,15 +277,53 @@ class ApiIndex:
                 if pkg not in self.mods:
                     self.namespaces.add(pkg)
         self._summaries: dict[str, ModSummary] = {}
-        self._memo: dict[tuple[str, str], Target] = {}
-        self._raw: dict[str, bytes] = {}
+        self._memo: dict[tuple[str, str], tuple[Target, frozenset[Dep]]] = {}
+        self._deps: list[set[Dep]] = []  # open dependency collectors (see resolve_attr)
+        self.ref_memo: dict[tuple[str, tuple[str, ...]], Target] = {}
+        self._raw_read: set[str] = set()
+
+    # -- dependencies -----------------------------------------------------
+    # A resolution depends on the blobs it read and on which modules exist.
+    # Results are shared between the indexes of one run (a search examines
+    # hundreds of aiter commits) and reused when every dependency still holds.
+    def _dep(self, d: Dep) -> None:
+        if self._deps:
+            self._deps[-1].add(d)
+
+    def _has(self, dotted: str) -> bool:
+        r = dotted in self.mods or dotted in self.namespaces
+        self._dep(("e", dotted, r, ""))
+        return r
+
+    def _has_file(self, dotted: str) -> bool:
+        r = dotted in self.mods
+        self._dep(("f", dotted, r, ""))
+        return r
+
+    def _valid(self, deps: frozenset[Dep]) -> bool:
+        for kind, dotted, flag, sha in deps:
+            if kind == "e":
+                if (dotted in self.mods or dotted in self.namespaces) != flag:
+                    return False
+            elif kind == "f":
+                if (dotted in self.mods) != flag:
+                    return False
+            else:
+                path = self.mods.get(dotted)
+                if path is None:
+                    if sha:
+                        return False
+                elif self.tree.blobs.get(path) != sha:
+                    return False
+        return True
 
     # -- loading ----------------------------------------------------------
     def summary(self, module: str) -> ModSummary | None:
+        path = self.mods.get(module)
+        self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
         got = self._summaries.get(module)
         if got is not None:
             return got
-        path = self.mods.get(module)
         if path is None:
             return None
         sha = self.tree.blobs[path]
@@ -300,6 +346,10 @@ class ApiIndex:
     def unparseable(self) -> list[tuple[str, str]]:
         return [(self.mods[m], s.error) for m, s in self._summaries.items() if s.error]
 
+    def raw_read(self) -> set[str]:
+        """Modules whose text was searched for a name without being parsed."""
+        return set(self._raw_read)
+
     def paths_used(self) -> set[str]:
         return {self.mods[m] for m in self._summaries if m in self.mods}
 
@@ -310,17 +360,17 @@ class ApiIndex:
         if parts[0] != self.root:
             return Target("unknown")
         cur = self.root
-        if cur not in self.mods and cur not in self.namespaces:
+        if not self._has(cur):
             return Target("missing", module=cur, missing_what="module")
         for p in parts[1:]:
             nxt = f"{cur}.{p}"
-            if nxt in self.mods or nxt in self.namespaces:
+            if self._has(nxt):
                 cur = nxt
                 continue
             s = self.summary(cur)
             if s is not None and p in s.compat_map:
                 alias = resolve_relative(cur, True, 1, s.compat_map[p])
-                if alias and alias in self.mods:
+                if alias and self._has_file(alias):
                     cur = alias
                     continue
             if s is not None and s.dynamic:
@@ -332,20 +382,38 @@ class ApiIndex:
         key = (module, name)
         got = self._memo.get(key)
         if got is not None:
-            return got
+            if self._deps:
+                self._deps[-1].update(got[1])
+            return got[0]
+        shared_hits: list[tuple[frozenset[Dep], Target]] = self.cache.resolved.get(key, [])
+        for deps, hit in shared_hits:
+            if self._valid(deps):
+                self._memo[key] = (hit, deps)
+                if self._deps:
+                    self._deps[-1].update(deps)
+                return hit
         if depth > 40:
             return Target("unknown")
-        self._memo[key] = Target("unknown")  # cycle guard
-        t = self._resolve_attr(module, name, depth)
-        self._memo[key] = t
+        self._memo[key] = (Target("unknown"), frozenset())  # cycle guard
+        self._deps.append(set())
+        try:
+            t = self._resolve_attr(module, name, depth)
+        finally:
+            deps = frozenset(self._deps.pop())
+        self._memo[key] = (t, deps)
+        if self._deps:
+            self._deps[-1].update(deps)
+        shared = self.cache.resolved.setdefault(key, [])
+        if len(shared) < 16:
+            shared.append((deps, t))
         return t
 
     def _resolve_attr(self, module: str, name: str, depth: int) -> Target:
         s = self.summary(module)
         if s is None:
             sub = f"{module}.{name}"
-            if module in self.namespaces:
-                if sub in self.mods or sub in self.namespaces:
+            if self._has(module):
+                if self._has(sub):
                     return Target("module", module=sub)
                 return Target("missing", module=module, missing_what="function")
             return Target("unknown")
@@ -397,11 +465,11 @@ class ApiIndex:
             return fallback
         # A submodule is an attribute of its package once imported.
         sub = f"{module}.{name}"
-        if sub in self.mods or sub in self.namespaces:
+        if self._has(sub):
             return Target("module", module=sub)
         if name in s.compat_map:
             alias = resolve_relative(module, True, 1, s.compat_map[name])
-            if alias and alias in self.mods:
+            if alias and self._has_file(alias):
                 return Target("module", module=alias)
         if s.dynamic:
             return Target("unknown", module=module)
@@ -414,29 +482,53 @@ class ApiIndex:
         if m.kind != "module":
             return Target("unknown") if m.kind == "unknown" else m
         assert m.module is not None
+        sub = f"{m.module}.{orig}"
+        if self._has(sub):
+            return Target("module", module=sub)  # `from . import mla`: the submodule
         return self.resolve_attr(m.module, orig, depth + 1)
 
-    def _star_may_export(self, module: str, name: str) -> bool:
-        if module not in self._summaries:
-            # Cheap pre-filter on the raw bytes: most star-imported modules of
-            # aiter/__init__.py never mention the name looked up.
-            path = self.mods.get(module)
-            if path is None:
-                return False
-            key = f"{self.tree.blobs[path]}:{path}"
-            if key not in self.cache.data:
-                raw = self._raw.get(module)
-                if raw is None:
-                    raw = next(iter(self.tree.repo.read_blobs([self.tree.blobs[path]])))[1]
-                    self._raw[module] = raw
-                if name.encode() not in raw and b"import *" not in raw:
-                    return False
-        s = self.summary(module)
-        if s is None:
+    def _star_may_export(self, module: str, name: str, depth: int = 0) -> bool:
+        """Can `from module import *` bind `name`? Decided on the raw text when possible.
+
+        Most star-imported modules of aiter/__init__.py never mention the name
+        looked up; neither do the modules they star-import in turn. Only a
+        module that mentions it is parsed.
+        """
+        if name.startswith("_"):
             return False
-        if s.all_names is not None:
-            return name in s.all_names
-        return not name.startswith("_")
+        path = self.mods.get(module)
+        self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
+        s = self._summaries.get(module)
+        if s is not None:
+            return name in s.all_names if s.all_names is not None else True
+        if path is None:
+            return False
+        sha = self.tree.blobs[path]
+        memo_key = (sha, path, name)
+        got = self.cache.mentions.get(memo_key)
+        if got is None:
+            raw = self.cache.raw.get(sha)
+            if raw is None:
+                raw = next(iter(self.tree.repo.read_blobs([sha])))[1]
+                self.cache.raw[sha] = raw
+            self._raw_read.add(module)
+            if name.encode() in raw:
+                got = True
+            else:
+                got = False
+                if depth < 10:
+                    for m in _STAR_RE.finditer(raw):
+                        level = len(m.group(1))
+                        target = resolve_relative(
+                            module, path.endswith("__init__.py"), level, m.group(2).decode() or None
+                        )
+                        if target and self._star_may_export(target, name, depth + 1):
+                            got = True
+                            break
+            self.cache.mentions[memo_key] = got
+        else:
+            self._raw_read.add(module)
+        return got
 
     def attr_of(self, t: Target, name: str, depth: int = 0) -> Target:
         if t.kind == "module":

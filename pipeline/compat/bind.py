@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 
 from pipeline.compat.aiterapi import Param, Signature, pretty_annotation
@@ -67,7 +68,13 @@ _SIMPLE = {
 }
 
 
-def annotation_types(ann: str | None) -> set[str] | None:
+@functools.lru_cache(maxsize=4096)
+def annotation_types(ann: str | None) -> frozenset[str] | None:
+    t = _annotation_types(ann)
+    return frozenset(t) if t is not None else None
+
+
+def _annotation_types(ann: str | None) -> set[str] | None:
     """The set of evident types an annotation admits, or None when it admits anything we cannot tell."""
     if not ann:
         return None
@@ -83,7 +90,7 @@ def _types(node: ast.expr) -> set[str] | None:
         if node.value is None:
             return {"None"}
         if isinstance(node.value, str):
-            return annotation_types(node.value)
+            return _annotation_types(node.value)
         return None
     if isinstance(node, ast.Name | ast.Attribute):
         name = node.id if isinstance(node, ast.Name) else node.attr
@@ -131,8 +138,23 @@ def arg_desc(i: int, a: Arg) -> str:
     return f"argument {i} `{a.text}`{t}"
 
 
+_BIND_MEMO: dict[tuple[int, int], tuple[RawCall, Signature, Binding]] = {}
+
+
 def bind(call: RawCall, sig: Signature) -> Binding:
-    """Python's binding rules, then evident-type checks on every bound argument."""
+    """Python's binding rules, then evident-type checks (memoized: a search binds the same pairs often)."""
+    key = (id(call), id(sig))
+    got = _BIND_MEMO.get(key)
+    if got is not None and got[0] is call and got[1] is sig:
+        return got[2]
+    if len(_BIND_MEMO) > 200_000:
+        _BIND_MEMO.clear()
+    b = _bind(call, sig)
+    _BIND_MEMO[key] = (call, sig, b)
+    return b
+
+
+def _bind(call: RawCall, sig: Signature) -> Binding:
     b = Binding()
     params = sig.params
     positional = [p for p in params if p.kind in ("posonly", "pos")]

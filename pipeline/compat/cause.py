@@ -45,26 +45,45 @@ class Cause:
 class History:
     """File histories and signatures at each version, memoized for one run."""
 
-    def __init__(self, repo: GitRepo, cache: SummaryCache) -> None:
+    def __init__(self, repo: GitRepo, cache: SummaryCache, facts: SummaryCache | None = None) -> None:
         self.repo = repo
         self.cache = cache
+        self.facts = facts
         self._logs: dict[tuple[str, str], list[FileVersion]] = {}
+        self._parents: dict[str, str | None] = {}
+
+    def parent(self, sha: str) -> str | None:
+        """First parent (known from the file logs read so far, else asked)."""
+        if sha in self._parents:
+            return self._parents[sha]
+        p = self.repo.rev_parse(f"{sha}^1")
+        self._parents[sha] = p
+        return p
 
     def file_log(self, rev: str, path: str) -> list[FileVersion]:
         key = (rev, path)
         got = self._logs.get(key)
         if got is not None:
             return got
+        fkey = f"log:{rev}:{path}"
+        cached = self.facts.data.get(fkey) if self.facts is not None else None
+        if cached is not None:
+            versions_c: list[FileVersion] = cached[0]
+            self._parents.update(cached[1])
+            self._logs[key] = versions_c
+            return versions_c
         out = self.repo.git(
-            "log", "--format=%x01%H%x00%ct%x00%an%x00%s", "--raw", "--no-abbrev", "--no-renames",
+            "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-abbrev", "--no-renames",
             "--first-parent", "-m", rev, "--", path,
         )  # fmt: skip
         versions: list[FileVersion] = []
+        parents: dict[str, str | None] = {}
         for chunk in out.split("\x01"):
             if not chunk.strip():
                 continue
             header, _, rest = chunk.partition("\n")
-            sha, ts, author, subject = header.split("\x00", 3)
+            sha, par, ts, author, subject = header.split("\x00", 4)
+            parents[sha] = par.split()[0] if par.split() else None
             blob: str | None = None
             for line in rest.splitlines():
                 if line.startswith(":") and "\t" in line:
@@ -73,6 +92,10 @@ class History:
             info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
             versions.append(FileVersion(info, blob))
         self._logs[key] = versions
+        self._parents.update(parents)
+        if self.facts is not None:
+            self.facts.data[fkey] = (versions, parents)
+            self.facts.dirty = True
         return versions
 
     def summary(self, path: str, blob: str) -> ModSummary:
@@ -109,7 +132,7 @@ def find_cause(
         if s is not None and clean(s):
             if newer is None:
                 return None  # clean at the pinned version: nothing to blame here
-            parent = _first_parent(hist.repo, newer.commit.sha)
+            parent = hist.parent(newer.commit.sha)
             change, effect = explain(s, newer_sig, call, name)
             return Cause(newer.commit, parent, change, effect, s, newer_sig)
         if s is None and newer is not None and newer_sig is not None:
@@ -117,10 +140,6 @@ def find_cause(
             return None
         newer, newer_sig = v, s
     return None
-
-
-def _first_parent(repo: GitRepo, sha: str) -> str | None:
-    return repo.rev_parse(f"{sha}^1")
 
 
 # ---------------------------------------------------------------------------
@@ -203,13 +222,15 @@ def explain(old: Signature, new: Signature | None, call: RawCall, name: str) -> 
         plural = "s" if hi > lo else ""
         if delta is None:
             effect_parts.append(
-                f"positional argument{plural} {rng} of this call now bind to different parameters"
+                f"positional argument{plural} {rng} of this call now "
+                f"{'bind' if plural else 'binds'} to different parameters"
             )
         else:
             words = {1: "one", 2: "two", 3: "three", 4: "four"}
             count = words.get(abs(delta), str(abs(delta)))
             how = f"{count} slot{'s' if abs(delta) != 1 else ''} {'later' if delta > 0 else 'earlier'}"
-            effect_parts.append(f"positional argument{plural} {rng} of this call now bind {how}")
+            verb = "bind" if plural else "binds"
+            effect_parts.append(f"positional argument{plural} {rng} of this call now {verb} {how}")
     for p in nb.problems:
         effect_parts.append(p.message)
     if not nb.problems:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
@@ -38,15 +38,23 @@ class Caches:
 
     atom: SummaryCache
     aiter: SummaryCache
+    facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
+    reports: SummaryCache  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
 
     @classmethod
     def open(cls, cache_dir: Path | None) -> Caches:
-        return cls(SummaryCache.open("atom", cache_dir), SummaryCache.open("aiter", cache_dir), cache_dir)
+        return cls(
+            SummaryCache.open("atom", cache_dir),
+            SummaryCache.open("aiter", cache_dir),
+            SummaryCache.open("facts", cache_dir),
+            SummaryCache.open("reports", cache_dir),
+            cache_dir,
+        )
 
     def save(self) -> None:
-        self.atom.save()
-        self.aiter.save()
+        for c in (self.atom, self.aiter, self.facts, self.reports):
+            c.save()
 
 
 def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
@@ -70,9 +78,30 @@ def aiter_tip(aiter: GitRepo, fallback: str) -> str:
     return aiter.rev_parse("HEAD") or fallback
 
 
+class FirstParent:
+    """aiter's first-parent history of one tip, (commit time, sha) newest first: "aiter as of a date"."""
+
+    def __init__(self, aiter: GitRepo, tip: str, facts: SummaryCache | None = None) -> None:
+        key = f"first-parent:{tip}"
+        got = facts.data.get(key) if facts is not None else None
+        if got is None:
+            out = aiter.git("log", "--first-parent", "--format=%ct %H", tip)
+            got = [(int(ts), sha) for ts, sha in (line.split() for line in out.splitlines() if line)]
+            if facts is not None:
+                facts.data[key] = got
+                facts.dirty = True
+        self.commits: list[tuple[int, str]] = got
+
+    def as_of(self, when: int) -> str | None:
+        # git rev-list --before=T: the newest commit with commit time <= T (first-parent order).
+        for ts, sha in self.commits:
+            if ts <= when:
+                return sha
+        return None
+
+
 def aiter_as_of(aiter: GitRepo, tip: str, when: datetime) -> str | None:
-    out = aiter.git("rev-list", "-1", "--first-parent", f"--before={int(when.timestamp())}", tip).strip()
-    return out or None
+    return FirstParent(aiter, tip).as_of(int(when.timestamp()))
 
 
 def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -> str:
@@ -82,12 +111,16 @@ def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -
 
 
 def target_of(index: ApiIndex, call: RawCall) -> Target:
+    got = index.ref_memo.get(call.ref)
+    if got is not None:
+        return got
     mod, attrs = call.ref
     t = index.resolve_module_path(mod)
     for a in attrs:
         if t.kind in ("missing", "unknown"):
             break
         t = index.attr_of(t, a)
+    index.ref_memo[call.ref] = t
     return t
 
 
@@ -115,13 +148,14 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
-        self.hist = History(aiter, caches.aiter)
+        self.hist = History(aiter, caches.aiter, caches.facts)
+        self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
         self._blame: dict[tuple[str, int, int], str | None] = {}
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int], tuple[str, Signature, Binding] | None] = {}
-        self.date_baseline = explicit_baseline or (
-            aiter_as_of(aiter, tip, atom.commit_info(atom_sha).date) or None
+        self.date_baseline = explicit_baseline or self.first_parent.as_of(
+            int(atom.commit_info(atom_sha).date.timestamp())
         )
 
     def index(self, aiter_sha: str) -> ApiIndex:
@@ -131,6 +165,12 @@ class Checker:
             self._index[aiter_sha] = got
         return got
 
+    def drop_index(self, aiter_sha: str) -> None:
+        """Forget an index no baseline needs (a search examines hundreds of commits)."""
+        keep = {self.date_baseline, self.explicit_baseline, self.tip, *self._as_of.values()}
+        if aiter_sha not in keep:
+            self._index.pop(aiter_sha, None)
+
     # -- baselines -----------------------------------------------------------
     def call_baseline(self, call: RawCall) -> str | None:
         """The aiter the call was written against: explicit, or aiter as of the call's blame date."""
@@ -139,22 +179,48 @@ class Checker:
         key = (call.path, call.line, call.end_line or call.line)
         if key in self._blame:
             return self._blame[key]
-        ts = self._blame_time(call.path, call.line, call.end_line or call.line)
+        times = self._blame_file(call.path)
+        lo, hi = call.line, call.end_line or call.line
+        stamps = [times[i] for i in range(lo, hi + 1) if i in times]
         sha: str | None = None
-        if ts is not None:
+        if stamps:
+            ts = max(stamps)
             if ts not in self._as_of:
-                self._as_of[ts] = aiter_as_of(self.aiter, self.tip, datetime.fromtimestamp(ts, tz=UTC))
+                self._as_of[ts] = self.first_parent.as_of(ts)
             sha = self._as_of[ts]
         self._blame[key] = sha
         return sha
 
-    def _blame_time(self, path: str, lo: int, hi: int) -> int | None:
+    def _blame_file(self, path: str) -> dict[int, int]:
+        """{line: committer time} for the lines of every aiter call in `path` (one `git blame`)."""
+        key = f"blame:{self.atom_sha}:{path}"
+        got: dict[int, int] | None = self.caches.facts.data.get(key)
+        if got is not None:
+            return got
+        ranges = sorted(
+            {(c.line, c.end_line or c.line) for fc in self.files if fc.path == path for c in fc.calls}
+        )
+        args = ["blame", "--porcelain"]
+        for lo, hi in ranges:
+            args += ["-L", f"{lo},{hi}"]
+        got = {}
         try:
-            out = self.atom.git("blame", "--porcelain", "-L", f"{lo},{hi}", self.atom_sha, "--", path)
+            out = self.atom.git(*args, self.atom_sha, "--", path)
         except SourceError:
-            return None
-        times = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committer-time ")]
-        return max(times) if times else None
+            out = ""
+        commit_time: dict[str, int] = {}
+        current: tuple[str, int] | None = None
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and len(parts[0]) == 40 and all(ch in "0123456789abcdef" for ch in parts[0]):
+                current = (parts[0], int(parts[2]))
+            elif line.startswith("committer-time ") and current is not None:
+                commit_time[current[0]] = int(parts[1])
+            if line.startswith("\t") and current is not None and current[0] in commit_time:
+                got[current[1]] = commit_time[current[0]]
+        self.caches.facts.data[key] = got
+        self.caches.facts.dirty = True
+        return got
 
     # -- the check -----------------------------------------------------------
     def check(self, aiter_sha: str, *, with_causes: bool = True) -> CheckReport:
@@ -351,7 +417,7 @@ class Checker:
         for v in reversed(versions):  # oldest first
             s = self.hist.sig_at(base_sig.path, v.blob, base_sig.name)
             if s is not None and clean(s):
-                parent = self.aiter.rev_parse(f"{v.commit.sha}^1")
+                parent = self.hist.parent(v.commit.sha)
                 if prev_sig is None:
                     change, effect = f"`{base_sig.name}` added", ""
                 else:
@@ -379,22 +445,30 @@ class Checker:
         name = call.ref[1][-1] if call.ref[1] else ""
         if with_causes and what == "function" and t.module and name:
             idx = self.index(aiter_sha)
-            path = idx.mods.get(t.module)
-            if path is not None:
+            # Where it used to live: the module looked up, or its file under a baseline.
+            paths: list[tuple[str, str]] = []
+            if t.module in idx.mods:
+                paths.append((idx.mods[t.module], name))
+            for base in (self.date_baseline, self.call_baseline(call)):
+                old = self._sig_at(base, call)
+                if old is not None and (old.path, old.name) not in paths:
+                    paths.append((old.path, old.name))
+            for path, def_name in paths:
                 newer = None
                 found = False
                 for v in self.hist.file_log(aiter_sha, path):
-                    if self.hist.sig_at(path, v.blob, name) is not None:
+                    if self.hist.sig_at(path, v.blob, def_name) is not None:
                         found = True
                         break
                     newer = v
                 if found and newer is not None:
                     c = newer.commit
-                    cause_info = CauseInfo(c, self.aiter.rev_parse(f"{c.sha}^1"), f"`{name}` removed", "")
+                    cause_info = CauseInfo(c, self.hist.parent(c.sha), f"`{name}` removed", "")
                     msg += (
-                        f". Cause: `{name}` removed from {path} by aiter {c.short} "
-                        f"({_day(c)}, \"{c.subject}\")"
+                        f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
+                        f'({_day(c)}, "{c.subject}")'
                     )
+                    break
             if cause_info is None and not call.guarded:
                 cause_info, extra = self._added_later(call, aiter_sha, name)
                 msg += extra
@@ -415,11 +489,11 @@ class Checker:
         if added is None:
             return None, ""
         c = added.commit
-        parent = self.aiter.rev_parse(f"{c.sha}^1")
+        parent = self.hist.parent(c.sha)
         info = CauseInfo(c, parent, f"`{name}` added", "the pinned aiter predates it")
         return info, (
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
-            f"{c.short} ({_day(c)}, \"{c.subject}\"), which the pinned aiter predates"
+            f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
 
 
@@ -447,11 +521,20 @@ def run_check(
     atom_sha = resolve_sha(atom, atom_rev, "ATOM")
     aiter_sha = resolve_sha(aiter, aiter_rev, "aiter")
     explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
+    tip = aiter_tip(aiter, aiter_sha)
     caches = Caches.open(cache_dir)
+    # Everything a report depends on is named by these SHAs (trees and histories are immutable).
+    key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}"
+    got = caches.reports.data.get(key)
+    if isinstance(got, CheckReport):
+        return got
     try:
-        checker = Checker(
-            atom, atom_sha, aiter, caches, tip=aiter_tip(aiter, aiter_sha), explicit_baseline=explicit
-        )
-        return checker.check(aiter_sha)
+        checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit)
+        report = checker.check(aiter_sha)
+        if len(caches.reports.data) > 256:
+            caches.reports.data.clear()
+        caches.reports.data[key] = report
+        caches.reports.dirty = True
+        return report
     finally:
         caches.save()

@@ -9,6 +9,7 @@ blob SHA plus a schema version, so a warm run only lists the trees.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pickle
 import re
@@ -21,7 +22,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 8  # bump when a summary's shape or its extraction rules change
+SCHEMA = 9  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass
@@ -57,6 +58,9 @@ class SummaryCache:
     cache_dir: Path | None
     data: dict[str, Any] = field(default_factory=dict)
     dirty: bool = False
+    raw: dict[str, bytes] = field(default_factory=dict)  # blob sha -> bytes, this run only
+    mentions: dict[tuple[str, str, str], bool] = field(default_factory=dict)  # (sha, path, name)
+    resolved: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # shared resolutions
 
     @property
     def file(self) -> Path | None:
@@ -121,6 +125,7 @@ class SummaryCache:
         self.dirty = False
 
 
+@functools.lru_cache(maxsize=65536)
 def module_of(path: str) -> str | None:
     """Dotted module name of a repository path (`aiter/ops/x.py` -> `aiter.ops.x`)."""
     if not path.endswith(".py"):

@@ -92,13 +92,8 @@ class _Scratch:
             "GIT_OBJECT_DIRECTORY": str(tmp / "objects"),
             "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects_dir(repo)),
         }
-        self._must(self.repo.run("read-tree", base, env=self.env))
+        _must(self.repo.run("read-tree", base, env=self.env), f"read {base[:9]} into a scratch index")
         self._n = 0
-
-    def _must(self, res: GitResult) -> GitResult:
-        if not res.ok:
-            raise PatchError(f"git failed in a scratch index: {res.stderr.strip()}", evidence=res.stderr)
-        return res
 
     def apply(
         self,
@@ -210,7 +205,7 @@ def check_series(
             _check_tree_paths(patch, atom, scratch.env)
             why = f"{rng.reason}; {cond.reason}"
             if scratch.apply(patch.path, check=True).ok:
-                scratch._must(scratch.apply(patch.path))
+                _must(scratch.apply(patch.path), f"apply {patch.name} to a scratch index")
                 results.append(PatchCheck(patch, "applies", why))
             elif scratch.apply(patch.path, check=True, reverse=True).ok:
                 results.append(
@@ -447,6 +442,7 @@ def apply_series(
         notes.append(f"no patch applies to ATOM {atom_sha[:9]}: the image uses it unpatched")
         return AppliedSeries(atom_sha, pins, notes, None, None)
     workdir.mkdir(parents=True, exist_ok=True)
+    atom.run("worktree", "prune")  # forget work trees deleted by hand (they would hold the branch)
     # Build in a fresh work tree beside the target; swap it in only on success.
     fresh = Path(tempfile.mkdtemp(prefix=f".{work_tree.name}.", dir=workdir)).absolute()
     fresh.rmdir()

@@ -75,7 +75,7 @@ def evaluate_chat(check: ChatCheck, status: int, body: str, seconds: float) -> C
         return CheckResult.fail(
             check.name, f"chat completion returned an empty answer{extra}", figures=figures, limits=limits
         )
-    if finish not in check.finish_reasons:
+    if not isinstance(finish, str) or not any(re.fullmatch(p, finish) for p in check.finish_reasons):
         return CheckResult.fail(
             check.name,
             f"chat completion finish_reason {finish!r} is not one of {', '.join(check.finish_reasons)}",
@@ -145,7 +145,8 @@ def evaluate_gsm8k(check: Gsm8kCheck, results_text: str, *, limit: int | None) -
     if isinstance(ns, dict):
         n_samples = ns.get("effective")
     n = int(n_samples) if isinstance(n_samples, int) and n_samples > 0 else (limit or ref.samples)
-    file_limit = (data.get("config") or {}).get("limit") if isinstance(data.get("config"), dict) else None
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    has_limit, file_limit = "limit" in config, config.get("limit")
     lower, margin = gsm8k_lower_bound(check, n)
     figures = {
         "value": round(value, 4),
@@ -162,7 +163,7 @@ def evaluate_gsm8k(check: Gsm8kCheck, results_text: str, *, limit: int | None) -
         "z": check.z,
         "margin": round(margin, 4),
     }
-    if limit is not None and file_limit not in (None, limit, float(limit)):
+    if has_limit and file_limit != limit:  # 40 == 40.0; lm_eval stores --limit as a float
         return CheckResult.fail(
             check.name,
             f"lm_eval ran with limit {file_limit}, not the {limit} asked for",

@@ -26,7 +26,11 @@ from typing import IO
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 # Optional log prefixes of multi-process servers: "[rank0]: ", "(EngineCore pid=12) ", "(Worker_TP0) ".
 _PREFIX = r"(?:\[[^\]\n]{1,64}\]:?[ \t]*|\([^)\n]{1,64}\)[ \t]*)*"
-_EXC_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:Error|Exception|Interrupt|Exit|Failure)"
+# A module-qualified name (torch._dynamo.exc.Unsupported) or a bare one with an exception-like
+# suffix (RuntimeError, KeyboardInterrupt, StopIteration). Bare "INFO:" log lines from other
+# processes interleaved with a traceback do not qualify.
+_SUFFIXES = "Error|Exception|Interrupt|Exit|Failure|Failed|Unsupported|Iteration|Warning"
+_EXC_NAME = rf"(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[A-Za-z_]\w*(?:{_SUFFIXES}))"
 EXCEPTION_LINE = re.compile(rf"^{_PREFIX}(?P<line>{_EXC_NAME}(?::[ \t].*|:)?)$")
 _HEADER = re.compile(rf"^{_PREFIX}{re.escape(TRACEBACK_HEADER)}\s*$")
 
@@ -41,6 +45,8 @@ def exception_line(line: str) -> str | None:
 class TracebackDetector:
     """Feed lines; `fatal` is the first exception line that ends a traceback."""
 
+    # Exception lines (regexes) known to be harmless for this server: ignored.
+    ignore: tuple[re.Pattern[str], ...] = ()
     fatal: str | None = None
     last_exception: str | None = None  # last exception-looking line after any traceback header
     traceback: list[str] = field(default_factory=list)
@@ -62,6 +68,8 @@ class TracebackDetector:
         if exc is None:
             return None
         self._in_tb = False
+        if any(p.search(exc) for p in self.ignore):
+            return None
         self.last_exception = exc
         if self.fatal is None:
             self.fatal = exc
@@ -69,9 +77,9 @@ class TracebackDetector:
         return None
 
 
-def last_exception_in(text: str) -> str | None:
+def last_exception_in(text: str, ignore: tuple[str, ...] = ()) -> str | None:
     """The last exception line of `text` that follows a traceback header (None if none)."""
-    det = TracebackDetector()
+    det = TracebackDetector(ignore=tuple(re.compile(p) for p in ignore))
     for line in text.splitlines():
         det.feed(line)
     return det.last_exception
@@ -93,12 +101,13 @@ class LogWatcher:
         redact: Callable[[str], str],
         on_line: Callable[[str], None] | None = None,
         tail_lines: int = 200,
+        ignore: tuple[str, ...] = (),
     ) -> None:
         self._stream = stream
         self.log_path = log_path
         self._redact = redact
         self._on_line = on_line
-        self.detector = TracebackDetector()
+        self.detector = TracebackDetector(ignore=tuple(re.compile(p) for p in ignore))
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self.changed = threading.Event()
         self.fatal: str | None = None

@@ -79,6 +79,10 @@ def resolve_hf_cache(raw: str, *, local: bool) -> str:
     return raw
 
 
+# What the engine says when a bind-mount source is missing or cannot be created.
+_MOUNT_ERRORS = ("mount source path", "bind source path does not exist", "invalid mount config")
+
+
 def _probe_in_container(
     engine: Any,
     image: str,
@@ -103,12 +107,13 @@ def _probe_in_container(
         ) as c:
             code = c.wait(timeout=120)
             out = c.logs()
-    except InfraError:
-        raise
     except PipelineError as e:
+        mount_problem = any(s in e.message for s in _MOUNT_ERRORS)
+        if isinstance(e, InfraError) and not mount_problem:
+            raise
         raise NoHardware(
-            f"The preflight probe container could not start on the engine ({e.message}); the usual cause is "
-            f"that {nodes_dir} does not exist on the engine host, i.e. it has no amdgpu/KFD driver.",
+            f"The preflight probe could not mount the engine host's paths ({e.message}); the usual cause is "
+            f"that the KFD topology {nodes_dir} does not exist there, i.e. it has no amdgpu/KFD driver.",
             hint="Run the smoke test against an MI355 host: "
             "pipeline smoke --docker-host ssh://user@mi355-host ...",
             evidence=e.evidence,

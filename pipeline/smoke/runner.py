@@ -155,7 +155,7 @@ class _Run:
             if code is None and w.error is None:
                 return None  # log stream ended but container still running: keep going
             full = self._server_log_text()
-            line = last_exception_in(full)
+            line = last_exception_in(full, self.recipe.server.ignore_exceptions)
             if line is None:
                 last = next((ln for ln in reversed(full.splitlines()) if ln.strip()), "")
                 line = f"server container exited with code {code}" + (
@@ -273,6 +273,7 @@ class _Run:
             self.run_dir / "server.log",
             redact=self.log.redact,
             on_line=lambda line: self.log.debug(f"server| {line}"),
+            ignore=self.recipe.server.ignore_exceptions,
         ).start()
 
     def wait_ready(self) -> CheckResult:
@@ -550,6 +551,15 @@ class _Run:
         return results
 
 
+def _remove(container: Any) -> None:
+    """Remove the container; a second Ctrl-C/SIGTERM during removal does not leave it behind."""
+    try:
+        container.remove()
+    except KeyboardInterrupt:
+        container.remove()
+        raise
+
+
 def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[str, str]:
     out = dict(recipe.environment)
     for key in recipe.secrets:
@@ -592,7 +602,7 @@ def run_smoke(
     info = engine.image(image)
     if info is None:
         raise UsageError(
-            f"The Docker engine ({engine_desc}) has no image {image!r}.",
+            f"{engine_desc[0].upper()}{engine_desc[1:]} has no image {image!r}.",
             hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
         )
     image_labels = dict(getattr(info, "labels", {}) or {})
@@ -702,13 +712,14 @@ def run_smoke(
                 verdict = finish(status, reason, checks, pf.summary())
             if run.container is not None:
                 log.detail(f"removing server container {run.container.name}")
-                run.container.remove()
+                _remove(run.container)
             if run.watcher is not None:
                 run.watcher.join(5)
     except KeyboardInterrupt:
         finish(
             "error",
-            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; the container was removed",
+            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; "
+            "the server container was removed",
             checks,
             pf.summary(),
         )

@@ -246,3 +246,37 @@ def test_cli_render_then_build_then_skip_and_unreachable_engine(
     assert code == ExitCode.INFRA and "DOCKER_HOST" in err and "dockerd" in err
 
     assert main(["build", "--model", MODEL]) == ExitCode.NOT_IMPLEMENTED
+
+
+def test_image_in_target_registry_is_not_rebuilt(
+    engine: Engine,
+    pinned_base: str,
+    registry: Registry,
+    repos: BuildRepos,
+    docker_cleanup: DockerCleanup,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    case = docker_cleanup.case_id
+    s = settings(pinned_base, case, tmp_path)
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"registry-{case}"))
+    log = Logger(stream=io.StringIO())
+    built = build_image(
+        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels
+    )
+    remote_repo = registry.repo(s.image.repository)
+    remote_tag = ctx.image_ref.rsplit(":", 1)[1]
+    engine.tag(built.image_id, remote_repo, remote_tag)
+    digest = engine.push(remote_repo, remote_tag)
+    for ref in (f"{remote_repo}:{remote_tag}", ctx.image_ref):
+        engine.remove_image(ref, force=True)
+    assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
+
+    monkeypatch.chdir(tmp_path)
+    for key, value in settings_env(pinned_base, case, registry=registry.host).items():
+        monkeypatch.setenv(key, value)
+    assert main(["build", "--context", str(ctx.dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["skipped"] is True and out["found_in"] == f"{remote_repo}:{remote_tag}@{digest}"
+    assert engine.image(ctx.image_ref) is None  # nothing was built or pulled

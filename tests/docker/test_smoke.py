@@ -423,3 +423,24 @@ def test_no_hardware_is_its_own_exit_and_never_a_pass(
     verdict = load_verdict(tmp_path / "run")
     assert verdict.status == "no-hardware" and not verdict.passed and verdict.checks == []
     no_container_left(engine, docker_cleanup)
+
+
+def test_container_preflight_on_a_host_without_kfd_is_no_hardware(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    """Like a remote engine on a host without the amdgpu driver: the topology path cannot be mounted."""
+    recipe = load_recipe(TEST_RECIPE)
+    with pytest.raises(NoHardware) as exc:
+        run_preflight(
+            engine,
+            image=smoke_image,
+            recipe=recipe,
+            nodes_dir="/sys/class/kfd-absent/topology/nodes",
+            hf_cache_raw=str(tmp_path),
+            env={"HF_TOKEN": "t"},
+            docker_host=None,
+            via="container",
+            labels=docker_cleanup.labels,
+        )
+    assert "/sys/class/kfd-absent/topology/nodes" in str(exc.value) and "KFD" in str(exc.value)
+    no_container_left(engine, docker_cleanup)

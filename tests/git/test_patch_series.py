@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,19 @@ def test_apply_makes_one_deterministic_commit_per_patch(
     bare = patched_commit(series, a, atom.c2, GitRepo(aiter.repo), aiter.a1)
     assert bare.head_sha == res.head_sha and bare.pins == res.pins and bare.worktree is None
     assert _state(atom.mirror) == before  # no ref, no work tree
+
+
+def test_apply_after_the_work_tree_was_deleted_by_hand(
+    atom: AtomFixture, aiter: AiterFixture, tmp_path: Path
+) -> None:
+    series = _series(atom, tmp_path)
+    args = (series, GitRepo(atom.mirror), atom.c2, GitRepo(aiter.repo), aiter.a1)
+    first = apply_series(*args, workdir=tmp_path / "work")
+    assert first.worktree is not None
+    shutil.rmtree(first.worktree)  # the branch is still "checked out" there for git
+    again = apply_series(*args, workdir=tmp_path / "work")
+    assert again.head_sha == first.head_sha and again.worktree == first.worktree
+    assert (first.worktree / MODEL).read_text() == FIXED_FILE
 
 
 def test_apply_drops_not_needed_patch_with_a_note(
@@ -420,6 +434,21 @@ def test_cli_import_export(atom: AtomFixture, tmp_path: Path, capsys: pytest.Cap
     assert main(["patch", "export", "--patches-dir", str(out), "--repo", str(clone), "--from", atom.c2]) == 0
     assert (out / series.patches[0].name).read_bytes() == series.patches[0].path.read_bytes()
     assert (clone / MODEL).read_text() == FIXED_FILE and OLD_FILE != FIXED_FILE
+    # one more commit, appended as the next patch with headers from the flags
+    (clone / "README.md").write_text("ATOM\n\nMiniMax-M3 recipe, patched.\n")
+    git(clone, "commit", "-q", "-a", "-m", "docs: mention the patch")
+    args = [
+        "--repo",
+        str(clone),
+        "--from",
+        atom.c2,
+        "--aiter-requires",
+        "fused_qknorm_idxrqknorm has kv_cache_v",
+    ]
+    assert main(["patch", "new", "--patches-dir", str(out), *args]) == 0
+    assert capsys.readouterr().out.strip().endswith("0002-docs-mention-the-patch.patch")
+    p2 = PatchSeries.load(out).patches[1]
+    assert [str(r) for r in p2.aiter_requires] == ["fused_qknorm_idxrqknorm has kv_cache_v"]
 
 
 def test_fixture_is_what_the_tests_think(atom: AtomFixture) -> None:

@@ -16,12 +16,15 @@ from pipeline.lock import Lock, PatchPin
 from tests.fixtures.upstream_repos import Upstreams, free_port, make_upstreams
 
 DIGEST = "sha256:" + "f" * 64
+REAL_DEFAULT_RESOLVER = sources.default_digest_resolver
 
 
 @pytest.fixture
 def ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstreams:
     monkeypatch.setattr(sources, "BACKOFF_SECONDS", 0.01)
-    monkeypatch.setattr(sources, "default_digest_resolver", lambda ref: None)  # no registry in tests
+    monkeypatch.setattr(
+        sources, "default_digest_resolver", lambda ref, env=None: None
+    )  # no registry in tests
     for name in list(__import__("os").environ):
         if name.startswith("PIPELINE_") or name.startswith("GITHUB_"):
             monkeypatch.delenv(name)
@@ -203,3 +206,24 @@ def test_auto_with_no_compatible_aiter_is_incompatible(
     err = capsys.readouterr().err
     assert "no aiter commit" in err and "without patches" in err and ups.shas["aiter_old"] in err
     assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
+
+
+def test_base_image_digest_through_the_registry_module(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipeline.registry
+
+    seen: list[tuple[str, bool]] = []
+
+    def fake_resolve(ref: str, *, timeout: float = 10.0, env: object = None, **kw: object) -> str | None:
+        seen.append((ref, isinstance(env, dict) and "PIPELINE_CACHE_DIR" in env))
+        return DIGEST
+
+    monkeypatch.setattr(sources, "default_digest_resolver", REAL_DEFAULT_RESOLVER)
+    monkeypatch.setattr(pipeline.registry, "resolve_digest", fake_resolve)
+    args = pin_args(ups)
+    args[args.index("--base-image") + 1] = "rocm/pytorch:tag"
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["base_image"] == {"ref": "rocm/pytorch:tag", "digest": DIGEST}
+    assert seen == [("rocm/pytorch:tag", True)]  # the environment is passed for Docker config credentials

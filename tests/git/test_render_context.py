@@ -176,3 +176,26 @@ def test_edited_dockerfile_is_detected(repos: BuildRepos, tmp_path: Path) -> Non
     ctx.dockerfile.write_text(ctx.dockerfile.read_text() + "RUN echo sneaky\n")
     with pytest.raises(RenderError, match="edited after render"):
         read_manifest(ctx.dir)
+
+
+def test_tree_with_export_attributes_is_refused(repos: BuildRepos, tmp_path: Path) -> None:
+    clone = tmp_path / "atom-attrs"
+    subprocess.run(["git", "clone", "-q", str(repos.atom), str(clone)], check=True)
+    run_git(clone, "checkout", "-q", repos.patched_sha)
+    (clone / ".gitattributes").write_text("install_atom.py export-ignore\n")
+    run_git(clone, "add", "-A")
+    run_git(clone, "commit", "-q", "-m", "drop a file from archives")
+    head = run_git(clone, "rev-parse", "HEAD")
+    with pytest.raises(RenderError, match="export-ignore"):
+        render_context(
+            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
+            atom=GitRepo(clone),
+            atom_tree_sha=head,
+            aiter=GitRepo(repos.aiter),
+            submodule_repos={CK_PATH: GitRepo(repos.ck)},
+            recipe_path=repos.recipe,
+            settings=settings(tmp_path),
+            out_dir=tmp_path / "ctx",
+            templates_dir=TEMPLATES,
+        )
+    assert not (tmp_path / "ctx").exists()

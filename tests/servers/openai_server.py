@@ -108,7 +108,8 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("ignore_eos"):
             words = (words * (max_tokens // max(len(words), 1) + 1))[:max_tokens]
         words = words[:max_tokens]
-        finish = "length" if req.get("ignore_eos") or len(text.split(" ")) > max_tokens else "stop"
+        # ATOM passes its scheduler's leave_reason through as finish_reason ("eos", "max_tokens")
+        finish = "max_tokens" if req.get("ignore_eos") or len(text.split(" ")) > max_tokens else "eos"
         created = int(time.time())
         if not req.get("stream"):
             time.sleep(FIRST_TOKEN_S + TOKEN_S * max(len(words) - 1, 0))

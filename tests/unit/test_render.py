@@ -263,6 +263,12 @@ def test_base_image_changed_since_pin_is_refused(tmp_path: Path) -> None:
         plan(other, make_lock(s))
 
 
+def test_aiter_build_arch_must_match_gpu_archs(tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match="GPU_ARCHS=gfx950"):
+        plan(settings(tmp_path, gpu_archs="gfx942"))
+    plan(settings(tmp_path, gpu_archs="gfx942", aiter_build_cmd="GPU_ARCHS=gfx942 python3 setup.py develop"))
+
+
 def test_bad_repository_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match="repository"):
         plan(settings(tmp_path, repository="Rocm/ATOM dev;x"))

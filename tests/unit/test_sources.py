@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import sources
 from pipeline.config import load_settings
-from pipeline.errors import InfraError, SourceError, UsageError
+from pipeline.errors import InfraError, SourceError, TagError, UsageError
 from pipeline.lock import BaseImagePin
 from pipeline.log import Logger
 from pipeline.sources import (
@@ -176,10 +176,22 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
     kept = pin_base_image("rocm/pytorch:x", log=log, resolver=lambda ref: None)
     assert kept.digest == "" and "kept as given" in buf.getvalue()
 
-    def boom(ref: str) -> str | None:
-        raise RuntimeError("registry exploded")
+    def down(ref: str) -> str | None:
+        raise InfraError("registry unreachable")
 
-    assert pin_base_image("rocm/pytorch:x", log=log, resolver=boom).digest == ""
+    assert pin_base_image("rocm/pytorch:x", log=log, resolver=down).digest == ""
+
+    def refused(ref: str) -> str | None:
+        raise TagError("the registry docker.io has no image rocm/pytorch:x.", hint="Check the image name.")
+
+    with pytest.raises(SourceError, match="has no image"):
+        pin_base_image("rocm/pytorch:x", log=log, resolver=refused)
+
+    def bug(ref: str) -> str | None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError):  # bugs are not hidden as "no registry"
+        pin_base_image("rocm/pytorch:x", log=log, resolver=bug)
 
     called: list[str] = []
     explicit = pin_base_image("img@" + DIGEST, log=log, resolver=lambda r: called.append(r) or None)
@@ -194,8 +206,20 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
         pin_base_image("  ", log=log)
 
 
-def test_default_digest_resolver_without_registry_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "pipeline.registry", None)
-    assert sources.default_digest_resolver("rocm/pytorch:x") is None
+def test_long_fetch_progress_reaches_quiet_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(sources.time, "monotonic", lambda: clock[0])
+    log, buf = log_buf()  # verbosity 0: detail lines are not shown
+    progress = sources.LongFetchProgress(log, "https://h/aiter.git", after=5, every=10)
+    progress("Receiving objects:   1% (1/100)")
+    assert buf.getvalue() == ""  # a quick fetch stays quiet
+    clock[0] += 6
+    progress("Receiving objects:  20% (20/100)")
+    clock[0] += 3
+    progress("Receiving objects:  30% (30/100)")  # too soon for another line
+    clock[0] += 8
+    progress("Receiving objects:  70% (70/100)")
+    assert buf.getvalue().splitlines() == [
+        "  https://h/aiter.git: Receiving objects:  20% (20/100)",
+        "  https://h/aiter.git: Receiving objects:  70% (70/100)",
+    ]

@@ -552,3 +552,53 @@ def test_push_retried_on_infra_errors_then_gives_up(world: World, fake: FakeRegi
     with pytest.raises(InfraError, match="gave up after 3 attempts"):
         tag_verified(engine, **kwargs)
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
+
+
+def test_verdict_may_be_given_as_its_run_directory(world: World, fake: FakeRegistry) -> None:
+    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
+    result = tag_verified(
+        _engine(world, fake),
+        image="atom:test",
+        verdict_path=world.verdict_path.parent,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=REG),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        client=client,
+    )
+    assert result.record_path == world.verdict_path.parent / "record.json"
+
+
+def test_verdict_bound_to_another_digest_moves_nothing(world: World, fake: FakeRegistry) -> None:
+    good = world.verdict()
+    world.write_verdict(image={**good["image"], "digest": "sha256:" + "d" * 64})
+    before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    with pytest.raises(TagError, match="foreign verdict"):
+        _run(world, _engine(world, fake), fake)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == before
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
+def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: FakeRegistry) -> None:
+    first = _run(world, _engine(world, fake), fake)
+    good = world.verdict()
+    world.write_verdict(image={**good["image"], "digest": first.digest})
+    again = _run(world, _engine(world, fake), fake)
+    assert again.digest == first.digest and not again.pushed
+
+
+def test_registry_with_credentials_in_it_is_refused_without_echo(world: World) -> None:
+    from pipeline.tag import target_repository
+
+    with pytest.raises(UsageError) as e:
+        target_repository(world.settings(), "bob:Secr3tPw@registry.example", None)
+    assert "Secr3tPw" not in str(e.value)
+    with pytest.raises(UsageError):
+        target_repository(world.settings(), "https://registry.example", None)
+    assert (
+        str(target_repository(world.settings(), "registry.example:5000", "a/b"))
+        == "registry.example:5000/a/b"
+    )
+    assert str(target_repository(world.settings(), None, None)) == "docker.io/rocm/atom-dev"

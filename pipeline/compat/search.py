@@ -1,0 +1,157 @@
+"""`search_compatible`: the newest aiter commit an ATOM commit is compatible with.
+
+Only commits that change a file the check read at the aiter head (the
+modules defining the functions ATOM calls, and the re-exporting packages)
+can change the verdict, so only those commits on aiter's first-parent
+history are examined, newest first; the first compatible one is the answer
+and the examined commit just after it is the first that breaks ATOM.
+
+The walk stops early when an examined commit lacks a function ATOM calls
+(unguarded) that exists at the head: aiter adds functions and rarely
+removes and re-adds them, so every older commit lacks it too, and no
+compatible aiter exists without patching ATOM.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
+from pipeline.compat.report import CheckReport, Finding
+from pipeline.gitw import CommitInfo, GitRepo
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    newest_compatible: CommitInfo | None
+    first_breaking: CommitInfo | None
+    report_at_head: CheckReport
+    commits_examined: int
+    report_at_newest: CheckReport | None = None
+    # When nothing is compatible: the errors at the oldest commit examined, and why the walk stopped.
+    blocking: list[Finding] = field(default_factory=list)
+    explanation: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        def c(x: CommitInfo | None) -> dict[str, str] | None:
+            return {"sha": x.sha, "date": x.iso_date, "subject": x.subject} if x else None
+
+        return {
+            "newest_compatible": c(self.newest_compatible),
+            "first_breaking": c(self.first_breaking),
+            "commits_examined": self.commits_examined,
+            "explanation": self.explanation,
+            "blocking": [f.to_json() for f in self.blocking],
+            "report_at_head": self.report_at_head.to_json(),
+        }
+
+
+def search_compatible(
+    atom: GitRepo,
+    atom_rev: str,
+    aiter: GitRepo,
+    aiter_head: str,
+    *,
+    cache_dir: Path | None = None,
+    baseline_aiter_rev: str | None = None,
+    max_commits: int = 2000,
+) -> SearchResult:
+    t0 = time.perf_counter()
+    atom_sha = resolve_sha(atom, atom_rev, "ATOM")
+    head = resolve_sha(aiter, aiter_head, "aiter")
+    explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
+    caches = Caches.open(cache_dir)
+    try:
+        checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
+        at_head = checker.check(head)
+        examined = 1
+        if at_head.ok:
+            return SearchResult(
+                aiter.commit_info(head), None, at_head, examined, at_head,
+                explanation=f"ATOM {atom_sha[:10]} is compatible with the aiter head {head[:10]}.",
+                seconds=time.perf_counter() - t0,
+            )  # fmt: skip
+        head_idx = checker.index(head)
+        relevant = _relevant_paths(head_idx)
+        present_at_head = _called_functions(checker, head)
+        candidates = [c for c in aiter.log(head, sorted(relevant), first_parent=True) if c.sha != head]
+        newer: CommitInfo = aiter.commit_info(head)
+        last_report = at_head
+        for cand in candidates[:max_commits]:
+            report = checker.check(cand.sha, with_causes=False)
+            examined += 1
+            # Files the check reads may differ at older commits (functions move).
+            extra = _relevant_paths(checker.index(cand.sha)) - relevant
+            if extra:
+                relevant |= extra
+                more = {c.sha for c in aiter.log(cand.sha, sorted(extra), first_parent=True)}
+                known = {c.sha for c in candidates}
+                if more - known:
+                    rest = [c for c in aiter.log(cand.sha, sorted(relevant), first_parent=True)]
+                    idx = candidates.index(cand)
+                    candidates[idx + 1 :] = [c for c in rest if c.sha != cand.sha]
+            if report.ok:
+                final = checker.check(cand.sha)  # with causes, for the record
+                return SearchResult(
+                    cand, newer, at_head, examined, final,
+                    explanation=(
+                        f"newest aiter compatible with ATOM {atom_sha[:10]}: {cand.short} "
+                        f"({cand.iso_date}); first breaking: {newer.short} ({newer.subject})"
+                    ),
+                    seconds=time.perf_counter() - t0,
+                )  # fmt: skip
+            missing_later = [
+                f
+                for f in report.errors
+                if f.kind in ("missing-function", "missing-module") and f.function in present_at_head
+            ]
+            last_report = report
+            newer = cand
+            checker.drop_index(cand.sha)
+            if missing_later:
+                names = ", ".join(sorted({f"`{f.function}`" for f in missing_later}))
+                return _none(
+                    at_head, examined, last_report, t0,
+                    f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} without "
+                    f"patches: going back from the head, every commit keeps at least one breaking call "
+                    f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
+                    "(older aiter commits lack them too).",
+                )  # fmt: skip
+        return _none(
+            at_head, examined, last_report, t0,
+            f"no aiter commit in the {examined} examined up to {head[:10]} is compatible with ATOM "
+            f"{atom_sha[:10]} without patches.",
+        )  # fmt: skip
+    finally:
+        caches.save()
+
+
+def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:
+    blocking = [f for f in last.errors]
+    return SearchResult(None, None, at_head, examined, None, blocking, why, seconds=time.perf_counter() - t0)
+
+
+def _relevant_paths(idx: object) -> set[str]:
+    from pipeline.compat.aiterapi import ApiIndex
+
+    assert isinstance(idx, ApiIndex)
+    paths = idx.paths_used() | {idx.mods[m] for m in idx.raw_read() if m in idx.mods}
+    return {p for p in paths if p.startswith(AITER_PREFIX + "/")}
+
+
+def _called_functions(checker: Checker, sha: str) -> set[str]:
+    """Qualified names ATOM calls (unguarded) that resolve to a function at `sha`."""
+    from pipeline.compat.engine import target_of
+
+    idx = checker.index(sha)
+    out: set[str] = set()
+    for fc in checker.files:
+        for call in fc.calls:
+            if call.guarded:
+                continue
+            if target_of(idx, call).kind in ("func", "class", "value", "module"):
+                out.add(call.qualname)
+    return out

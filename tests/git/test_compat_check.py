@@ -1,0 +1,231 @@
+"""run_check and `pipeline check` on fixture aiter/ATOM repositories built by code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.compat import CheckReport, Finding, run_check
+from pipeline.errors import ExitCode
+from pipeline.gitw import GitRepo
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> CompatRepos:
+    return build_compat_repos(tmp_path_factory.mktemp("compat"))
+
+
+def check(fx: CompatRepos, t: str, a: str, **kw: object) -> CheckReport:
+    return run_check(GitRepo(fx.atom), fx.t[t], GitRepo(fx.aiter), fx.a[a], **kw)  # type: ignore[arg-type]
+
+
+def line_of(fx: CompatRepos, rev: str, path: str, needle: str, nth: int = 0) -> int:
+    text = GitRepo(fx.atom).read_blob(rev, path)
+    assert text is not None
+    hits = [i for i, line in enumerate(text.decode().splitlines(), 1) if needle in line]
+    return hits[nth]
+
+
+def at(report: CheckReport, path: str, line: int) -> Finding:
+    got = [f for f in report.findings if f.path == path and f.line == line]
+    assert len(got) == 1, [(f.path, f.line, f.kind) for f in report.findings]
+    return got[0]
+
+
+def test_written_against_pin_is_compatible_and_counts_are_honest(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A1c")
+    assert r.ok
+    assert r.calls_checked == 19
+    reasons = sorted(u.reason for u in r.unchecked)
+    assert reasons == [
+        "*args/**kwargs at the call",
+        "*args/**kwargs at the call",
+        "dynamic getattr on aiter",
+        "resolved through dynamic attribute access or an unparseable module",
+    ]
+    assert r.calls_unchecked == 4
+    assert sorted((u.repo, u.path) for u in r.unparseable) == [
+        ("aiter", "aiter/ops/broken.py"),
+        ("atom", "atom/broken.py"),
+    ]
+    # The one call that no aiter accepts is an ATOM bug, not an incompatibility of the pin.
+    (w,) = r.findings
+    assert (w.severity, w.kind, w.preexisting) == ("warning", "too-many-positional", True)
+    assert w.line == line_of(fx, fx.t["T1"], "atom/models/styles.py", "aiter.rmsnorm(x, w, 1e-6, True)")
+
+
+def test_inserted_parameter_named_with_its_cause(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A2")
+    assert not r.ok
+    f = at(r, "atom/models/dense.py", line_of(fx, fx.t["T1"], "atom/models/dense.py", "aiter.fused_qk("))
+    assert (f.severity, f.kind, f.function) == ("error", "positional-shift", "aiter.fused_qk")
+    assert f.cause is not None and f.cause.commit.sha == fx.a["A2"]
+    assert f.cause.last_good == fx.a["A1c"]
+    assert "kv_cache_v inserted at position 5 by aiter " + fx.a["A2"][:10] + " (2026-02-01," in f.message
+    assert "positional arguments 5–7 of this call now bind one slot later" in f.message
+    assert "argument 6 `0` (int) lands on `index_cache: Tensor | None`" in f.message
+    assert "argument 7 `q` (Tensor) lands on `block_size: int`" in f.message
+
+
+def test_positional_shift_with_unknown_types(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A2")
+    f = at(
+        r, "atom/models/dense.py", line_of(fx, fx.t["T1"], "atom/models/dense.py", "a.fused_qk(qkv, w, eps")
+    )
+    assert (f.severity, f.kind) == ("error", "positional-shift")
+    assert f.cause is not None and f.cause.commit.sha == fx.a["A2"]
+    assert (
+        "argument 5 `self.index_cache` was written for `index_cache`, now lands on `kv_cache_v`" in f.details
+    )
+    assert "binds without error" in f.message
+
+
+def test_rewrapped_function_is_checked_like_the_original(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A2")
+    f = at(r, "atom/models/dense.py", line_of(fx, fx.t["T1"], "atom/models/dense.py", "traced_fused_qk(qkv"))
+    assert f.kind == "positional-shift" and f.cause is not None and f.cause.commit.sha == fx.a["A2"]
+
+
+def test_removed_and_renamed_parameters(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A3")
+    path = "atom/models/gemm.py"
+    for needle in ("y = gemm(x, w, self.scale", "z = self.fn(x, w"):
+        f = at(r, path, line_of(fx, fx.t["T1"], path, needle))
+        assert f.kind == "positional-shift" and f.cause is not None and f.cause.commit.sha == fx.a["A3"]
+        assert "scale removed (was position 3)" in f.message
+        assert "argument 4 `self.bias` was written for `bias`, now lands on `out`" in f.details
+    f = at(r, path, line_of(fx, fx.t["T1"], path, "so(y, scale=2.0)"))
+    assert f.kind == "unexpected-keyword" and f.cause is not None and f.cause.commit.sha == fx.a["A3"]
+    assert "scale renamed to `factor`" in f.message
+
+
+def test_reordered_required_keyword_only_and_removed(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A4")
+    path = "atom/models/gemm.py"
+    expect = {
+        "reduce_v1(p, lse, len(p), out)": ("type-mismatch", "moved from position 4 to 3"),
+        "fm.make_required(p)": ("missing-argument", "flag made required"),
+        "kwonly_later(p, 1)": ("too-many-positional", "mode made keyword-only"),
+    }
+    for needle, (kind, phrase) in expect.items():
+        f = at(r, path, line_of(fx, fx.t["T1"], path, needle))
+        assert f.kind == kind and phrase in f.message, f.message
+        assert f.cause is not None and f.cause.commit.sha == fx.a["A4"]
+    acts = at(r, "atom/models/acts.py", line_of(fx, fx.t["T1"], "atom/models/acts.py", "aiter.act("))
+    assert (acts.severity, acts.kind) == ("error", "missing-function")
+    assert acts.cause is not None and acts.cause.commit.sha == fx.a["A4"]
+    assert "`act` removed from aiter/ops/fused.py" in acts.message
+
+
+def test_guarded_missing_functions_are_warnings(fx: CompatRepos) -> None:
+    r = check(fx, "T1", "A4")
+    path = "atom/models/styles.py"
+    for needle in ("old_fn(x)", "aiter.act(x)"):
+        f = at(r, path, line_of(fx, fx.t["T1"], path, needle, nth=-1))
+        assert (f.severity, f.kind) == ("warning", "missing-function")
+    # compat module alias, namespace package, keyword-only and `x: T = None` calls stay clean
+    clean = {f.line for f in r.findings if f.path == path}
+    for needle in ("gemm_fp4(x, w, xs, ws)", "e8m0_to_f32(xs)", "mla_decode_fwd(x, w, xs, sm_scale=0.5)"):
+        assert line_of(fx, fx.t["T1"], path, needle) not in clean
+    assert not [f for f in r.findings if "offs_op" in f.function]
+
+
+def test_lagging_atom_is_blamed_on_the_aiter_change_not_called_preexisting(fx: CompatRepos) -> None:
+    # T1b is dated after A2, but the call lines were written at T1 (before A2).
+    r = check(fx, "T1b", "A2")
+    f = at(r, "atom/models/dense.py", line_of(fx, fx.t["T1b"], "atom/models/dense.py", "aiter.fused_qk("))
+    assert (f.severity, f.preexisting) == ("error", False)
+    assert f.cause is not None and f.cause.commit.sha == fx.a["A2"]
+
+
+def test_explicit_baseline_finds_the_silent_shift(fx: CompatRepos) -> None:
+    r = check(fx, "T1b", "A2", baseline_aiter_rev=fx.a["A1c"])
+    line = line_of(fx, fx.t["T1b"], "atom/models/dense.py", "a.fused_qk(qkv, w, eps")
+    f = at(r, "atom/models/dense.py", line)
+    assert f.kind == "positional-shift" and f.written_against == fx.a["A1c"]
+
+
+def test_updated_atom_is_compatible(fx: CompatRepos) -> None:
+    r = check(fx, "T2", "A4")
+    assert r.ok and r.findings == [] and r.calls_checked == 9 and r.calls_unchecked == 0
+
+
+def test_reads_the_given_rev_not_the_checkout(fx: CompatRepos, tmp_path: Path) -> None:
+    # The patch stage commits on a throwaway branch of a work tree: read (repo, rev).
+    work = tmp_path / "atom-work"
+    subprocess.run(["git", "clone", "-q", str(fx.atom), str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "checkout", "-q", fx.t["T1"]], check=True)
+    r = run_check(GitRepo(work), fx.t["T2"], GitRepo(fx.aiter), fx.a["A4"])
+    assert r.ok and r.atom_sha == fx.t["T2"]
+
+
+def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cold = check(fx, "T1", "A4", cache_dir=cache)
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "compat-aiter-v9.pickle",
+        "compat-atom-v9.pickle",
+        "compat-facts-v9.pickle",
+        "compat-reports-v9.pickle",
+    ]
+    warm = check(fx, "T1", "A4", cache_dir=cache)
+    assert warm.to_json() == cold.to_json()
+    (cache / "compat-reports-v9.pickle").unlink()  # summaries and git facts only
+    assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
+    for p in cache.iterdir():
+        p.write_bytes(b"not a pickle")
+    again = check(fx, "T1", "A4", cache_dir=cache)
+    assert again.to_json() == cold.to_json()
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    return ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+
+
+def test_cli_exit_codes_and_json(
+    cli_env: list[str], fx: CompatRepos, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*cli_env, "--atom", fx.t["T2"], "--aiter", fx.a["A4"], "--format", "json"]) == 0
+    ok = json.loads(capsys.readouterr().out)
+    assert ok["compatible"] is True and ok["calls_checked"] == 9
+
+    code = main([*cli_env, "--atom", fx.t["T1"], "--aiter", fx.a["A2"], "--format", "json"])
+    assert code == ExitCode.INCOMPATIBLE
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert d["calls_unchecked"] == 4 and d["calls_checked"] == 19
+    shift = [f for f in d["findings"] if f["kind"] == "positional-shift"]
+    assert len(shift) == 3 and all(f["cause"]["commit"] == fx.a["A2"] for f in shift)
+    for f in d["findings"]:
+        assert {"path", "line", "function", "severity", "kind", "message"} <= f.keys()
+    assert "not compatible" in out.err
+
+
+def test_cli_sarif_to_file_and_usage_errors(
+    cli_env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.sarif"
+    code = main([*cli_env, "--atom", fx.t["T1"], "--aiter", fx.a["A3"], "--format", "sarif", "-o", str(out)])
+    assert code == ExitCode.INCOMPATIBLE
+    s = json.loads(out.read_text())
+    assert s["version"] == "2.1.0"
+    results = s["runs"][0]["results"]
+    assert {r["ruleId"] for r in results} >= {"positional-shift", "unexpected-keyword"}
+    assert all(
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].startswith("atom/") for r in results
+    )
+    capsys.readouterr()
+    assert main([*cli_env, "--lock", str(tmp_path / "x.toml"), "--atom", "main"]) == ExitCode.USAGE
+    assert main([*cli_env, "--atom", "no-such-ref", "--aiter", fx.a["A4"]]) == ExitCode.SOURCE
+    assert main([*cli_env, "--format", "xml"]) == ExitCode.USAGE

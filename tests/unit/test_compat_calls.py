@@ -1,0 +1,209 @@
+"""The ATOM call finder: every import style, guards, wrappers, scopes (no git: sources as bytes)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from pipeline.compat.calls import RawCall, scan_file
+
+
+def calls_of(src: str, path: str = "atom/m.py") -> list[RawCall]:
+    fc = scan_file(textwrap.dedent(src).lstrip("\n").encode(), path)
+    assert fc.error is None, fc.error
+    return fc.calls
+
+
+def qual(calls: list[RawCall]) -> list[tuple[int, str]]:
+    return [(c.line, c.qualname) for c in sorted(calls, key=lambda c: c.line)]
+
+
+def test_every_import_style_resolves_to_the_aiter_path() -> None:
+    calls = calls_of(
+        """
+        import aiter
+        import aiter as a
+        from aiter import f
+        from aiter import f as g
+        from aiter.ops.x import h
+        import aiter.ops.x as m
+        import aiter.ops.y
+
+        def run(t):
+            aiter.f(t)
+            a.f(t)
+            f(t)
+            g(t)
+            h(t)
+            m.h(t)
+            aiter.ops.x.h(t)
+            aiter.ops.y.k(t)
+        """
+    )
+    assert qual(calls) == [
+        (10, "aiter.f"),
+        (11, "aiter.f"),
+        (12, "aiter.f"),
+        (13, "aiter.f"),
+        (14, "aiter.ops.x.h"),
+        (15, "aiter.ops.x.h"),
+        (16, "aiter.ops.x.h"),
+        (17, "aiter.ops.y.k"),
+    ]
+
+
+def test_imports_inside_functions_and_closures() -> None:
+    calls = calls_of(
+        """
+        def outer(x, flag):
+            if flag:
+                from aiter.ops.gemm import gemm_fp4
+                from aiter.ops.quant import quant
+
+            def inner(y):
+                return gemm_fp4(quant(y), y)
+
+            return inner(x)
+
+        def other(x):
+            return gemm_fp4(x)  # not imported here: not aiter's
+        """
+    )
+    assert sorted(qual(calls)) == [(7, "aiter.ops.gemm.gemm_fp4"), (7, "aiter.ops.quant.quant")]
+
+
+def test_try_importerror_and_hasattr_guards() -> None:
+    calls = calls_of(
+        """
+        import aiter
+        try:
+            from aiter import maybe
+        except ImportError:
+            maybe = None
+        from aiter import sure
+
+        def use(x):
+            if maybe is not None:
+                maybe(x)
+            sure(x)
+            if hasattr(aiter, "opt"):
+                aiter.opt(x)
+            fn = getattr(aiter, "opt2", None)
+            if fn is not None:
+                fn(x)
+            aiter.plain(x)
+        """
+    )
+    guarded = {c.qualname: c.guarded for c in calls}
+    assert guarded == {
+        "aiter.maybe": True,
+        "aiter.sure": False,
+        "aiter.opt": True,
+        "aiter.opt2": True,
+        "aiter.plain": False,
+    }
+
+
+def test_wrappers_aliases_and_instance_attributes() -> None:
+    calls = calls_of(
+        """
+        import aiter
+        from aiter.mla import mla_decode_fwd
+        from atom.utils import mark_trace
+
+        mla_decode_fwd = mark_trace(mla_decode_fwd, prefix="mla", torch_compile=False)
+        alias = aiter.gemm
+
+        class Layer:
+            def __init__(self, ok):
+                self.fa = aiter.flash_attn
+                self._pre = getattr(aiter, "mhc_pre", None) if ok else None
+
+            def forward(self, x):
+                mla_decode_fwd(x)
+                alias(x)
+                self.fa(x)
+                self._pre(x)
+        """
+    )
+    got = {c.qualname: c.guarded for c in calls}
+    assert got == {
+        "aiter.mla.mla_decode_fwd": False,
+        "aiter.gemm": False,
+        "aiter.flash_attn": False,
+        "aiter.mhc_pre": True,
+    }
+
+
+def test_shadowing_parameters_and_local_definitions_are_not_aiter() -> None:
+    calls = calls_of(
+        """
+        from aiter import gemm, act
+
+        def f(gemm):
+            gemm(1, 2, 3)
+
+        def g(x):
+            act = make_act()
+            act(x)
+
+        def h(x):
+            gemm(x)
+        """
+    )
+    assert qual(calls) == [(11, "aiter.gemm")]
+
+
+def test_star_args_and_dynamic_getattr() -> None:
+    fc = scan_file(
+        b"import aiter\n\ndef f(x, name, a, k):\n"
+        b"    getattr(aiter, name)(x)\n    aiter.g(*a)\n    aiter.g(x, **k)\n",
+        "atom/m.py",
+    )
+    assert [u.reason for u in fc.unchecked] == ["dynamic getattr on aiter"]
+    star = sorted((c.star_args, c.star_kwargs) for c in fc.calls)
+    assert star == [(False, True), (True, False)]
+
+
+def test_evident_argument_types() -> None:
+    (call,) = calls_of(
+        """
+        import torch
+        import aiter
+
+        def f(x, n):
+            q = torch.empty((x.shape[0], 4))
+            aiter.k(None, 0, 1.5, "s", True, x.shape[1], x.size(0), len(x), q, n, -1, [1], (1,))
+        """
+    )
+    assert [a.etype for a in call.args] == [
+        "None", "int", "float", "str", "bool", "int", "int", "int", "Tensor", None, "int", "list", "tuple",
+    ]  # fmt: skip
+
+
+def test_reassigned_local_has_no_evident_type() -> None:
+    (call,) = calls_of(
+        """
+        import torch
+        import aiter
+
+        def f(x, c):
+            q = torch.empty(4)
+            if c:
+                q = 0
+            aiter.k(q)
+        """
+    )
+    assert call.args[0].etype is None
+
+
+def test_file_without_aiter_is_not_parsed_and_syntax_error_is_reported() -> None:
+    assert scan_file(b"def f(:\n", "atom/x.py").error is None  # never says aiter: skipped
+    fc = scan_file(b"import aiter\ndef f(:\n    aiter.g()\n", "atom/x.py")
+    assert fc.error is not None and "line 2" in fc.error
+    assert fc.calls == []
+
+
+def test_line_numbers_survive_body_stripping() -> None:
+    src = "import aiter\n\n\ndef unrelated():\n    x = 1\n    return x\n\n\ndef f(t):\n    aiter.g(t)\n"
+    (call,) = scan_file(src.encode(), "atom/x.py").calls
+    assert (call.line, call.col) == (10, 5)

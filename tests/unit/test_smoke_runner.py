@@ -1,0 +1,279 @@
+"""The runner's control flow against a fake engine (no docker in the unit tier).
+
+The fake container replays a server log and answers the in-container probes the way the
+real server and tools would; the docker tier runs the same paths for real.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import load_settings
+from pipeline.errors import ExitCode
+from pipeline.log import Logger
+from pipeline.recipe import load_recipe
+from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
+from tests.fixtures.sysfs import make_sysfs, nodes_dir
+from tests.unit.test_smoke_checks import bench_result, chat_body, lm_eval_results
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE_PATH = REPO / "tests" / "servers" / "recipe-test.yaml"
+SEED = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
+
+
+@dataclass
+class FakeContainer:
+    log: list[str]
+    exit_code_after_log: int | None = None  # exits once the log is replayed
+    ready_after: float = 0.0
+    accuracy: float = 1.0
+    crash_in: str = ""  # tool argv[0] during which the server crashes
+    interrupt_in: str = ""
+    name: str = "atom-smoke-fake"
+    removed: bool = False
+    execs: list[list[str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    _exited: int | None = None
+    _extra: list[str] = field(default_factory=list)
+    _more: threading.Event = field(default_factory=threading.Event)
+
+    def logs(self, *, stream: bool = False, follow: bool = False) -> Iterator[str]:
+        for line in self.log:
+            yield line + "\n"
+        if self.exit_code_after_log is not None:
+            self._exited = self.exit_code_after_log
+            return
+        while not self.removed:
+            if self._more.wait(0.02):
+                self._more.clear()
+                while self._extra:
+                    yield self._extra.pop(0) + "\n"
+
+    def exit_code(self) -> int | None:
+        return self._exited
+
+    def remove(self) -> None:
+        self.removed = True
+
+    def exec(self, argv: Sequence[str]) -> tuple[int, str]:
+        argv = list(argv)
+        self.execs.append(argv)
+        if argv[0] == self.interrupt_in:
+            raise KeyboardInterrupt
+        if argv[0] == self.crash_in:
+            self._extra += ["Traceback (most recent call last):", '  File "x.py", line 1', SEED]
+            self._more.set()
+            time.sleep(5)  # the tool hangs on the dead server; the runner must not wait for it
+            return 1, "connection refused"
+        if len(argv) > 3 and argv[1] == "-c":  # the probe
+            cmd = argv[3]
+            if cmd == "http" and argv[4] == "GET":
+                ok = time.monotonic() - self.started >= self.ready_after
+                return 0, json.dumps(
+                    {"status": 200 if ok else 0, "body": "", "error": None if ok else "refused"}
+                )
+            if cmd == "http":
+                return 0, json.dumps({"status": 200, "body": chat_body("Paris."), "seconds": 0.1})
+            if cmd == "newest":  # the file lm_eval wrote, with the --limit it was given
+                ran = next(a for a in reversed(self.execs) if a[0] == "lm_eval")
+                n = int(ran[ran.index("--limit") + 1]) if "--limit" in ran else 1319
+                text = lm_eval_results(self.accuracy, n=n, limit=float(n) if "--limit" in ran else None)
+                return 0, json.dumps({"path": argv[4] + "/m/results_x.json", "text": text})
+            if cmd == "read":
+                return 0, json.dumps(
+                    {"path": argv[4], "text": bench_result(thr=500, ttft=20, tpot=5, completed=20)}
+                )
+        return 0, "tool output\n"
+
+
+@dataclass
+class FakeImage:
+    id: str = "sha256:" + "1" * 64
+    digests: list[str] = field(default_factory=lambda: ["reg/atom@sha256:" + "2" * 64])
+    labels: dict[str, str] = field(default_factory=lambda: {"org.atom-image-pipeline.lock.sha256": "3" * 64})
+
+
+class FakeEngine:
+    docker_host = None
+
+    def __init__(self, container: FakeContainer) -> None:
+        self.container = container
+        self.run_kwargs: dict[str, Any] = {}
+
+    def image(self, ref: str) -> FakeImage | None:
+        return FakeImage() if ref == "atom:test" else None
+
+    def run(self, image: str, command: Sequence[str], **kwargs: Any) -> FakeContainer:
+        self.run_kwargs = {"command": list(command), **kwargs}
+        return self.container
+
+    def close(self) -> None:
+        pass
+
+
+def smoke(tmp_path: Path, container: FakeContainer, **opts: Any) -> tuple[Verdict, FakeEngine]:
+    engine = FakeEngine(container)
+    log = Logger(stream=io.StringIO())
+    verdict = run_smoke(
+        engine,
+        image="atom:test",
+        recipe=load_recipe(RECIPE_PATH),
+        recipe_path=RECIPE_PATH,
+        settings=load_settings(env={}, cwd=tmp_path),
+        env={"HF_TOKEN": "hf_unit_secret"},
+        run_dir=tmp_path / "run",
+        log=log,
+        sysfs_root=make_sysfs(tmp_path / "sys"),
+        options=SmokeOptions(**opts),
+    )
+    return verdict, engine
+
+
+def test_healthy_run_binds_the_verdict_and_passes_options(tmp_path: Path) -> None:
+    c = FakeContainer(["starting"])
+    verdict, engine = smoke(tmp_path, c, quick=True)
+    assert verdict.passed, verdict.reason
+    assert verdict.image.digest == "sha256:" + "2" * 64 and verdict.lock_sha256 == "3" * 64
+    lm_eval = next(a for a in c.execs if a[0] == "lm_eval")
+    assert lm_eval[-2:] == ["--limit", "40"]  # --quick: the recipe's quick_limit
+    assert lm_eval[lm_eval.index("--output_path") + 1].startswith("/tmp/atom-smoke/")
+    bench = next(a for a in c.execs if "standin_benchmark_serving.py" in " ".join(a))
+    assert "--num-prompts=20" in bench and "--max-concurrency=4" in bench
+    assert engine.run_kwargs["environment"]["HF_TOKEN"] == "hf_unit_secret"  # container env only
+    assert c.removed
+    cmd_file = (tmp_path / "run" / "server-command.txt").read_text()
+    assert "--env HF_TOKEN " in cmd_file and "hf_unit_secret" not in cmd_file
+
+
+def test_exit_without_traceback_names_the_exit_code_and_last_line(tmp_path: Path) -> None:
+    c = FakeContainer(["loading", "Killed"], exit_code_after_log=137, ready_after=999)
+    verdict, _ = smoke(tmp_path, c)
+    assert verdict.reason == "server container exited with code 137; last log line: Killed"
+    assert verdict.checks[0].figures["detected_by"] == "exit 137" and c.removed
+
+
+def test_exit_after_a_traceback_reports_the_last_exception_line(tmp_path: Path) -> None:
+    log = ["Traceback (most recent call last):", '  File "w.py", line 2', SEED, "Cast error details: x"]
+    c = FakeContainer(log, exit_code_after_log=1, ready_after=999)
+    verdict, _ = smoke(tmp_path, c)
+    assert verdict.reason == SEED
+
+
+def test_crash_during_a_check_stops_at_once(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], crash_in="lm_eval")
+    start = time.monotonic()
+    verdict, _ = smoke(tmp_path, c, run_all=True)
+    assert time.monotonic() - start < 4  # did not wait for the hung tool (it sleeps 5 s)
+    by_name = {x.name: x for x in verdict.checks}
+    assert by_name["gsm8k"].message == SEED and by_name["gsm8k"].figures["detected_by"] == "traceback"
+    assert by_name["serving-benchmark[c4]"].status == "skipped"  # even with run_all: the server is gone
+    assert "crashed" in by_name["serving-benchmark[c4]"].message
+    assert verdict.reason == SEED and c.removed
+
+
+def test_accuracy_failure_stops_unless_run_all(tmp_path: Path) -> None:
+    verdict, _ = smoke(tmp_path / "a", FakeContainer(["ready"], accuracy=0.5))
+    assert [x.status for x in verdict.checks] == ["passed", "passed", "failed", "skipped"]
+    verdict, _ = smoke(tmp_path / "b", FakeContainer(["ready"], accuracy=0.5), run_all=True)
+    assert [x.status for x in verdict.checks] == ["passed", "passed", "failed", "passed"]
+
+
+def test_interrupt_removes_the_container_and_records_an_error(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], interrupt_in="lm_eval")
+    with pytest.raises(KeyboardInterrupt):
+        smoke(tmp_path, c)
+    assert c.removed
+    v = load_verdict(tmp_path / "run")
+    assert v.status == "error" and not v.passed and "interrupted" in v.reason
+
+
+def test_cli_without_hardware_exits_9_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.dockerw
+
+    monkeypatch.setattr(
+        pipeline.dockerw.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+    )
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    sysfs = make_sysfs(tmp_path / "sys", gpus=2)
+    code = main(
+        [
+            "smoke",
+            "--image",
+            "atom:test",
+            "--recipe",
+            str(RECIPE_PATH),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--kfd-topology",
+            str(nodes_dir(sysfs)),
+            "--hf-cache",
+            str(tmp_path / "hf"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == ExitCode.NO_HARDWARE, err
+    assert "4 gfx950" in err and "found 2" in err and "HF_TOKEN" in err and "--docker-host ssh://" in err
+    assert load_verdict(tmp_path / "r").status == "no-hardware"
+
+
+def test_cli_failed_gate_exits_8_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.dockerw
+
+    log = ["Traceback (most recent call last):", SEED]
+    monkeypatch.setattr(
+        pipeline.dockerw.Engine,
+        "connect",
+        classmethod(
+            lambda cls, *a, **k: FakeEngine(FakeContainer(log, exit_code_after_log=1, ready_after=99))
+        ),
+    )
+    monkeypatch.setenv("HF_TOKEN", "hf_cli_secret")
+    sysfs = make_sysfs(tmp_path / "sys")
+    code = main(
+        [
+            "smoke",
+            "--image",
+            "atom:test",
+            "--recipe",
+            str(RECIPE_PATH),
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--kfd-topology",
+            str(nodes_dir(sysfs)),
+            "--json",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == ExitCode.SMOKE_FAILED
+    assert SEED in err and json.loads(out)["reason"] == SEED
+    assert "hf_cli_secret" not in out + err
+
+
+def test_cli_unknown_image_and_usage_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.dockerw
+
+    monkeypatch.setattr(
+        pipeline.dockerw.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+    )
+    assert main(["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path)]) == 2
+    assert "The local Docker engine has no image 'nope:1'" in capsys.readouterr().err
+    assert main(["smoke", "--image", "x"]) == ExitCode.USAGE
+    assert "exactly one of --model NAME or --recipe FILE" in capsys.readouterr().err
+    assert main(["smoke", "--image", "x", "--recipe", str(RECIPE_PATH), "--bench-concurrency", "a"]) == 2

@@ -1,0 +1,87 @@
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.smoke import VERDICT_SCHEMA, CheckResult, Verdict, load_verdict
+from pipeline.smoke.reports import write_reports
+from pipeline.smoke.verdict import ImageRef, RecipeRef
+
+SEED_LINE = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
+
+
+def verdict(status: str = "failed", checks: list[CheckResult] | None = None) -> Verdict:
+    return Verdict(
+        status=status,
+        passed=status == "passed",
+        reason=SEED_LINE if status != "passed" else "all passed",
+        image=ImageRef(ref="atom:test", id="sha256:" + "a" * 64, digest="sha256:" + "b" * 64),
+        recipe=RecipeRef(name="MiniMax-M3-MXFP4", path="recipes/MiniMax-M3-MXFP4.yaml", sha256="c" * 64),
+        lock_sha256="d" * 64,
+        inputs_digest="e" * 64,
+        started="2026-06-24T15:36:00Z",
+        finished="2026-06-24T15:37:00Z",
+        tool_version="0.1.0",
+        checks=checks
+        if checks is not None
+        else [
+            CheckResult.fail(
+                "server-ready", SEED_LINE, figures={"phase": "startup"}, evidence="Traceback ..."
+            ),
+            CheckResult.skipped("chat", "not run"),
+        ],
+    )
+
+
+def test_reports_round_trip_and_shape(tmp_path: Path) -> None:
+    v = verdict()
+    path = write_reports(v, tmp_path, lambda s: s)
+    data = json.loads(path.read_text())
+    assert data["schema"] == VERDICT_SCHEMA and data["status"] == "failed" and data["passed"] is False
+    assert data["image"] == {"ref": "atom:test", "id": "sha256:" + "a" * 64, "digest": "sha256:" + "b" * 64}
+    assert set(data["recipe"]) == {"name", "path", "sha256"}
+    assert {"name", "passed", "figures", "limits", "message"} <= set(data["checks"][0])
+    assert load_verdict(tmp_path) == v
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "1", "1")
+    assert suite.find("testcase/failure").get("message") == SEED_LINE  # type: ignore[union-attr]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "FAILED" in summary and SEED_LINE in summary and "| server-ready | ✕ failed |" in summary
+
+
+def test_no_hardware_verdict_junit_has_an_error(tmp_path: Path) -> None:
+    write_reports(verdict("no-hardware", checks=[]), tmp_path, lambda s: s)
+    suite = ET.parse(tmp_path / "junit.xml").getroot()
+    assert suite.get("errors") == "1" and suite.find("testcase/error") is not None
+
+
+def test_reports_are_redacted(tmp_path: Path) -> None:
+    v = verdict(checks=[CheckResult.fail("chat", "token hf_secret leaked", evidence="hf_secret")])
+    write_reports(v, tmp_path, lambda s: s.replace("hf_secret", "***"))
+    for p in tmp_path.iterdir():
+        assert "hf_secret" not in p.read_text()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expect"),
+    [
+        (lambda d: d.update(schema="other/v1"), "is not a smoke verdict"),
+        (lambda d: d.update(passed=True), "inconsistent"),
+        (lambda d: d.pop("image"), "image: Field required"),
+        (lambda d: d.update(status="maybe"), "status"),
+    ],
+)
+def test_load_verdict_rejects_bad_files(tmp_path: Path, mutate, expect: str) -> None:  # type: ignore[no-untyped-def]
+    write_reports(verdict(), tmp_path, lambda s: s)
+    data = json.loads((tmp_path / "verdict.json").read_text())
+    mutate(data)
+    (tmp_path / "verdict.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=expect):
+        load_verdict(tmp_path / "verdict.json")
+
+
+def test_load_verdict_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="Run `pipeline smoke`"):
+        load_verdict(tmp_path)
