@@ -320,7 +320,8 @@ def plan_render(
     if not lock.base_image.digest:
         raise RenderError(
             f"the lock pins base image {lock.base_image.ref!r} without a digest.",
-            hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
+            hint="Run `pipeline pin` where the registry answers, or give the digest yourself with "
+            "`pipeline pin --base-image NAME:TAG@sha256:DIGEST`.",
         )
     if lock.base_image.ref.split("@", 1)[0] != img.base_image.split("@", 1)[0]:
         raise RenderError(

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import click
 
 from pipeline.app import App, pass_app
 from pipeline.config import Settings
-from pipeline.errors import UsageError
+from pipeline.errors import PatchError, UsageError
 from pipeline.gitw import GitRepo
 from pipeline.lock import Lock, default_lock_path
-from pipeline.render import RenderedContext, check_model, render_context
-
-
-def _optional(module: str) -> Any:
-    """A module another stage provides, or None while it is not merged yet."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
+from pipeline.patchq import PatchSeries, patched_commit
+from pipeline.render import RenderedContext, render_context
+from pipeline.sources import mirrors_for_lock, submodule_mirror, validate_model
 
 
 def source_date_epoch(env: Mapping[str, str]) -> int | None:
@@ -38,36 +30,36 @@ def source_date_epoch(env: Mapping[str, str]) -> int | None:
 def _mirrors(
     settings: Settings, lock: Lock, atom_repo: Path | None, aiter_repo: Path | None
 ) -> tuple[GitRepo, GitRepo]:
+    """The repositories holding the locked commits: the flags, else the pipeline's mirrors."""
     if atom_repo is not None and aiter_repo is not None:
         return GitRepo(atom_repo), GitRepo(aiter_repo)
-    sources = _optional("pipeline.sources")
-    if sources is None or not hasattr(sources, "mirrors_for_lock"):
-        raise UsageError(
-            "this build of the pipeline cannot find the mirrors by itself yet.",
-            hint="Pass --atom-repo PATH and --aiter-repo PATH (local clones or mirrors holding the locked "
-            "commits).",
-        )
-    atom, aiter = sources.mirrors_for_lock(settings, lock)
+    atom, aiter = mirrors_for_lock(settings, lock)
     return GitRepo(atom_repo) if atom_repo else atom, GitRepo(aiter_repo) if aiter_repo else aiter
 
 
 def _submodule_repos(settings: Settings, lock: Lock, given: tuple[str, ...]) -> dict[str, GitRepo | None]:
+    """PATH=REPO flags first, else the mirror of each submodule URL (None when there is none)."""
     repos: dict[str, GitRepo | None] = {}
     for item in given:
         path, sep, repo = item.partition("=")
         if not sep or not path or not repo:
             raise UsageError(f"--submodule-repo {item!r}: expected SUBMODULE_PATH=REPOSITORY.")
         repos[path] = GitRepo(Path(repo))
-    sources = _optional("pipeline.sources")
     for sub in lock.aiter.submodules:
         if sub.path not in repos:
-            finder = getattr(sources, "submodule_mirror", None) if sources is not None else None
-            repos[sub.path] = finder(settings, sub.url) if finder is not None else None
+            repos[sub.path] = submodule_mirror(settings, sub.url)
     return repos
 
 
-def _atom_tree(lock: Lock, given: str | None, atom: GitRepo) -> str:
-    """The patched ATOM commit: --atom-tree, else the branch `pipeline patch` left for this lock."""
+def _atom_tree(
+    settings: Settings, lock: Lock, given: str | None, atom: GitRepo, aiter: GitRepo, patches_dir: Path | None
+) -> str:
+    """The patched ATOM commit: --atom-tree, else the series applied to the locked commit.
+
+    The series is applied in the ATOM object store only (no work tree, no
+    branch): the same commit `pipeline patch apply` makes. It must apply
+    exactly the patches the lock records.
+    """
     if given:
         sha = atom.rev_parse(given)
         if sha is None:
@@ -75,22 +67,19 @@ def _atom_tree(lock: Lock, given: str | None, atom: GitRepo) -> str:
         return sha
     if not lock.applied_patches:
         return lock.atom.sha
-    patchq = _optional("pipeline.patchq.apply")
-    branch_name = getattr(patchq, "branch_name", None) if patchq is not None else None
-    if branch_name is None:
-        raise UsageError(
-            f"the lock applies {len(lock.applied_patches)} patch(es) and this build of the pipeline cannot "
-            "find the patched commit by itself yet.",
-            hint="Run `pipeline patch` and pass the patched ATOM commit with --atom-tree SHA.",
+    directory = patches_dir or Path(settings.paths.patches_dir)
+    result = patched_commit(PatchSeries.load(directory), atom, lock.atom.sha, aiter, lock.aiter.sha)
+    applied = [(p.name, p.sha256) for p in result.applied]
+    recorded = [(p.name, p.sha256) for p in lock.applied_patches]
+    if applied != recorded:
+        names = ", ".join(n for n, _ in applied) or "nothing"
+        raise PatchError(
+            f"the patch series in {directory} applies {names} to ATOM {lock.atom.short}, but the lock "
+            "records " + (", ".join(n for n, _ in recorded)) + " (names and sha256 must match).",
+            hint=f"Run `pipeline patch apply --model {lock.model}` to record the series in the lock, "
+            "then render again.",
         )
-    branch = str(branch_name(lock.atom.sha, lock.patches))
-    sha = atom.rev_parse(f"refs/heads/{branch}")
-    if sha is None:
-        raise UsageError(
-            f"no patched ATOM commit for this lock in {atom.path} (branch {branch}).",
-            hint=f"Run `pipeline patch --model {lock.model}` first, or pass --atom-tree SHA.",
-        )
-    return sha
+    return result.head_sha
 
 
 def render_command(
@@ -105,16 +94,17 @@ def render_command(
     atom_tree: str | None = None,
     submodule_repos: tuple[str, ...] = (),
     recipe: Path | None = None,
+    patches_dir: Path | None = None,
 ) -> RenderedContext:
     """What `pipeline render` does; callable by the orchestrator."""
     settings = app.settings(submodules=submodules)
-    check_model(model)
+    validate_model(model)
     lock = Lock.load(lock_path or default_lock_path(Path(settings.paths.locks_dir), model))
     if lock.model != model:
         raise UsageError(f"the lock is for model {lock.model!r}, not {model!r}.")
     with app.log.stage("render", model) as rec:
         atom, aiter = _mirrors(settings, lock, atom_repo, aiter_repo)
-        tree = _atom_tree(lock, atom_tree, atom)
+        tree = _atom_tree(settings, lock, atom_tree, atom, aiter, patches_dir)
         recipe_path = recipe or Path(settings.paths.recipes_dir) / f"{model}.yaml"
         ctx = render_context(
             lock=lock,
@@ -158,17 +148,17 @@ def render_command(
 @click.option(
     "--atom-repo",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Local ATOM repository/mirror holding the locked (and patched) commits.",
+    help="ATOM repository holding the locked commit (default: the pipeline's mirror).",
 )
 @click.option(
     "--aiter-repo",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Local aiter repository/mirror holding the locked commit.",
+    help="aiter repository holding the locked commit (default: the pipeline's mirror).",
 )
 @click.option(
     "--atom-tree",
-    help="The patched ATOM commit (from `pipeline patch`); default: the locked commit "
-    "when the lock applies no patch.",
+    help="The patched ATOM commit; default: the series (--patches-dir) applied to the locked "
+    "commit, which must apply exactly the patches the lock records.",
 )
 @click.option(
     "--submodule-repo",
@@ -181,6 +171,11 @@ def render_command(
     "--recipe",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Recipe file (default: <recipes_dir>/<model>.yaml).",
+)
+@click.option(
+    "--patches-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Patch series directory (default: [paths] patches_dir).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @pass_app
@@ -195,6 +190,7 @@ def command(
     atom_tree: str | None,
     submodule_repos: tuple[str, ...],
     recipe: Path | None,
+    patches_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Render the Dockerfile and build context from the templates.
@@ -216,6 +212,7 @@ def command(
         atom_tree=atom_tree,
         submodule_repos=submodule_repos,
         recipe=recipe,
+        patches_dir=patches_dir,
     )
     if as_json:
         app.emit_json(

@@ -258,6 +258,8 @@ class Target:
     sig: Signature | None = None
     module: str | None = None  # for kind == "module", or the module where it was looked up
     missing_what: str | None = None  # "function" / "module" for kind == "missing"
+    # kind == "unknown" only because the module has a __getattr__ hook: `from m import *` ignores it.
+    dynamic_miss: bool = False
 
 
 class ApiIndex:
@@ -430,7 +432,7 @@ class ApiIndex:
                 if not self._star_may_export(payload, name):
                     continue
                 t = self.resolve_attr(payload, name, depth + 1)
-                if t.kind == "missing":
+                if t.kind == "missing" or t.dynamic_miss:
                     continue
                 return t
             if ev_name != name:
@@ -472,7 +474,7 @@ class ApiIndex:
             if alias and self._has_file(alias):
                 return Target("module", module=alias)
         if s.dynamic:
-            return Target("unknown", module=module)
+            return Target("unknown", module=module, dynamic_miss=True)
         return Target("missing", module=module, missing_what="function")
 
     def _resolve_from(self, base: str, orig: str, depth: int) -> Target:

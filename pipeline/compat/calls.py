@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pipeline.compat.pysource import parse_source, strip_bodies
+from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
 
 ROOT = "aiter"
 
@@ -185,7 +185,10 @@ class _Scanner:
         self.out = FileCalls(path)
         self.guard_names: set[str] = set()
         self.hot_lines: list[int] = []
-        self.inside_function = 0  # statements of a hot function are all scanned (local imports)
+        # Inside a function: the lines mentioning a name of that function's environment.
+        self.fn_hot: list[list[int]] = []
+        self.lines = text.split("\n")
+        self._patterns: dict[frozenset[str], re.Pattern[str]] = {}
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
@@ -201,9 +204,18 @@ class _Scanner:
                 hits.append(line)
         self.hot_lines = hits
 
+    def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
+        key = frozenset(n for n in names if n.isidentifier())
+        pat = self._patterns.get(key)
+        if pat is None:
+            pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, key))) + r")\b")
+            self._patterns[key] = pat
+        lo = getattr(fn, "lineno", 1)
+        hi = getattr(fn, "end_lineno", None) or lo
+        return [lo + i for i, line in enumerate(self.lines[lo - 1 : hi]) if pat.search(line)]
+
     def hot(self, node: ast.AST) -> bool:
-        if self.inside_function:
-            return True  # closures see the enclosing function's local imports
+        hot_lines = self.fn_hot[-1] if self.fn_hot else self.hot_lines
         lo = getattr(node, "lineno", None)
         decos = getattr(node, "decorator_list", None)
         if decos and lo is not None:
@@ -211,8 +223,8 @@ class _Scanner:
         if lo is None:
             return True
         hi: int = getattr(node, "end_lineno", None) or lo
-        i = bisect.bisect_left(self.hot_lines, lo)
-        return i < len(self.hot_lines) and self.hot_lines[i] <= hi
+        i = bisect.bisect_left(hot_lines, lo)
+        return i < len(hot_lines) and hot_lines[i] <= hi
 
     # -- references -------------------------------------------------------
     def ref_of(self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]) -> Binding | None:
@@ -479,11 +491,11 @@ class _Scanner:
         for name in local_types:
             if name in env and name not in self._aiter_assigned(fn, env, cls_env):
                 env.pop(name, None)
-        self.inside_function += 1
+        self.fn_hot.append(self._function_hot(fn, {ROOT, *env, *cls_env}))
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
-            self.inside_function -= 1
+            self.fn_hot.pop()
 
     def _aiter_assigned(
         self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding], cls_env: dict[str, Binding]
@@ -677,7 +689,8 @@ def scan_file(data: bytes, path: str) -> FileCalls:
         return FileCalls(path)
     text = data.decode("utf-8", "replace")
     tree: ast.Module | str | None = None
-    skeleton = strip_bodies(data)
+    spans = def_spans(data)
+    skeleton = strip_bodies(data, spans=spans) if spans is not None else None
     if skeleton is not None:
         sk = parse_source(skeleton, path)
         if isinstance(sk, ast.Module):
@@ -686,12 +699,14 @@ def scan_file(data: bytes, path: str) -> FileCalls:
             names = {ROOT, *env}
             pat = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
             attrs = {m.group(1) for m in _SELF_ATTR_RE.finditer(data) if pat.search(m.group(2))}
-            if attrs:
-                names |= {a.decode() for a in attrs}
-                pat = re.compile(
-                    rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b"
-                )
-            partial = strip_bodies(data, keep=lambda body: pat.search(body) is not None)
+            names |= {a.decode() for a in attrs}
+            # A body can call aiter only if it says `aiter`, or calls / aliases / passes on a name bound
+            # to aiter (`f(`, `m.f(`, `= f`, `(f,` ...). Plain attribute reads (`dtypes.fp8`) are not calls.
+            alt = b"|".join(re.escape(n.encode()) for n in sorted(names))
+            keep_re = re.compile(
+                rb"\baiter\b|\b(?:" + alt + rb")\b(?:\s*\.\s*\w+)*\s*\(|[=(,]\s*(?:" + alt + rb")\b"
+            )
+            partial = strip_bodies(data, keep=lambda body: keep_re.search(body) is not None, spans=spans)
             if partial is not None:
                 tree = parse_source(partial, path)
     if not isinstance(tree, ast.Module):

@@ -35,6 +35,7 @@ class Cause:
     effect: str  # what that does to this call
     old_sig: Signature | None
     new_sig: Signature | None
+    shifted: bool = False  # positional arguments now land on other parameters
 
     def sentence(self) -> str:
         c = self.commit
@@ -134,7 +135,8 @@ def find_cause(
                 return None  # clean at the pinned version: nothing to blame here
             parent = hist.parent(newer.commit.sha)
             change, effect = explain(s, newer_sig, call, name)
-            return Cause(newer.commit, parent, change, effect, s, newer_sig)
+            shifted = newer_sig is not None and bool(shifted_args(s, newer_sig, call))
+            return Cause(newer.commit, parent, change, effect, s, newer_sig, shifted)
         if s is None and newer is not None and newer_sig is not None:
             # Before this the function did not exist in this file: it was never clean here.
             return None
@@ -144,6 +146,36 @@ def find_cause(
 
 # ---------------------------------------------------------------------------
 # Explaining a signature change
+
+
+def param_map(old: Signature, new: Signature) -> dict[str, str]:
+    """Old parameter name -> the same slot's name in `new` (same name, or renamed in place)."""
+    o = [p.name for p in old.params]
+    n = [p.name for p in new.params]
+    out: dict[str, str] = {}
+    sm = difflib.SequenceMatcher(a=o, b=n, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            out.update({o[i1 + k]: n[j1 + k] for k in range(i2 - i1)})
+        elif tag == "replace":
+            olds = [x for x in o[i1:i2] if x not in n]
+            news = [x for x in n[j1:j2] if x not in o]
+            out.update(dict(zip(olds, news, strict=False)))
+    for name in o:
+        if name in n:
+            out[name] = name  # moved, not renamed
+    return out
+
+
+def shifted_args(old: Signature, new: Signature, call: RawCall) -> list[int]:
+    """1-based positions of the positional arguments that land elsewhere than written for `old`."""
+    ob, nb = bind(call, old), bind(call, new)
+    pm = param_map(old, new)
+    return [
+        i
+        for i, (op, np_) in enumerate(zip(ob.positional, nb.positional, strict=True), 1)
+        if np_ is not None and (pm.get(op.name) if op else None) != np_.name
+    ]  # an argument with no slot any more is a too-many-positional error, not a shift
 
 
 def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | None]]:
@@ -235,10 +267,11 @@ def explain(old: Signature, new: Signature | None, call: RawCall, name: str) -> 
         effect_parts.append(p.message)
     if not nb.problems:
         # Unknown types: name where each shifted argument now lands.
+        pm = param_map(old, new)
         moved = [
             (i, a, op, np_)
             for i, (a, op, np_) in enumerate(zip(call.args, ob.positional, nb.positional, strict=True), 1)
-            if (op.name if op else None) != (np_.name if np_ else None)
+            if (pm.get(op.name) if op else None) != (np_.name if np_ else None)
         ]
         for i, a, op, np_ in moved[:3]:
             effect_parts.append(

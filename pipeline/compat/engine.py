@@ -13,6 +13,9 @@ incompatibility of the pin.
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from pathlib import Path
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
-from pipeline.compat.cause import Cause, History, explain, find_cause
+from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
@@ -69,8 +72,49 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
 
 def scan_atom(atom: GitRepo, atom_sha: str, caches: Caches) -> list[FileCalls]:
     tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
-    got = caches.atom.get_many(atom, sorted(tree.blobs.items()), scan_file)
+    pairs = sorted(tree.blobs.items())
+    missing = [(p, s) for p, s in pairs if f"{s}:{p}" not in caches.atom.data]
+    if len(missing) >= PARALLEL_MIN_FILES and (os.cpu_count() or 1) > 1:
+        blobs = dict(atom.read_blobs(sorted({s for _, s in missing})))
+        for (path, sha), calls in zip(
+            missing, _parallel_scan([(p, blobs[s]) for p, s in missing]), strict=True
+        ):
+            caches.atom.data[f"{sha}:{path}"] = calls
+        caches.atom.dirty = True
+    got = caches.atom.get_many(atom, pairs, scan_file)
     return [got[p] for p in sorted(got)]
+
+
+# A cold check parses a hundred ATOM files: split them over the CPUs (fork: no re-import,
+# the sources are inherited, only the small per-file results travel back).
+PARALLEL_MIN_FILES = 40
+_WORK: list[tuple[str, bytes]] = []
+
+
+def _scan_one(i: int) -> FileCalls:
+    path, data = _WORK[i]
+    return scan_file(data, path)
+
+
+def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
+    global _WORK
+    todo = [i for i, (_, d) in enumerate(work) if b"aiter" in d]
+    out = [FileCalls(p) for p, _ in work]
+    if not todo:
+        return out
+    try:
+        ctx = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform
+        return [scan_file(d, p) for p, d in work]
+    _WORK = work
+    todo.sort(key=lambda i: -len(work[i][1]))  # big files first: better balance
+    try:
+        with ctx.Pool(min(os.cpu_count() or 2, 4)) as pool:
+            for i, fc in zip(todo, pool.imap(_scan_one, todo, chunksize=4), strict=True):
+                out[i] = fc
+    finally:
+        _WORK = []
+    return out
 
 
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:
@@ -256,6 +300,10 @@ class Checker:
                         "value": "callable object, not a function aiter defines",
                         "unknown": "resolved through dynamic attribute access or an unparseable module",
                     }[t.kind]
+                    if t.kind == "unknown" and call.ref[1]:
+                        owner = target_of(idx, dataclasses.replace(call, ref=(call.ref[0], call.ref[1][:-1])))
+                        if owner.kind in ("class", "value", "func"):
+                            reason = "method or attribute of an aiter object (no static signature)"
                     unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
@@ -338,7 +386,7 @@ class Checker:
                 cause = self._cause_back(call, sig, aiter_sha, lambda s: bind(call, s).ok)
                 if cause is None and fit is not None:
                     cause = self._cause_forward(call, aiter_sha, fit[0], fit[1], lambda s: bind(call, s).ok)
-            if cause is not None and "slot" in cause.effect:
+            if cause is not None and cause.shifted:
                 kind = "positional-shift"
             msg = head + (cause.sentence() if cause is not None else "; ".join(details))
             return Finding(
@@ -353,21 +401,17 @@ class Checker:
             st = None
         else:
             st = self._sig_at(self.date_baseline, call)
-            if st is not None:
-                sb = bind(call, st)
-                if sb.ok and sb.landing() == b.landing():
-                    return None  # lands as under the ATOM-date (or explicit) baseline
+            if st is not None and bind(call, st).ok and not shifted_args(st, sig, call):
+                return None  # lands as under the ATOM-date (or explicit) baseline
         fit = self.fitting_baseline(call)
         if fit is None:
             return None
         base, base_sig, bb = fit
-        if bb.landing() == b.landing():
-            return None
-        want = bb.landing()
+        if not shifted_args(base_sig, sig, call):
+            return None  # the same slots (a parameter renamed in place keeps its slot)
 
         def clean(s: Signature) -> bool:
-            sb = bind(call, s)
-            return sb.ok and sb.landing() == want
+            return bind(call, s).ok and not shifted_args(base_sig, s, call)
 
         cause = None
         if with_causes:
@@ -375,12 +419,12 @@ class Checker:
                 call, aiter_sha, base, base_sig, clean
             )
         shifted: list[str] = []
-        for i, (a, op, np_) in enumerate(zip(call.args, bb.positional, b.positional, strict=True), 1):
-            if (op.name if op else None) != (np_.name if np_ else None):
-                shifted.append(
-                    f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
-                    f"now lands on `{np_.name if np_ else '*args'}`"
-                )
+        for i in shifted_args(base_sig, sig, call):
+            a, op, np_ = call.args[i - 1], bb.positional[i - 1], b.positional[i - 1]
+            shifted.append(
+                f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
+                f"now lands on `{np_.name if np_ else '*args'}`"
+            )
         msg = (
             f"`{call.qualname}` call binds without error but its positional arguments land on other "
             f"parameters than under aiter {base[:10]} (the aiter it was written against): "

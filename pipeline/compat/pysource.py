@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 9  # bump when a summary's shape or its extraction rules change
+SCHEMA = 10  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass
@@ -167,44 +167,35 @@ def resolve_relative(module: str, is_package: bool, level: int, target: str | No
 _DEF_RE = re.compile(rb"^([ \t]*)(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.M)
 
 
-def strip_bodies(data: bytes, keep: Callable[[bytes], bool] | None = None) -> bytes | None:
-    """The source with function bodies replaced by `...`, line numbers unchanged.
+def def_spans(data: bytes) -> tuple[list[bytes], list[tuple[int, int, int, int]]] | None:
+    """Lines, and for each function with a body block: (header line, ':' column, body start, body end).
 
-    Parsing an API module only needs its top-level bindings and signatures;
-    the bodies are most of the text. With `keep`, a body for which
-    `keep(body text)` is true is kept whole (nested functions included).
-    None when the text is too unusual for this line-based pass (the caller
-    then parses the full source).
+    Line-based (fast): None when the text is too unusual (the caller then
+    parses the full source). Nested functions are listed too, after their parent.
     """
     lines = data.split(b"\n")
-    out: list[bytes] = []
-    i = 0
+    spans: list[tuple[int, int, int, int]] = []
     n = len(lines)
-    while i < n:
+    for i in range(n):
         line = lines[i]
+        if b"def" not in line:
+            continue
         m = _DEF_RE.match(line)
         if not m:
-            out.append(line)
-            i += 1
             continue
         indent = len(m.group(1).expandtabs())
         j, end_col = _header_end(lines, i)
         if j < 0:
             return None
-        out.extend(lines[i:j])
         header_last = lines[j]
-        rest = header_last[end_col + 1 :].split(b"#", 1)[0].strip()
-        if rest:
-            out.append(header_last)  # one-line def: keep as is
-            i = j + 1
-            continue
-        # The body: lines indented deeper than the def (or blank), minding triple-quoted strings.
+        if header_last[end_col + 1 :].split(b"#", 1)[0].strip():
+            continue  # one-line def
         b0 = k = j + 1
         in_str: bytes | None = None
         while k < n:
             body = lines[k]
             if in_str is not None:
-                if body.count(in_str) % 2 == 1:
+                if in_str in body and body.count(in_str) % 2 == 1:
                     in_str = None
                 k += 1
                 continue
@@ -215,28 +206,72 @@ def strip_bodies(data: bytes, keep: Callable[[bytes], bool] | None = None) -> by
                 and len(body[: len(body) - len(stripped)].expandtabs()) <= indent
             ):
                 break
-            for q in (b'"""', b"'''"):
-                if body.count(q) % 2 == 1:
-                    in_str = q
-                    break
+            if b'"""' in body or b"'''" in body:
+                for q in (b'"""', b"'''"):
+                    if body.count(q) % 2 == 1:
+                        in_str = q
+                        break
             k += 1
         if in_str is not None:
             return None
+        spans.append((j, end_col, b0, k))
+    return lines, spans
+
+
+def strip_bodies(
+    data: bytes,
+    keep: Callable[[bytes], bool] | None = None,
+    spans: tuple[list[bytes], list[tuple[int, int, int, int]]] | None = None,
+) -> bytes | None:
+    """The source with function bodies replaced by `...`, line numbers unchanged.
+
+    Parsing an API module only needs its top-level bindings and signatures;
+    the bodies are most of the text. With `keep`, a body for which
+    `keep(body text)` is true is kept whole (nested functions included).
+    None when the text is too unusual for this line-based pass (the caller
+    then parses the full source). `spans` reuses a `def_spans(data)` result.
+    """
+    got = spans if spans is not None else def_spans(data)
+    if got is None:
+        return None
+    lines, defs = got
+    out = list(lines)
+    covered = -1  # bodies already decided (kept or stripped) up to this line
+    for j, end_col, b0, k in defs:
+        if j < covered:
+            continue  # nested in a body handled already
         if keep is not None and keep(b"\n".join(lines[b0:k])):
-            out.append(header_last)
-            out.extend(lines[b0:k])
-        else:
-            out.append(header_last[: end_col + 1] + b" ...")
-            out.extend([b""] * (k - b0))
-        i = k
+            covered = k
+            continue
+        out[j] = lines[j][: end_col + 1] + b" ..."
+        for x in range(b0, k):
+            out[x] = b""
+        covered = k
     return b"\n".join(out)
 
 
 def _header_end(lines: list[bytes], i: int) -> tuple[int, int]:
     """(line index, column) of the ':' closing the def header starting at line i, or (-1, -1)."""
+    # Fast path: no quote or comment in the header, brackets closing on a line ending with ':'.
     depth = 0
     j = i
     n = len(lines)
+    while j < n:
+        text = lines[j]
+        if b"'" in text or b'"' in text or b"#" in text:
+            break
+        depth += text.count(b"(") + text.count(b"[") + text.count(b"{")
+        depth -= text.count(b")") + text.count(b"]") + text.count(b"}")
+        if depth == 0:
+            stripped = text.rstrip()
+            if stripped.endswith(b":"):
+                return j, len(stripped) - 1
+            break  # e.g. `def f(x): return x`: let the exact scan decide
+        if depth < 0:
+            break
+        j += 1
+    depth = 0
+    j = i
     while j < n:
         text = lines[j]
         k = 0

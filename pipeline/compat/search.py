@@ -113,12 +113,17 @@ def search_compatible(
             checker.drop_index(cand.sha)
             if missing_later:
                 names = ", ".join(sorted({f"`{f.function}`" for f in missing_later}))
+                others = sorted(
+                    {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
+                    - {f"`{f.function}` ({f.path}:{f.line})" for f in missing_later}
+                )
+                also = f"; it also breaks {', '.join(others[:5])}" if others else ""
                 return _none(
                     at_head, examined, last_report, t0,
                     f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} without "
                     f"patches: going back from the head, every commit keeps at least one breaking call "
                     f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
-                    "(older aiter commits lack them too).",
+                    f"(older aiter commits lack them too){also}.",
                 )  # fmt: skip
         return _none(
             at_head, examined, last_report, t0,

@@ -212,6 +212,16 @@ class _Run:
                 raise gone
             raise box["error"]
         result: tuple[int, str] = box["result"]
+        if result[0] != 0 and self.watcher is not None:
+            # A tool that failed may have failed because the server just died (its container's
+            # exit kills the exec'd process too): give the log a moment to say so.
+            self.watcher.wait(2.0)
+            gone = self._server_gone()
+            if gone is None and self.watcher.ended:
+                time.sleep(0.3)  # exit status not yet visible
+                gone = self._server_gone()
+            if gone is not None:
+                raise gone
         return result
 
     def _save(self, name: str, text: str) -> Path:
@@ -518,8 +528,8 @@ class _Run:
                 out.append((check.name, check))
         return out
 
-    def run_checks(self) -> list[CheckResult]:
-        results: list[CheckResult] = []
+    def run_checks(self, results: list[CheckResult]) -> None:
+        """Run the planned checks, appending to `results` (kept as evidence if the engine fails)."""
         stop_reason = ""
         for name, item in self.planned():
             if stop_reason:
@@ -540,7 +550,8 @@ class _Run:
                 if not res.passed:
                     rec.status = "failed"
             results.append(res)
-            self.log.info(f"  {'✓' if res.passed else '✕'} {name}: {res.message}")
+            if not res.passed:  # the stage line shows 120 characters; the reason in full
+                self.log.info(f"  ✕ {name}: {res.message}")
             crashed = res.figures.get("detected_by") is not None
             if not res.passed and (crashed or not self.opts.run_all):
                 stop_reason = (
@@ -548,7 +559,6 @@ class _Run:
                     if crashed
                     else f"not run: gate {name} failed (use --run-all to run every check)"
                 )
-        return results
 
 
 def _remove(container: Any) -> None:
@@ -695,7 +705,7 @@ def run_smoke(
                     rec.status = "failed"
                     log.info(f"  ✕ {READY_CHECK}: {ready.message}")
             if ready.passed:
-                checks += run.run_checks()
+                run.run_checks(checks)
             else:
                 checks += [
                     CheckResult.skipped(n, "not run: the server never became ready") for n, _ in run.planned()

@@ -444,3 +444,16 @@ def test_container_preflight_on_a_host_without_kfd_is_no_hardware(
         )
     assert "/sys/class/kfd-absent/topology/nodes" in str(exc.value) and "KFD" in str(exc.value)
     no_container_left(engine, docker_cleanup)
+
+
+def test_crash_during_the_benchmark_stops_with_its_exception_line(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    recipe = variant(tmp_path, "crash-mid-run")
+    verdict, _, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup, run_all=True)
+    assert verdict.status == "failed"
+    assert verdict.reason.startswith("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.")
+    assert [c.status for c in verdict.checks] == ["passed", "passed", "passed", "failed"]
+    bench = verdict.checks[-1]
+    assert bench.figures["detected_by"] == "traceback" and bench.message == verdict.reason
+    no_container_left(engine, docker_cleanup)

@@ -108,7 +108,7 @@ def test_reordered_required_keyword_only_and_removed(fx: CompatRepos) -> None:
     r = check(fx, "T1", "A4")
     path = "atom/models/gemm.py"
     expect = {
-        "reduce_v1(p, lse, len(p), out)": ("type-mismatch", "moved from position 4 to 3"),
+        "reduce_v1(p, lse, len(p), out)": ("positional-shift", "moved from position 4 to 3"),
         "fm.make_required(p)": ("missing-argument", "flag made required"),
         "kwonly_later(p, 1)": ("too-many-positional", "mode made keyword-only"),
     }
@@ -168,14 +168,14 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
     assert sorted(p.name for p in cache.iterdir()) == [
-        "compat-aiter-v9.pickle",
-        "compat-atom-v9.pickle",
-        "compat-facts-v9.pickle",
-        "compat-reports-v9.pickle",
+        "compat-aiter-v10.pickle",
+        "compat-atom-v10.pickle",
+        "compat-facts-v10.pickle",
+        "compat-reports-v10.pickle",
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
-    (cache / "compat-reports-v9.pickle").unlink()  # summaries and git facts only
+    (cache / "compat-reports-v10.pickle").unlink()  # summaries and git facts only
     assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
     for p in cache.iterdir():
         p.write_bytes(b"not a pickle")

@@ -7,6 +7,8 @@ Modes (environment ``SMOKE_TEST_MODE``):
   never-ready  keeps "loading" forever: never listens
   wrong        serves, but every arithmetic answer is off by one (an accuracy regression)
   slow         serves, but slowly: 300 ms to the first token, 50 ms per token after it
+  crash-mid-run serves chat, but the first /v1/completions request (the benchmark) kills it
+               with a HIP out-of-memory traceback
 
 Like ATOM, it only starts listening once warm-up is done. With SMOKE_TEST_ECHO_ENV=1 it
 prints its environment at start-up (as some launchers do), secrets included, to prove the
@@ -40,6 +42,12 @@ Traceback (most recent call last):
 RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]' \
 for argument 'index_cache' but instead found type 'int'.
 Cast error details: Unable to cast 0 to Tensor"""
+
+MID_RUN_TRACEBACK = """\
+Traceback (most recent call last):
+  File "/app/ATOM/atom/model_engine/model_runner.py", line 1322, in forward
+    logits = self.model(input_ids, positions)
+torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has 288.00 GiB"""
 
 _ARITH = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\?")
 
@@ -103,6 +111,10 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"no route {self.path}"})
 
     def _complete(self, req: dict[str, Any], text: str, *, chat: bool) -> None:
+        if MODE == "crash-mid-run" and not chat:
+            sys.stderr.write(MID_RUN_TRACEBACK + "\n")
+            sys.stderr.flush()
+            os._exit(1)
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 64)
         words = text.split(" ")
         if req.get("ignore_eos"):

@@ -15,7 +15,7 @@ import pytest
 from pipeline.compat.aiterapi import ApiIndex, Signature, pretty_annotation, summarize_module
 from pipeline.compat.bind import annotation_types, bind
 from pipeline.compat.calls import scan_file
-from pipeline.compat.cause import describe_changes, explain
+from pipeline.compat.cause import describe_changes, explain, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree, strip_bodies
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, Unparseable
 from pipeline.gitw import CommitInfo, GitRepo
@@ -65,6 +65,7 @@ AITER = {
         from .ops.a import *
         from .ops.b import *
         from .ops.c import *
+        from .ops.dyn import *
         from .ops.norm import rms_norm as rmsnorm
         from . import mla
         try:
@@ -97,6 +98,7 @@ AITER = {
         def fused(x):  # not in __all__: a's fused stays
             pass
         """,
+    "aiter/ops/dyn.py": "def __getattr__(name):\n    raise AttributeError(name)\n",
     "aiter/ops/c.py": "def fused(y):  # a later star import: wins\n    pass\n",
     "aiter/ops/norm.py": "def rms_norm(x, w, eps: float = 1e-6):\n    pass\n",
     "aiter/ops/optional.py": "def opt_fn(x):\n    pass\n",
@@ -117,7 +119,9 @@ def test_reexports_aliases_all_and_star_order() -> None:
     idx = index_of(AITER)
     assert idx.resolve(("rmsnorm",)).sig is not None
     assert idx.resolve(("rmsnorm",)).sig.name == "rms_norm"  # type: ignore[union-attr]
-    assert idx.resolve(("exported",)).kind == "func"
+    assert (
+        idx.resolve(("exported",)).kind == "func"
+    )  # a later `import *` of a __getattr__ module hides nothing
     assert idx.resolve(("not_exported",)).kind == "missing"  # __all__ of ops/b.py
     assert idx.resolve(("_private",)).kind == "missing"  # star import skips _names
     fused = idx.resolve(("fused",))
@@ -196,6 +200,15 @@ def test_describe_changes_each_kind() -> None:
     ]
     moved = changes("def f(a, b, d=0, c=0, e=0):\n    pass\n")
     assert any("moved" in m for m in moved)
+
+
+def test_a_parameter_renamed_in_place_is_not_a_shift() -> None:
+    old = sig("def f(x, w, scale=None, out=None):\n    pass\n", "f")
+    renamed = sig("def f(x_fp4, w, scale=None, out=None):\n    pass\n", "f")
+    inserted = sig("def f(x, w, bias=None, scale=None, out=None):\n    pass\n", "f")
+    c = call("aiter.f(a, b, s, o)")
+    assert shifted_args(old, renamed, c) == []
+    assert shifted_args(old, inserted, c) == [3, 4]
 
 
 def test_explain_names_the_shift_and_where_an_argument_lands() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import load_settings
-from pipeline.errors import ExitCode
+from pipeline.errors import ExitCode, InfraError
 from pipeline.log import Logger
 from pipeline.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
@@ -39,6 +39,7 @@ class FakeContainer:
     accuracy: float = 1.0
     crash_in: str = ""  # tool argv[0] during which the server crashes
     interrupt_in: str = ""
+    engine_dies_in: str = ""
     name: str = "atom-smoke-fake"
     removed: bool = False
     execs: list[list[str]] = field(default_factory=list)
@@ -70,6 +71,8 @@ class FakeContainer:
         self.execs.append(argv)
         if argv[0] == self.interrupt_in:
             raise KeyboardInterrupt
+        if argv[0] == self.engine_dies_in:
+            raise InfraError("The Docker engine did not answer while trying to run a command: gone")
         if argv[0] == self.crash_in:
             self._extra += ["Traceback (most recent call last):", '  File "x.py", line 1', SEED]
             self._more.set()
@@ -277,3 +280,13 @@ def test_cli_unknown_image_and_usage_errors(
     assert main(["smoke", "--image", "x"]) == ExitCode.USAGE
     assert "exactly one of --model NAME or --recipe FILE" in capsys.readouterr().err
     assert main(["smoke", "--image", "x", "--recipe", str(RECIPE_PATH), "--bench-concurrency", "a"]) == 2
+
+
+def test_engine_failure_mid_run_is_an_error_verdict_not_a_gate(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], engine_dies_in="lm_eval")
+    with pytest.raises(InfraError):
+        smoke(tmp_path, c)
+    assert c.removed
+    v = load_verdict(tmp_path / "run")
+    assert v.status == "error" and "InfraError: The Docker engine did not answer" in v.reason
+    assert [x.name for x in v.checks] == ["server-ready", "chat"]  # what ran before, kept as evidence
