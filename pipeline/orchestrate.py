@@ -27,7 +27,7 @@ from pipeline.errors import (
 )
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_file
 from pipeline.gitw import GitRepo
-from pipeline.lock import Lock
+from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
 from pipeline.runs import STAGE_ORDER, RunDir, StageState, inputs_digest
 
@@ -169,6 +169,7 @@ def stage_pin(run: Run) -> dict[str, Any]:
     else:
         from pipeline.sources import pin_sources
 
+        released = default_lock_path(Path(run.settings.paths.locks_dir), run.spec.model)
         lock = pin_sources(
             run.settings,
             model=run.spec.model,
@@ -176,6 +177,8 @@ def stage_pin(run: Run) -> dict[str, Any]:
             aiter_ref=run.spec.aiter_ref,
             base_image=run.spec.base_image,
             log=run.log,
+            offline=run.spec.offline,
+            previous=Lock.load(released) if released.is_file() else None,
         )
     lock.save(run.lock_file)
     return {
@@ -360,7 +363,25 @@ def stage_tag(run: Run) -> dict[str, Any]:
         log=run.log,
         env=run.env,
     )
+    # The model's released state: the lock it was built from, and what it was released as
+    # (`pipeline rebuild` compares the next inputs digest with it).
+    locks_dir = Path(run.settings.paths.locks_dir)
+    run.lock().save(default_lock_path(locks_dir, run.spec.model))
+    atomic_write_json(
+        released_state_path(locks_dir, run.spec.model),
+        {
+            "inputs_digest": run.outputs["render"]["inputs_digest"],
+            "ref": res.immutable_ref,
+            "digest": res.digest,
+            "moved": res.moved,
+            "run": str(run.dir.path),
+        },
+    )
     return {"ref": res.immutable_ref, "digest": res.digest, "moved": res.moved, "figure": res.immutable_ref}
+
+
+def released_state_path(locks_dir: Path, model: str) -> Path:
+    return locks_dir / f"{model}.released.json"
 
 
 STAGES: dict[str, tuple[StageFn, InputsFn]] = {

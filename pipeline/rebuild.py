@@ -11,6 +11,7 @@ break. Patches that became obsolete upstream are reported.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,9 @@ from typing import Any
 
 from pipeline.config import Settings
 from pipeline.errors import ExitCode, IncompatibleError, PipelineError
-from pipeline.fsutil import atomic_write_json
-from pipeline.lock import Lock, default_lock_path
+from pipeline.lock import Lock
 from pipeline.log import Logger
-from pipeline.orchestrate import BuildRequest, execute
+from pipeline.orchestrate import BuildRequest, execute, released_state_path
 
 
 @dataclass
@@ -37,14 +37,8 @@ class ModelOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def _released_path(settings: Settings, model: str) -> Path:
-    return Path(settings.paths.locks_dir) / f"{model}.released.json"
-
-
 def _read_released(settings: Settings, model: str) -> dict[str, Any]:
-    import json
-
-    p = _released_path(settings, model)
+    p = released_state_path(Path(settings.paths.locks_dir), model)
     if not p.is_file():
         return {}
     data: dict[str, Any] = json.loads(p.read_text())
@@ -116,7 +110,7 @@ def rebuild_model(
     )
     outcome.notes = notes
     if released.get("inputs_digest") and released["inputs_digest"] == render.get("inputs_digest"):
-        outcome.tag = str(released.get("tag", ""))
+        outcome.tag = str(released.get("ref", ""))
         outcome.notes.append(
             f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
         )
@@ -127,16 +121,9 @@ def rebuild_model(
         outcome.notes.append(str(resumed.error))
         outcome.image = str(resumed.outputs("build").get("image", ""))
         return outcome
-    tag = resumed.outputs("tag")
     outcome.status = "released"
     outcome.image = str(resumed.outputs("build").get("image", ""))
-    outcome.tag = str(tag.get("ref", ""))
-    lock = Lock.load(result.run_dir / "lock.toml")
-    lock.save(default_lock_path(Path(settings.paths.locks_dir), model))
-    atomic_write_json(
-        _released_path(settings, model),
-        {"inputs_digest": render.get("inputs_digest"), "tag": outcome.tag, "digest": tag.get("digest")},
-    )
+    outcome.tag = str(resumed.outputs("tag").get("ref", ""))
     return outcome
 
 
