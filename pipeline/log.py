@@ -68,6 +68,7 @@ class Logger:
     def attach(self, run_dir: Path) -> None:
         """Start writing the full log into `run_dir/pipeline.log`."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.close()
         self.log_file = run_dir / "pipeline.log"
         self._fh = self.log_file.open("a", encoding="utf-8")
 

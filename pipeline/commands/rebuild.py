@@ -1,12 +1,66 @@
-"""`pipeline rebuild` (stage not built yet)."""
+"""`pipeline rebuild`: the scheduled CI job (see pipeline/rebuild.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
-from pipeline.errors import NotImplementedStage
+from pipeline.app import App, pass_app
+from pipeline.errors import ExitCode, PipelineError, UsageError
+from pipeline.rebuild import overall_exit, rebuild, summary_markdown
 
 
-@click.command(name="rebuild", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(args: tuple[str, ...]) -> None:
-    """Scheduled rebuild: move pins, rebuild what changed, report."""
-    raise NotImplementedStage("rebuild")
+class RebuildFailed(PipelineError):
+    """Carries the worst exit code of the models rebuilt."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode(code)
+
+
+@click.command(name="rebuild")
+@click.option(
+    "--model", "models", multiple=True, help="Recipe to rebuild (repeatable; default: all recipes)."
+)
+@click.option("--atom", "atom_ref", help="ATOM ref to move to (default: [sources] atom_ref).")
+@click.option("--aiter", "aiter_ref", help="aiter ref to move to (default: [sources] aiter_ref).")
+@click.option("--registry", help="Registry for verified tags (default: [tag] registry).")
+@click.option("--docker-host", help="Docker engine with the GPUs, e.g. ssh://user@gpu-host.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON on stdout.")
+@pass_app
+def command(
+    app: App,
+    models: tuple[str, ...],
+    atom_ref: str | None,
+    aiter_ref: str | None,
+    registry: str | None,
+    docker_host: str | None,
+    as_json: bool,
+) -> None:
+    """Scheduled rebuild: move the pins, rebuild what changed, report.
+
+    \b
+    For each recipe: pin the configured refs, check, patch and render; if the inputs
+    digest equals the last released one, nothing is rebuilt. Otherwise build, smoke
+    and tag. If aiter's head breaks ATOM and no patch fixes it, fall back to the newest
+    compatible aiter and report the break. Obsolete patches are reported.
+    The exit code is the worst of the models' (0 when all were released or unchanged).
+    """
+    settings = app.settings(
+        atom_ref=atom_ref, aiter_ref=aiter_ref, registry=registry, docker_host=docker_host
+    )
+    names = list(models) or sorted(p.stem for p in Path(settings.paths.recipes_dir).glob("*.yaml"))
+    if not names:
+        raise UsageError(f"no recipes found in {settings.paths.recipes_dir}.")
+    outcomes = rebuild(names, settings, app.log, app.env, registry=registry)
+    md = summary_markdown(outcomes)
+    app.log.publish_summary("pipeline rebuild", md)
+    if as_json:
+        app.emit_json([o.__dict__ for o in outcomes])
+    else:
+        app.echo(md)
+    code = overall_exit(outcomes)
+    if code:
+        bad = ", ".join(f"{o.model}: {o.status}" for o in outcomes if o.exit_code)
+        raise RebuildFailed(code, f"rebuild did not release every model ({bad}); see the table above.")

@@ -1,0 +1,160 @@
+"""`pipeline rebuild`: what a scheduled CI job calls.
+
+For each recipe: pin the configured refs (normally branch heads), run the
+chain up to render, and compare the inputs digest with the one last released
+for that model (`locks/<model>.released.json`, written after a successful tag).
+Unchanged → nothing to do. Changed → build, smoke and tag in the same run.
+If aiter's head breaks ATOM's head and the patch series does not fix it, fall
+back to the newest compatible aiter (`pin --auto`'s search) and report the
+break. Patches that became obsolete upstream are reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Settings
+from pipeline.errors import ExitCode, IncompatibleError, PipelineError
+from pipeline.lock import Lock
+from pipeline.log import Logger
+from pipeline.orchestrate import BuildRequest, execute, released_state_path
+
+
+@dataclass
+class ModelOutcome:
+    model: str
+    status: str  # released | unchanged | stopped | failed | fallback-released ...
+    exit_code: int
+    run_dir: str = ""
+    atom: str = ""
+    aiter: str = ""
+    image: str = ""
+    tag: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_released(settings: Settings, model: str) -> dict[str, Any]:
+    p = released_state_path(Path(settings.paths.locks_dir), model)
+    if not p.is_file():
+        return {}
+    data: dict[str, Any] = json.loads(p.read_text())
+    return data
+
+
+def _obsolete_notes(run_dir: Path) -> list[str]:
+    lock_file = run_dir / "lock.toml"
+    if not lock_file.is_file():
+        return []
+    lock = Lock.load(lock_file)
+    return [
+        f"patch {p.name} is {p.status.replace('-', ' ')} at ATOM {lock.atom.sha[:9]}: drop it from the series"
+        for p in lock.patches
+        if p.status in ("not-needed", "already-upstream")
+    ]
+
+
+def _fallback_aiter(settings: Settings, result_dir: Path, log: Logger) -> tuple[str, str]:
+    """Newest aiter compatible with the run's ATOM, and a sentence about the break."""
+    from pipeline.compat import search_compatible
+    from pipeline.sources import mirrors_for_lock
+
+    lock = Lock.load(result_dir / "lock.toml")
+    atom, aiter = mirrors_for_lock(settings, lock)
+    found = search_compatible(
+        atom, lock.atom.sha, aiter, lock.aiter.sha, cache_dir=settings.cache_dir / "compat"
+    )
+    if found.newest_compatible is None:
+        raise IncompatibleError(
+            f"no aiter commit is compatible with ATOM {lock.atom.sha[:9]} without new patches "
+            f"({found.commits_examined} aiter commits examined).",
+            hint="Write a patch for ATOM (`pipeline patch new`) or wait for upstream.",
+        )
+    brk = found.first_breaking
+    why = (
+        f"aiter {lock.aiter.sha[:10]} breaks ATOM {lock.atom.sha[:9]}; first breaking aiter commit "
+        f"{brk.sha[:10]} ({brk.iso_date[:10]}, {brk.subject!r}); "
+        if brk is not None
+        else ""
+    )
+    log.warn(why + f"falling back to aiter {found.newest_compatible.sha[:10]}")
+    return found.newest_compatible.sha, why
+
+
+def rebuild_model(
+    model: str, settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
+) -> ModelOutcome:
+    released = _read_released(settings, model)
+    req = BuildRequest(model=model, until="render", registry=registry)
+    notes: list[str] = []
+    result = execute(req, settings, log, env)
+    if isinstance(result.error, IncompatibleError):
+        log.warn(f"{model}: {result.error.message.splitlines()[0]}")
+        aiter_sha, why = _fallback_aiter(settings, result.run_dir, log)
+        notes.append(why + f"fell back to aiter {aiter_sha[:10]} (newest compatible)")
+        lock = Lock.load(result.run_dir / "lock.toml")
+        req = BuildRequest(
+            model=model, atom_ref=lock.atom.sha, aiter_ref=aiter_sha, until="render", registry=registry
+        )
+        result = execute(req, settings, log, env)
+    if result.error is not None:
+        raise result.error
+    notes += _obsolete_notes(result.run_dir)
+    render = result.outputs("render")
+    pin = result.outputs("pin")
+    outcome = ModelOutcome(
+        model, "unchanged", 0, str(result.run_dir), pin.get("atom", ""), pin.get("aiter", "")
+    )
+    outcome.notes = notes
+    if released.get("inputs_digest") and released["inputs_digest"] == render.get("inputs_digest"):
+        outcome.tag = str(released.get("ref", ""))
+        outcome.notes.append(
+            f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
+        )
+        return outcome
+    resumed = execute(BuildRequest(model=model, resume=result.run_dir, registry=registry), settings, log, env)
+    if resumed.error is not None:
+        outcome.status, outcome.exit_code = "stopped", int(resumed.error.exit_code)
+        outcome.notes.append(str(resumed.error))
+        outcome.image = str(resumed.outputs("build").get("image", ""))
+        return outcome
+    outcome.status = "released"
+    outcome.image = str(resumed.outputs("build").get("image", ""))
+    outcome.tag = str(resumed.outputs("tag").get("ref", ""))
+    return outcome
+
+
+def rebuild(
+    models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
+) -> list[ModelOutcome]:
+    outcomes = []
+    for model in models:
+        try:
+            outcomes.append(rebuild_model(model, settings, log, env, registry=registry))
+        except PipelineError as e:
+            outcomes.append(ModelOutcome(model, "failed", int(e.exit_code), notes=[str(e)]))
+    return outcomes
+
+
+def summary_markdown(outcomes: list[ModelOutcome]) -> str:
+    icon = {"released": "✅", "unchanged": "⏸", "stopped": "⚠️", "failed": "❌"}
+    rows = ["| model | result | ATOM | aiter | tag | notes |", "|---|---|---|---|---|---|"]
+    for o in outcomes:
+        notes = "<br>".join(n.splitlines()[0] if n else n for n in o.notes)
+        rows.append(
+            f"| {o.model} | {icon.get(o.status, '')} {o.status} (exit {o.exit_code}) | {o.atom[:9]} | "
+            f"{o.aiter[:10]} | {o.tag} | {notes} |"
+        )
+    return "### pipeline rebuild\n\n" + "\n".join(rows) + "\n"
+
+
+def overall_exit(outcomes: list[ModelOutcome]) -> int:
+    codes = [o.exit_code for o in outcomes if o.exit_code]
+    if not codes:
+        return int(ExitCode.OK)
+    # Anything but "no GPUs here" wins; a run that only lacked GPUs reports that.
+    real = [c for c in codes if c != ExitCode.NO_HARDWARE]
+    return max(real) if real else int(ExitCode.NO_HARDWARE)

@@ -1,0 +1,156 @@
+"""`pipeline build --model` up to render, on fixture upstreams (real git, no docker).
+
+pin → check → patch → render run for real on the fixture ATOM/aiter repositories; the
+docker tier (tests/docker/test_e2e.py) drives the same chain through build, smoke and tag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.errors import ExitCode
+from pipeline.runs import RunDir
+from tests.fixtures.build_repos import (
+    AITER_BUILD_CMD,
+    ATOM_INSTALL_CMD,
+    MODEL,
+    BuildRepos,
+    make_build_repos,
+    run_git,
+    write_series,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildRepos:
+    repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)
+    write_series(repos, tmp_path / "patches")
+    env = {
+        "PIPELINE_ATOM_REPO": str(repos.atom),
+        "PIPELINE_AITER_REPO": str(repos.aiter),
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
+        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
+        "PIPELINE_RECIPES_DIR": str(repos.root / "recipes"),
+        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
+        "PIPELINE_TEMPLATES_DIR": str(REPO / "dockerfiles"),
+        "PIPELINE_BASE_IMAGE": f"example.invalid/base:1@{FAKE_DIGEST}",
+        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
+        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
+        "PIPELINE_FETCH_RETRIES": "0",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    return repos
+
+
+def only_run(tmp_path: Path) -> Path:
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def states(run: Path) -> dict[str, str]:
+    return {p.stem: json.loads(p.read_text())["status"] for p in (run / "stages").glob("*.json")}
+
+
+def test_chain_until_render_then_resume_skips_everything(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
+    run = only_run(tmp_path)
+    assert states(run) == {"pin": "ok", "check": "ok", "patch": "ok", "render": "ok"}
+    spec = json.loads((run / "run.json").read_text())
+    assert spec["model"] == MODEL and spec["stages"] == ["pin", "check", "patch", "render"]
+    lock = (run / "lock.toml").read_text()
+    assert world.atom_sha in lock and world.aiter_sha in lock and 'status = "applied"' in lock
+    # the pristine pin breaks; the patched tree binds: the check says both
+    assert json.loads((run / "check-pristine.json").read_text())["findings"]
+    findings = json.loads((run / "check.json").read_text())["findings"]
+    assert not [f for f in findings if f["severity"] == "error"]
+    # the context holds the patched ATOM
+    patched = (run / "context" / "atom" / "atom" / "models" / "minimax_m3.py").read_text()
+    assert "kv_cache_v" in patched
+    err = capsys.readouterr().err
+    assert re.search(r"^stage\s+status\s+duration\s+figure$", err, re.M), err
+    assert re.search(r"^render\s+ok\s", err, re.M), err
+
+    assert main(["build", "--resume", str(run), "--until", "render"]) == 0
+    err = capsys.readouterr().err
+    for stage in ("pin", "check", "patch", "render"):
+        assert f"↷ {stage}" in err, err
+
+
+def test_patch_change_reruns_from_check_not_pin(world: BuildRepos, tmp_path: Path) -> None:
+    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
+    run = only_run(tmp_path)
+    before = json.loads((run / "stages" / "check.json").read_text())
+    patch = next((tmp_path / "patches").glob("0001-*.patch"))
+    patch.write_text(patch.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
+    assert main(["build", "--resume", str(run), "--until", "patch"]) == 0
+    after = json.loads((run / "stages" / "check.json").read_text())
+    assert after["inputs_digest"] != before["inputs_digest"]
+    assert json.loads((run / "stages" / "pin.json").read_text())["status"] == "ok"
+
+
+def break_aiter(repos: BuildRepos) -> str:
+    """An upstream aiter commit, after ATOM's, that inserts a parameter before block_size."""
+    op = repos.aiter / "aiter" / "ops" / "fused_qknorm_idxrqknorm.py"
+    op.write_text(
+        "def fused_qknorm_idxrqknorm(\n"
+        "    q, k, kv_cache_k, kv_cache_v, index_cache, kv_scale, block_size, q_out\n"
+        "):\n"
+        '    return "newer-api"\n'
+    )
+    run_git(repos.aiter, "commit", "-q", "-am", "add kv_scale", date="2026-07-01T12:00:00Z")
+    return run_git(repos.aiter, "rev-parse", "HEAD")
+
+
+def test_unfixed_break_stops_before_render_and_names_the_cause(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    breaking = break_aiter(world)
+    assert main(["build", "--model", MODEL]) == ExitCode.INCOMPATIBLE
+    run = only_run(tmp_path)
+    assert states(run) == {"pin": "ok", "check": "failed"}
+    assert not (run / "context").exists()
+    err = capsys.readouterr().err
+    assert "atom/models/minimax_m3.py" in err
+    assert breaking[:10] in err  # the aiter commit that changed the signature
+    assert "kv_scale" in err and "nothing was built" in err
+
+
+def test_a_run_driven_by_another_process_is_refused(world: BuildRepos, tmp_path: Path) -> None:
+    assert main(["build", "--model", MODEL, "--until", "pin"]) == 0
+    run = RunDir.existing(only_run(tmp_path))
+    run.acquire()
+    try:
+        assert main(["build", "--resume", str(run.path), "--until", "check"]) == ExitCode.LOCKED
+    finally:
+        run.release()
+    assert main(["build", "--resume", str(run.path), "--until", "check"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["build", "--model", "No-Such-Model"], "Known models: MiniMax-M3-MXFP4"),
+        (["build", "--model", MODEL, "--from", "render", "--until", "pin"], "comes after"),
+        (["build"], "--model"),
+    ],
+)
+def test_usage_errors(
+    world: BuildRepos, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == ExitCode.USAGE
+    assert needle in capsys.readouterr().err
