@@ -224,7 +224,9 @@ def stage_check(run: Run) -> dict[str, Any]:
     before = sum(1 for f in pristine.findings if f.severity == "error")
     head = _series_head(run, atom, aiter, lock).head_sha
     report = (
-        pristine if head == lock.atom.sha else run_check(atom, head, aiter, lock.aiter.sha, cache_dir=cache)
+        pristine
+        if head == lock.atom.sha
+        else run_check(atom, head, aiter, lock.aiter.sha, cache_dir=cache, dated_by=lock.atom.sha)
     )
     atomic_write_json(run.dir.path / "check.json", report.to_json())
     atomic_write_json(run.dir.path / "check.sarif", report.to_sarif())

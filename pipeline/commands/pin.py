@@ -14,7 +14,7 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.config import Settings
-from pipeline.errors import IncompatibleError, NotImplementedStage
+from pipeline.errors import IncompatibleError
 from pipeline.gitw import CommitInfo, GitRepo
 from pipeline.lock import Lock, SourcePin, default_lock_path
 from pipeline.log import Logger
@@ -77,7 +77,11 @@ def command(
     app.open_run(f"pin-{model}")
     log = app.log
     auto_report: dict[str, Any] = {}
-    chooser = _auto_chooser(settings.cache_dir, log, auto_report) if auto else None
+    chooser = (
+        _auto_chooser(settings.cache_dir, log, auto_report, Path(settings.paths.patches_dir))
+        if auto
+        else None
+    )
 
     with log.stage("pin", model) as rec:
         result = pin(
@@ -105,11 +109,15 @@ def command(
         app.echo(_as_text(result, path, changed, dropped, auto_report, settings=settings))
 
 
-def _auto_chooser(cache_dir: Path, log: Logger, report: dict[str, Any]) -> AiterChooser:
-    try:
-        compat = importlib.import_module("pipeline.compat")
-    except ImportError:
-        raise NotImplementedStage("pin --auto") from None
+def _auto_chooser(
+    cache_dir: Path, log: Logger, report: dict[str, Any], patches_dir: Path | None = None
+) -> AiterChooser:
+    from pipeline.patchq import PatchSeries
+
+    compat = importlib.import_module("pipeline.compat")
+
+    # The search runs on the tree we would build: ATOM plus the patch series.
+    series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
 
     def choose(
         atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
@@ -119,7 +127,7 @@ def _auto_chooser(cache_dir: Path, log: Logger, report: dict[str, Any]) -> Aiter
             f"with ATOM {atom.short}"
         )
         res = compat.search_compatible(
-            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat"
+            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat", patches=series
         )
         first_breaking: CommitInfo | None = res.first_breaking
         newest: CommitInfo | None = res.newest_compatible

@@ -154,19 +154,11 @@ def test_invalid_model_is_a_usage_error(ups: Upstreams, capsys: pytest.CaptureFi
     assert "invalid model name" in capsys.readouterr().err
 
 
-def test_auto_without_compat_module_is_not_implemented(
-    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "pipeline.compat", None)  # makes the import fail
-    assert main(pin_args(ups, "--auto")) == ExitCode.NOT_IMPLEMENTED
-    assert "pin --auto" in capsys.readouterr().err
-
-
 def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
     mod = types.ModuleType("pipeline.compat")
     calls: list[tuple[str, str]] = []
 
-    def search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None):  # type: ignore[no-untyped-def]
+    def search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None, patches=None):  # type: ignore[no-untyped-def]
         calls.append((atom_rev, aiter_head))
 
         def info(sha):  # type: ignore[no-untyped-def]
