@@ -126,8 +126,15 @@ class Lock(_Frozen):
         return tomli_w.dumps(data)
 
     def digest(self) -> str:
-        """sha256 of the canonical TOML: changes iff an input changes."""
-        return hashlib.sha256(self.to_toml().encode()).hexdigest()
+        """sha256 over what the lock pins: changes iff an input of the image changes.
+
+        The requested refs are left out: `main` and `auto:main` resolving to the same
+        commits pin the same image (the lock file still records them for people).
+        """
+        data: dict[str, Any] = self.model_dump(mode="json")
+        for src in data["sources"].values():
+            src.pop("ref")
+        return hashlib.sha256(tomli_w.dumps(data).encode()).hexdigest()
 
     def with_patches(self, patches: tuple[PatchPin, ...]) -> Lock:
         return self.model_copy(update={"patches": patches})

@@ -47,6 +47,7 @@ class BuildRequest:
     docker_host: str | None = None
     registry: str | None = None
     offline: bool = False
+    auto_aiter: bool = False  # pin aiter to the newest commit compatible with ATOM (`pin --auto`)
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,15 @@ class BuildSpec:
     registry: str
     repository: str
     offline: bool
+    auto_aiter: bool = False
     tool_version: str = __version__
 
     def summary_lines(self) -> list[str]:
         return [
             f"model      {self.model}  (recipe {self.recipe_path}, sha256 {self.recipe_sha256[:12]})",
             f"ATOM       {self.atom_repo} @ {self.atom_ref}",
-            f"aiter      {self.aiter_repo} @ {self.aiter_ref}",
+            f"aiter      {self.aiter_repo} @ {self.aiter_ref}"
+            + (" (newest compatible with ATOM: pin --auto)" if self.auto_aiter else ""),
             f"base image {self.base_image}",
             f"stages     {' → '.join(self.stages)}",
             f"engine     {self.docker_host or 'local (DOCKER_HOST or /var/run/docker.sock)'}",
@@ -111,6 +114,7 @@ def resolve_spec(req: BuildRequest, settings: Settings) -> BuildSpec:
         registry=req.registry or settings.tag.registry,
         repository=settings.image.repository,
         offline=req.offline,
+        auto_aiter=req.auto_aiter,
     )
 
 
@@ -159,17 +163,23 @@ class StopRun(Exception):
 
 def _pin_inputs(run: Run) -> Any:
     s = run.spec
-    return [s.atom_repo, s.atom_ref, s.aiter_repo, s.aiter_ref, s.base_image, s.lock_path]
+    return [s.atom_repo, s.atom_ref, s.aiter_repo, s.aiter_ref, s.base_image, s.lock_path, s.auto_aiter]
 
 
 def stage_pin(run: Run) -> dict[str, Any]:
+    auto: dict[str, Any] = {}
     if run.spec.lock_path:
         lock = Lock.load(Path(run.spec.lock_path))
         run.log.detail(f"using the given lock file {run.spec.lock_path}")
     else:
-        from pipeline.sources import pin_sources
+        from pipeline.sources import auto_aiter_chooser, pin_sources
 
         released = default_lock_path(Path(run.settings.paths.locks_dir), run.spec.model)
+        chooser = (
+            auto_aiter_chooser(run.settings.cache_dir, run.log, auto, Path(run.settings.paths.patches_dir))
+            if run.spec.auto_aiter
+            else None
+        )
         lock = pin_sources(
             run.settings,
             model=run.spec.model,
@@ -179,12 +189,14 @@ def stage_pin(run: Run) -> dict[str, Any]:
             log=run.log,
             offline=run.spec.offline,
             previous=Lock.load(released) if released.is_file() else None,
+            choose_aiter=chooser,
         )
     lock.save(run.lock_file)
     return {
         "atom": lock.atom.sha,
         "aiter": lock.aiter.sha,
         "lock_sha256": lock.digest(),
+        "auto": auto,
         "figure": f"ATOM {lock.atom.sha[:9]} · aiter {lock.aiter.sha[:10]}",
     }
 

@@ -57,33 +57,6 @@ def _obsolete_notes(run_dir: Path) -> list[str]:
     ]
 
 
-def _fallback_aiter(settings: Settings, result_dir: Path, log: Logger) -> tuple[str, str]:
-    """Newest aiter compatible with the run's ATOM, and a sentence about the break."""
-    from pipeline.compat import search_compatible
-    from pipeline.sources import mirrors_for_lock
-
-    lock = Lock.load(result_dir / "lock.toml")
-    atom, aiter = mirrors_for_lock(settings, lock)
-    found = search_compatible(
-        atom, lock.atom.sha, aiter, lock.aiter.sha, cache_dir=settings.cache_dir / "compat"
-    )
-    if found.newest_compatible is None:
-        raise IncompatibleError(
-            f"no aiter commit is compatible with ATOM {lock.atom.sha[:9]} without new patches "
-            f"({found.commits_examined} aiter commits examined).",
-            hint="Write a patch for ATOM (`pipeline patch new`) or wait for upstream.",
-        )
-    brk = found.first_breaking
-    why = (
-        f"aiter {lock.aiter.sha[:10]} breaks ATOM {lock.atom.sha[:9]}; first breaking aiter commit "
-        f"{brk.sha[:10]} ({brk.iso_date[:10]}, {brk.subject!r}); "
-        if brk is not None
-        else ""
-    )
-    log.warn(why + f"falling back to aiter {found.newest_compatible.sha[:10]}")
-    return found.newest_compatible.sha, why
-
-
 def rebuild_model(
     model: str, settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
 ) -> ModelOutcome:
@@ -92,14 +65,22 @@ def rebuild_model(
     notes: list[str] = []
     result = execute(req, settings, log, env)
     if isinstance(result.error, IncompatibleError):
+        # aiter's head breaks ATOM even with our patches: fall back to the newest aiter that
+        # does not (`pin --auto`), and say which aiter commit broke it.
+        broken = Lock.load(result.run_dir / "lock.toml")
         log.warn(f"{model}: {result.error.message.splitlines()[0]}")
-        aiter_sha, why = _fallback_aiter(settings, result.run_dir, log)
-        notes.append(why + f"fell back to aiter {aiter_sha[:10]} (newest compatible)")
-        lock = Lock.load(result.run_dir / "lock.toml")
         req = BuildRequest(
-            model=model, atom_ref=lock.atom.sha, aiter_ref=aiter_sha, until="render", registry=registry
+            model=model, atom_ref=broken.atom.ref, until="render", registry=registry, auto_aiter=True
         )
         result = execute(req, settings, log, env)
+        auto = result.outputs("pin").get("auto") or {}
+        brk, newest = auto.get("first_breaking"), auto.get("newest_compatible")
+        if newest:
+            notes.append(
+                f"aiter {broken.aiter.sha[:10]} breaks ATOM {broken.atom.sha[:9]}"
+                + (f"; first breaking aiter commit {brk['sha'][:10]} ({brk['subject']!r})" if brk else "")
+                + f"; fell back to aiter {newest['sha'][:10]} (newest compatible)"
+            )
     if result.error is not None:
         raise result.error
     notes += _obsolete_notes(result.run_dir)
@@ -115,15 +96,20 @@ def rebuild_model(
             f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
         )
         return outcome
-    resumed = execute(BuildRequest(model=model, resume=result.run_dir, registry=registry), settings, log, env)
+    # Changed: the same run goes on through build, smoke and tag.
+    resumed = execute(
+        BuildRequest(model=model, resume=result.run_dir, until="tag", registry=registry), settings, log, env
+    )
+    outcome.image = str(resumed.outputs("build").get("image", ""))
     if resumed.error is not None:
         outcome.status, outcome.exit_code = "stopped", int(resumed.error.exit_code)
         outcome.notes.append(str(resumed.error))
-        outcome.image = str(resumed.outputs("build").get("image", ""))
         return outcome
+    tag = resumed.outputs("tag")
+    if not tag:  # never call a model released unless the tag stage says so
+        raise PipelineError(f"internal: the run for {model} ended without a tag stage result.")
     outcome.status = "released"
-    outcome.image = str(resumed.outputs("build").get("image", ""))
-    outcome.tag = str(resumed.outputs("tag").get("ref", ""))
+    outcome.tag = str(tag.get("ref", ""))
     return outcome
 
 

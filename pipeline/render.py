@@ -59,8 +59,6 @@ ATOM_DIR = "/app/ATOM"
 PIPELINE_DIR = "/app/atom-image-pipeline"
 
 # Label keys this module adds beyond pipeline.labels (informational only).
-ATOM_REF = f"{labels.OURS}.atom.ref"
-AITER_REF = f"{labels.OURS}.aiter.ref"
 ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (content, not history)
 AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
 
@@ -362,11 +360,9 @@ def plan_render(
         labels.MODEL: lock.model,
         labels.ATOM_SHA: lock.atom.sha,
         labels.ATOM_URL: lock.atom.url,
-        ATOM_REF: lock.atom.ref,
         ATOM_TREE: atom_tree,
         labels.AITER_SHA: lock.aiter.sha,
         labels.AITER_URL: lock.aiter.url,
-        AITER_REF: lock.aiter.ref,
         AITER_SUBMODULES: f_json([{"path": s.path, "sha": s.sha} for s in submodules]),
         labels.PATCHES: f_json(patches),
         labels.RECIPE: recipe_name,
@@ -404,7 +400,7 @@ def plan_render(
     inputs: dict[str, Any] = {
         "schema": DIGEST_SCHEMA,
         "tool_version": __version__,
-        "lock": lock.to_toml(),
+        "lock": lock.digest(),  # the pinned facts; not the refs they were asked by
         "atom_tree": atom_tree,
         "aiter_tree": aiter_tree,
         "recipe": {"name": recipe_name, "sha256": recipe_sha256},

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -32,12 +33,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import filelock
 
 from pipeline.config import Settings
-from pipeline.errors import InfraError, RunLocked, SourceError, TagError, UsageError
+from pipeline.errors import IncompatibleError, InfraError, RunLocked, SourceError, TagError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo, is_unreachable
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
@@ -924,3 +926,56 @@ def mirrors_for_lock(settings: Settings, lock: Lock, *, fetch: bool = False) -> 
             )
         repos.append(repo)
     return repos[0], repos[1]
+
+
+def auto_aiter_chooser(
+    cache_dir: Path, log: Logger, report: dict[str, Any], patches_dir: Path | None = None
+) -> AiterChooser:
+    """`pin --auto`: choose the newest aiter compatible with ATOM (plus the patch series).
+
+    `report` receives what the search found (commits examined, first breaking, newest).
+    """
+    from pipeline.patchq import PatchSeries
+
+    compat = importlib.import_module("pipeline.compat")
+
+    # The search runs on the tree we would build: ATOM plus the patch series.
+    series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
+
+    def choose(
+        atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
+    ) -> CommitInfo:
+        log.info(
+            f"searching aiter up to {aiter_head.short} for the newest commit compatible "
+            f"with ATOM {atom.short}"
+        )
+        res = compat.search_compatible(
+            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat", patches=series
+        )
+        first_breaking: CommitInfo | None = res.first_breaking
+        newest: CommitInfo | None = res.newest_compatible
+        report["commits_examined"] = res.commits_examined
+        report["first_breaking"] = commit_json(first_breaking) if first_breaking else None
+        report["newest_compatible"] = commit_json(newest) if newest else None
+        if first_breaking is not None:
+            log.info(f"first breaking aiter commit: {first_breaking.short} {first_breaking.subject}")
+        if newest is None:
+            raise IncompatibleError(
+                f"no aiter commit up to {aiter_head.sha} is compatible with ATOM {atom.sha}"
+                + (" even with the patch series" if series is not None else " without patches")
+                + (
+                    f" (first breaking: {first_breaking.sha} {first_breaking.subject!r})"
+                    if first_breaking
+                    else ""
+                )
+                + ".",
+                hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
+                "or choose another ATOM commit.",
+            )
+        return newest
+
+    return choose
+
+
+def commit_json(c: CommitInfo) -> dict[str, str]:
+    return {"sha": c.sha, "date": c.iso_date, "subject": c.subject}

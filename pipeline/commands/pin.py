@@ -6,7 +6,6 @@ skipped when nothing changed (the file keeps its mtime).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,15 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.config import Settings
-from pipeline.errors import IncompatibleError
-from pipeline.gitw import CommitInfo, GitRepo
 from pipeline.lock import Lock, SourcePin, default_lock_path
-from pipeline.log import Logger
-from pipeline.sources import AiterChooser, PinResult, pin, submodule_mirror, validate_model
+from pipeline.sources import (
+    PinResult,
+    auto_aiter_chooser,
+    commit_json,
+    pin,
+    submodule_mirror,
+    validate_model,
+)
 
 
 @click.command(name="pin")
@@ -78,7 +81,7 @@ def command(
     log = app.log
     auto_report: dict[str, Any] = {}
     chooser = (
-        _auto_chooser(settings.cache_dir, log, auto_report, Path(settings.paths.patches_dir))
+        auto_aiter_chooser(settings.cache_dir, log, auto_report, Path(settings.paths.patches_dir))
         if auto
         else None
     )
@@ -107,54 +110,6 @@ def command(
         app.emit_json(_as_json(result, path, changed, dropped, auto_report, settings=settings))
     else:
         app.echo(_as_text(result, path, changed, dropped, auto_report, settings=settings))
-
-
-def _auto_chooser(
-    cache_dir: Path, log: Logger, report: dict[str, Any], patches_dir: Path | None = None
-) -> AiterChooser:
-    from pipeline.patchq import PatchSeries
-
-    compat = importlib.import_module("pipeline.compat")
-
-    # The search runs on the tree we would build: ATOM plus the patch series.
-    series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
-
-    def choose(
-        atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
-    ) -> CommitInfo:
-        log.info(
-            f"searching aiter up to {aiter_head.short} for the newest commit compatible "
-            f"with ATOM {atom.short}"
-        )
-        res = compat.search_compatible(
-            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat", patches=series
-        )
-        first_breaking: CommitInfo | None = res.first_breaking
-        newest: CommitInfo | None = res.newest_compatible
-        report["commits_examined"] = res.commits_examined
-        report["first_breaking"] = _commit_json(first_breaking) if first_breaking else None
-        report["newest_compatible"] = _commit_json(newest) if newest else None
-        if first_breaking is not None:
-            log.info(f"first breaking aiter commit: {first_breaking.short} {first_breaking.subject}")
-        if newest is None:
-            raise IncompatibleError(
-                f"no aiter commit up to {aiter_head.sha} is compatible with ATOM {atom.sha} without patches"
-                + (
-                    f" (first breaking: {first_breaking.sha} {first_breaking.subject!r})"
-                    if first_breaking
-                    else ""
-                )
-                + ".",
-                hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
-                "or choose another ATOM commit.",
-            )
-        return newest
-
-    return choose
-
-
-def _commit_json(c: CommitInfo) -> dict[str, str]:
-    return {"sha": c.sha, "date": c.iso_date, "subject": c.subject}
 
 
 def _pin_json(p: SourcePin) -> dict[str, Any]:
@@ -193,7 +148,7 @@ def _as_json(
         "patches_dropped": dropped,
     }
     if auto:
-        out["auto"] = {**auto, "requested": _commit_json(result.aiter_requested)}
+        out["auto"] = {**auto, "requested": commit_json(result.aiter_requested)}
     return out
 
 

@@ -200,10 +200,11 @@ def test_build_to_verified_tag_then_rebuild_falls_back_on_a_breaking_aiter(
     out = captured.out
     assert code == 0, captured.err
     (outcome,) = json.loads(out[out.index("[") :])
-    assert outcome["status"] == "unchanged"  # the fallback pin is what was released
+    # the fallback pin is exactly what was released: nothing to build, and the break is named
+    assert outcome["status"] == "unchanged", outcome
     assert outcome["aiter"] == world.repos.aiter_sha
     notes = " ".join(outcome["notes"])
-    assert breaking[:10] in notes and "fell back" in notes
+    assert breaking[:10] in notes and "fell back" in notes and "already released" in notes
 
 
 def test_killed_build_resumes_at_the_build_stage(

@@ -47,9 +47,15 @@ def settings(tmp_path: Path, **env: str) -> Settings:
     return load_settings(env={f"PIPELINE_{k.upper()}": v for k, v in env.items()}, cwd=tmp_path)
 
 
-def make_lock(s: Settings, *, patches: tuple[PatchPin, ...] = (PATCH,), atom_ref: str = "main") -> Lock:
+def make_lock(
+    s: Settings,
+    *,
+    patches: tuple[PatchPin, ...] = (PATCH,),
+    atom_ref: str = "main",
+    atom_url: str = "https://github.com/ROCm/ATOM.git",
+) -> Lock:
     atom = SourcePin(
-        url="https://github.com/ROCm/ATOM.git",
+        url=atom_url,
         ref=atom_ref,
         sha=ATOM_SHA,
         date="2026-06-24T09:12:00Z",
@@ -220,20 +226,22 @@ def test_deterministic_and_digest_tracks_every_input(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("evil", ["main; rm -rf /", "$(touch /pwned)", "`id`", 'a"b\\c', "x' y"])
-def test_ref_values_are_quoted_in_labels(tmp_path: Path, evil: str) -> None:
+def test_source_values_are_quoted_in_labels(tmp_path: Path, evil: str) -> None:
+    # Requested refs are not labels (the same commits make the same image, whatever ref
+    # asked for them); the repository URL is user input that is.
     s = settings(tmp_path)
-    p = plan(s, make_lock(s, atom_ref=evil))
+    p = plan(s, make_lock(s, atom_url=evil))
     text = render_dockerfile(TEMPLATES, p.values)
-    line = next(ln for ln in text.splitlines() if "atom.ref" in ln)
+    line = next(ln for ln in text.splitlines() if "atom.url" in ln)
     expected = '"' + evil.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
-    assert line.strip().startswith(f'"org.atom-image-pipeline.atom.ref"={expected}')
+    assert line.strip().startswith(f'"org.atom-image-pipeline.atom.url"={expected}')
     assert evil not in [ln.strip() for ln in text.splitlines()]  # never a line of its own
 
 
 def test_newline_in_value_is_refused(tmp_path: Path) -> None:
     s = settings(tmp_path)
     with pytest.raises(RenderError) as e:
-        render_dockerfile(TEMPLATES, plan(s, make_lock(s, atom_ref="main\nRUN rm -rf /")).values)
+        render_dockerfile(TEMPLATES, plan(s, make_lock(s, atom_url="x\nRUN rm -rf /")).values)
     assert "newline" in str(e.value) and e.value.exit_code == ExitCode.RENDER
 
 
