@@ -227,6 +227,8 @@ def stage_check(run: Run) -> dict[str, Any]:
     The pristine pin is checked too, for the record: what the series fixes and what it leaves.
     """
     from pipeline.compat import run_check
+    from pipeline.compat.waivers import apply_waivers
+    from pipeline.recipe import load_recipe
 
     atom, aiter = _mirrors(run)
     lock = run.lock()
@@ -240,6 +242,11 @@ def stage_check(run: Run) -> dict[str, Any]:
         if head == lock.atom.sha
         else run_check(atom, head, aiter, lock.aiter.sha, cache_dir=cache, dated_by=lock.atom.sha)
     )
+    waivers = load_recipe(Path(run.spec.recipe_path)).compat.waive
+    report, unused = apply_waivers(report, waivers)
+    for w in unused:
+        run.log.warn(f"recipe waiver for {w.function} in {w.path} matches no finding: remove it")
+    waived = len(waivers) - len(unused)
     atomic_write_json(run.dir.path / "check.json", report.to_json())
     atomic_write_json(run.dir.path / "check.sarif", report.to_sarif())
     atomic_write_text(run.dir.path / "check.txt", report.to_text())
@@ -251,7 +258,8 @@ def stage_check(run: Run) -> dict[str, Any]:
             hint="Add or fix a patch under patches/atom (`pipeline patch new`), or pin an aiter "
             f"that this ATOM supports (`pipeline pin --model {run.spec.model} --auto`).",
         )
-    fixed = f"{before} fixed by patches, " if before else ""
+    fixed = f"{before - waived} fixed by patches, " if before > waived else ""
+    fixed += f"{waived} waived by the recipe, " if waived else ""
     return {
         "head": head,
         "pristine_errors": before,
@@ -400,7 +408,7 @@ def released_state_path(locks_dir: Path, model: str) -> Path:
 
 STAGES: dict[str, tuple[StageFn, InputsFn]] = {
     "pin": (stage_pin, _pin_inputs),
-    "check": (stage_check, lambda r: [r.outputs.get("pin"), _patches_digest(r)]),
+    "check": (stage_check, lambda r: [r.outputs.get("pin"), _patches_digest(r), r.spec.recipe_sha256]),
     "patch": (stage_patch, lambda r: [r.outputs.get("check"), _patches_digest(r)]),
     "render": (
         stage_render,

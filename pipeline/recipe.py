@@ -242,6 +242,18 @@ class BenchmarkCheck(_Strict):
 Check = Annotated[ChatCheck | Gsm8kCheck | BenchmarkCheck, Field(discriminator="kind")]
 
 
+class CompatWaiver(_Strict):
+    """A reviewed decision that one breaking call is not on this model's path."""
+
+    path: str = Field(min_length=1)  # ATOM file, e.g. atom/model_ops/quant_v4.py
+    function: str = Field(min_length=1)  # the aiter function as the check names it
+    reason: str = Field(min_length=10)  # why it cannot affect this model; shown in every report
+
+
+class CompatPolicy(_Strict):
+    waive: tuple[CompatWaiver, ...] = ()
+
+
 class Recipe(_Strict):
     schema_: Literal["atom-image-pipeline/recipe/v1"] = Field(alias="schema")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -256,6 +268,8 @@ class Recipe(_Strict):
     secrets: tuple[str, ...] = ("HF_TOKEN",)
     server: ServerSpec
     checks: tuple[Check, ...] = Field(min_length=1)
+    # Breaking calls the static check may let through for this model (never silently).
+    compat: CompatPolicy = CompatPolicy()
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 

@@ -34,6 +34,9 @@ FAKE_DIGEST = "sha256:" + "ab" * 32
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildRepos:
     repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)
     write_series(repos, tmp_path / "patches")
+    # a valid recipe for the model (the docker tier's test recipe, renamed)
+    recipe = (REPO / "tests" / "servers" / "recipe-test.yaml").read_text()
+    repos.recipe.write_text(recipe.replace("name: Smoke-Test-Tiny", f"name: {MODEL}"))
     env = {
         "PIPELINE_ATOM_REPO": str(repos.atom),
         "PIPELINE_AITER_REPO": str(repos.aiter),
@@ -154,3 +157,28 @@ def test_usage_errors(
 ) -> None:
     assert main(args) == ExitCode.USAGE
     assert needle in capsys.readouterr().err
+
+
+def test_recipe_waiver_lets_a_reviewed_break_through_and_keeps_it_visible(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    break_aiter(world)
+    world.recipe.write_text(
+        world.recipe.read_text()
+        + "\ncompat:\n  waive:\n"
+        + "    - path: atom/models/minimax_m3.py\n"
+        + "      function: aiter.ops.fused_qknorm_idxrqknorm.fused_qknorm_idxrqknorm\n"
+        + "      reason: \"reviewed: this model never reaches the call\"\n"
+        + "    - path: atom/models/other.py\n"
+        + "      function: aiter.gone\n"
+        + "      reason: a waiver whose call upstream already fixed\n"
+    )
+    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
+    err = capsys.readouterr().err
+    assert "1 waived by the recipe" in err
+    assert "waiver for aiter.gone in atom/models/other.py matches no finding" in err
+    findings = json.loads((only_run(tmp_path) / "check.json").read_text())["findings"]
+    (waived,) = [f for f in findings if f["path"] == "atom/models/minimax_m3.py"]
+    assert (
+        waived["severity"] == "warning" and "reviewed: this model never reaches the call" in waived["message"]
+    )
