@@ -14,12 +14,14 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.compat import CheckReport, run_check
+from pipeline.compat.waivers import apply_waivers
 from pipeline.config import Settings
 from pipeline.errors import IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
 from pipeline.lock import Lock
 from pipeline.patchq import PatchSeries, patched_commit
+from pipeline.recipe import load_recipe
 from pipeline.sources import is_local, mirrors_for_lock, open_mirror
 
 
@@ -64,6 +66,13 @@ from pipeline.sources import is_local, mirrors_for_lock, open_mirror
     is_flag=True,
     help="Check the pinned ATOM commit as it is, even when the lock records applied patches.",
 )
+@click.option(
+    "--recipe",
+    "recipe_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Apply this recipe's reviewed waivers (default with --lock: recipes/<model>.yaml if present).",
+)
+@click.option("--no-waivers", is_flag=True, help="Report waived findings as the errors they are.")
 @pass_app
 def command(
     app: App,
@@ -77,6 +86,8 @@ def command(
     output: Path | None,
     patches_dir: Path | None,
     unpatched: bool,
+    recipe_path: Path | None,
+    no_waivers: bool,
 ) -> None:
     """Check every ATOM call of an aiter function against aiter's signatures.
 
@@ -133,6 +144,16 @@ def command(
             f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), "
             f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
         )
+        if recipe_path is None and lock_path is not None:
+            default = find_recipe_path(Path(settings.paths.recipes_dir), lock.model)
+            recipe_path = default if default.is_file() else None
+        if recipe_path is not None and not no_waivers:
+            waivers = load_recipe(recipe_path).compat.waive
+            report, unused = apply_waivers(report, waivers)
+            if waivers:
+                rec.figure += f", {len(waivers) - len(unused)} waived by {recipe_path.name}"
+            for w in unused:
+                log.warn(f"recipe waiver for {w.function} in {w.path} matches no finding: remove it")
         if not report.ok:
             rec.status = "failed"
 
@@ -190,3 +211,7 @@ def _repos_for_lock(
                 "that has it.",
             )
     return atom, aiter
+
+
+def find_recipe_path(recipes_dir: Path, model: str) -> Path:
+    return recipes_dir / f"{model}.yaml"

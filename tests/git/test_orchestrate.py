@@ -168,7 +168,7 @@ def test_recipe_waiver_lets_a_reviewed_break_through_and_keeps_it_visible(
         + "\ncompat:\n  waive:\n"
         + "    - path: atom/models/minimax_m3.py\n"
         + "      function: aiter.ops.fused_qknorm_idxrqknorm.fused_qknorm_idxrqknorm\n"
-        + "      reason: \"reviewed: this model never reaches the call\"\n"
+        + '      reason: "reviewed: this model never reaches the call"\n'
         + "    - path: atom/models/other.py\n"
         + "      function: aiter.gone\n"
         + "      reason: a waiver whose call upstream already fixed\n"
@@ -182,3 +182,29 @@ def test_recipe_waiver_lets_a_reviewed_break_through_and_keeps_it_visible(
     assert (
         waived["severity"] == "warning" and "reviewed: this model never reaches the call" in waived["message"]
     )
+
+
+def test_check_with_a_lock_applies_the_models_recipe_waivers(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0  # the lock records the patch
+    lock = str(only_run(tmp_path) / "lock.toml")
+    assert main(["check", "--lock", lock]) == 0
+    # a newer aiter breaks the patched call; check that pair (the lock's ATOM, the new aiter)
+    breaking = break_aiter(world)
+    text = Path(lock).read_text().replace(world.aiter_sha, breaking)
+    lock = str(tmp_path / "broken.toml")
+    Path(lock).write_text(text)
+    args = ["check", "--lock", lock, "--aiter-repo", str(world.aiter)]  # the upstream, not the mirror
+    assert main(args) == ExitCode.INCOMPATIBLE
+    world.recipe.write_text(
+        world.recipe.read_text()
+        + "\ncompat:\n  waive:\n"
+        + "    - path: atom/models/minimax_m3.py\n"
+        + "      function: aiter.ops.fused_qknorm_idxrqknorm.fused_qknorm_idxrqknorm\n"
+        + "      reason: reviewed, not on this model's path\n"
+    )
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "waived by the recipe (reviewed, not on this model's path)" in capsys.readouterr().out
+    assert main([*args, "--no-waivers"]) == ExitCode.INCOMPATIBLE
