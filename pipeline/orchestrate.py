@@ -176,7 +176,13 @@ def stage_pin(run: Run) -> dict[str, Any]:
 
         released = default_lock_path(Path(run.settings.paths.locks_dir), run.spec.model)
         chooser = (
-            auto_aiter_chooser(run.settings.cache_dir, run.log, auto, Path(run.settings.paths.patches_dir))
+            auto_aiter_chooser(
+                run.settings.cache_dir,
+                run.log,
+                auto,
+                Path(run.settings.paths.patches_dir),
+                Path(run.spec.recipe_path),
+            )
             if run.spec.auto_aiter
             else None
         )

@@ -929,11 +929,16 @@ def mirrors_for_lock(settings: Settings, lock: Lock, *, fetch: bool = False) -> 
 
 
 def auto_aiter_chooser(
-    cache_dir: Path, log: Logger, report: dict[str, Any], patches_dir: Path | None = None
+    cache_dir: Path,
+    log: Logger,
+    report: dict[str, Any],
+    patches_dir: Path | None = None,
+    recipe_path: Path | None = None,
 ) -> AiterChooser:
     """`pin --auto`: choose the newest aiter compatible with ATOM (plus the patch series).
 
     `report` receives what the search found (commits examined, first breaking, newest).
+    With `recipe_path`, the recipe's reviewed waivers apply as they do in the check stage.
     """
     from pipeline.patchq import PatchSeries
 
@@ -941,6 +946,16 @@ def auto_aiter_chooser(
 
     # The search runs on the tree we would build: ATOM plus the patch series.
     series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
+    adjust = None
+    if recipe_path is not None and recipe_path.is_file():
+        from pipeline.compat.waivers import apply_waivers
+        from pipeline.recipe import load_recipe
+
+        waivers = load_recipe(recipe_path).compat.waive
+        if waivers:
+
+            def adjust(r: Any) -> Any:
+                return apply_waivers(r, waivers)[0]
 
     def choose(
         atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
@@ -950,7 +965,13 @@ def auto_aiter_chooser(
             f"with ATOM {atom.short}"
         )
         res = compat.search_compatible(
-            atom_repo, atom.sha, aiter_repo, aiter_head.sha, cache_dir=cache_dir / "compat", patches=series
+            atom_repo,
+            atom.sha,
+            aiter_repo,
+            aiter_head.sha,
+            cache_dir=cache_dir / "compat",
+            patches=series,
+            adjust=adjust,
         )
         first_breaking: CommitInfo | None = res.first_breaking
         newest: CommitInfo | None = res.newest_compatible

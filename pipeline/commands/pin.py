@@ -81,7 +81,13 @@ def command(
     log = app.log
     auto_report: dict[str, Any] = {}
     chooser = (
-        auto_aiter_chooser(settings.cache_dir, log, auto_report, Path(settings.paths.patches_dir))
+        auto_aiter_chooser(
+            settings.cache_dir,
+            log,
+            auto_report,
+            Path(settings.paths.patches_dir),
+            Path(settings.paths.recipes_dir) / f"{model}.yaml",
+        )
         if auto
         else None
     )

@@ -15,6 +15,7 @@ compatible aiter exists without patching ATOM.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,13 +65,20 @@ def search_compatible(
     baseline_aiter_rev: str | None = None,
     max_commits: int = 2000,
     patches: PatchSeries | None = None,
+    adjust: Callable[[CheckReport], CheckReport] | None = None,
 ) -> SearchResult:
     """Newest aiter commit (first-parent history of `aiter_head`) ATOM is compatible with.
 
     With `patches`, each aiter commit is checked against the patched ATOM tree
     for that commit (the series' aiter conditions decide which patches apply),
-    as `pipeline patch` would build it.
+    as `pipeline patch` would build it. `adjust` is applied to every report
+    before it is judged (the pipeline passes the recipe's waivers).
     """
+
+    def check(checker: Checker, sha: str, *, with_causes: bool = True) -> CheckReport:
+        report = checker.check(sha, with_causes=with_causes)
+        return adjust(report) if adjust is not None else report
+
     t0 = time.perf_counter()
     atom_sha = resolve_sha(atom, atom_rev, "ATOM")
     head = resolve_sha(aiter, aiter_head, "aiter")
@@ -80,7 +88,7 @@ def search_compatible(
         base_checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
         variants = _Variants(patches, atom, atom_sha, aiter, caches, head, base_checker)
         checker = variants.checker_for(head)
-        at_head = checker.check(head)
+        at_head = check(checker, head)
         examined = 1
         if at_head.ok:
             return SearchResult(
@@ -96,7 +104,7 @@ def search_compatible(
         last_report = at_head
         for cand in candidates[:max_commits]:
             checker = variants.checker_for(cand.sha)
-            report = checker.check(cand.sha, with_causes=False)
+            report = check(checker, cand.sha, with_causes=False)
             examined += 1
             # Files the check reads may differ at older commits (functions move).
             extra = _relevant_paths(checker.index(cand.sha)) - relevant
@@ -109,7 +117,7 @@ def search_compatible(
                     idx = candidates.index(cand)
                     candidates[idx + 1 :] = [c for c in rest if c.sha != cand.sha]
             if report.ok:
-                final = checker.check(cand.sha)  # with causes, for the record
+                final = check(checker, cand.sha)  # with causes, for the record
                 return SearchResult(
                     cand, newer, at_head, examined, final,
                     explanation=(

@@ -158,7 +158,7 @@ def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
     mod = types.ModuleType("pipeline.compat")
     calls: list[tuple[str, str]] = []
 
-    def search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None, patches=None):  # type: ignore[no-untyped-def]
+    def search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None, patches=None, adjust=None):  # type: ignore[no-untyped-def]
         calls.append((atom_rev, aiter_head))
 
         def info(sha):  # type: ignore[no-untyped-def]
