@@ -125,7 +125,7 @@ def world(
         "PIPELINE_HF_CACHE": str(hf),
         "PIPELINE_KFD_TOPOLOGY": str(nodes_dir(sysfs)),
         "PIPELINE_FETCH_RETRIES": "0",
-        "HF_TOKEN": "hf_e2eSecretTokenThatMustNeverBeWritten",
+        "HF_TOKEN": "hf_" + uuid.uuid4().hex,  # made up per run: must never be written anywhere
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -65,3 +65,20 @@ def test_invalid_field_names_key_and_line(tmp_path: Path) -> None:
 def test_missing_lock_says_run_pin(tmp_path: Path) -> None:
     with pytest.raises(LockFileError, match="pipeline pin"):
         Lock.load(tmp_path / "nope.toml")
+
+
+def test_digest_ignores_the_requested_refs_but_not_the_shas() -> None:
+    a = make_lock()
+    renamed = a.model_copy(
+        update={
+            "sources": a.sources.model_copy(update={"aiter": a.aiter.model_copy(update={"ref": "auto:main"})})
+        }
+    )
+    assert renamed.to_toml() != a.to_toml()  # the file still says how it was asked
+    assert renamed.digest() == a.digest()  # the same commits pin the same image
+    moved = a.model_copy(
+        update={
+            "sources": a.sources.model_copy(update={"aiter": a.aiter.model_copy(update={"sha": "f" * 40})})
+        }
+    )
+    assert moved.digest() != a.digest()
