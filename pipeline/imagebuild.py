@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import IO
 
 from pipeline import labels
+from pipeline.config import Settings
 from pipeline.dockerw import BuiltImage, Engine, ImageInfo
-from pipeline.errors import BuildError, InfraError, PipelineError
+from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 from pipeline.log import Logger
-from pipeline.render import read_manifest
+from pipeline.render import candidate_tag, read_manifest
 
 BUILD_LOG = "build.log"
 TAIL_LINES = 20
@@ -221,3 +222,29 @@ def _failure(err: BuildError, log_path: Path | None) -> BuildError:
         hint=f"Nothing was tagged. {where}",
         evidence=err.evidence,
     )
+
+
+def registry_lookup(settings: Settings, env: Mapping[str, str], log: Logger) -> RemoteLookup | None:
+    """When [tag] registry is set: find the candidate tag of an inputs digest in the target registry.
+
+    Only candidate tags are looked up (they name the inputs digest); an unreachable registry is a
+    warning, never a reason not to build.
+    """
+    registry = settings.tag.registry
+    if not registry:
+        return None
+    from pipeline.registry import RegistryClient, credentials_for, parse_image_ref
+
+    target = parse_image_ref(f"{registry.rstrip('/')}/{settings.image.repository}")
+    client = RegistryClient(target.registry, credentials=credentials_for(target.registry, env), retries=1)
+
+    def lookup(digest: str) -> str | None:
+        tag = candidate_tag(digest)
+        try:
+            found = client.manifest_digest(target.repository, tag)
+        except (InfraError, TagError) as e:
+            log.warn(f"could not look for an existing image in {target.name}: {e.message}")
+            return None
+        return f"{target.name}:{tag}@{found}" if found else None
+
+    return lookup

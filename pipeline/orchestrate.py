@@ -326,10 +326,15 @@ def stage_render(run: Run) -> dict[str, Any]:
 
 
 def stage_build(run: Run) -> dict[str, Any]:
-    from pipeline.imagebuild import build_image
+    from pipeline.imagebuild import build_image, registry_lookup
 
     out = build_image(
-        run.engine(), Path(run.outputs["render"]["context"]), tag=None, log=run.log, run_dir=run.dir.path
+        run.engine(),
+        Path(run.outputs["render"]["context"]),
+        tag=None,
+        log=run.log,
+        run_dir=run.dir.path,
+        remote_lookup=registry_lookup(run.settings, run.env, run.log),
     )
     return {
         "image": out.image_id,
@@ -457,7 +462,11 @@ def execute(req: BuildRequest, settings: Settings, log: Logger, env: Mapping[str
         for line in spec.summary_lines():
             log.info(f"  {line}")
         run = Run(spec=spec, settings=settings, log=log, dir=rd, env=env)
-        return _drive(run)
+        try:
+            return _drive(run)
+        finally:
+            if run._engine is not None:
+                run._engine.close()
     finally:
         rd.release()
 

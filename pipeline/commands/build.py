@@ -1,4 +1,4 @@
-"""`pipeline build`: build a rendered context (`--context DIR`); the end-to-end chain comes later."""
+"""`pipeline build`: the whole chain for a model (`--model`), or one rendered context (`--context DIR`)."""
 
 from __future__ import annotations
 
@@ -7,40 +7,11 @@ from pathlib import Path
 import click
 
 from pipeline.app import App, pass_app
-from pipeline.config import Settings
 from pipeline.dockerw import Engine
-from pipeline.errors import InfraError, TagError, UsageError
-from pipeline.imagebuild import BuildOutcome, RemoteLookup, build_image
-from pipeline.log import Logger
+from pipeline.errors import UsageError
+from pipeline.imagebuild import BuildOutcome, build_image, registry_lookup
 from pipeline.orchestrate import BuildRequest, RunResult, execute
-from pipeline.render import candidate_tag
 from pipeline.runs import STAGE_ORDER
-
-
-def registry_lookup(settings: Settings, env: dict[str, str], log: Logger) -> RemoteLookup | None:
-    """When [tag] registry is set: find the candidate tag of an inputs digest in the target registry.
-
-    Only candidate tags are looked up (they name the inputs digest); an unreachable registry is a
-    warning, never a reason not to build.
-    """
-    registry = settings.tag.registry
-    if not registry:
-        return None
-    from pipeline.registry import RegistryClient, credentials_for, parse_image_ref
-
-    target = parse_image_ref(f"{registry.rstrip('/')}/{settings.image.repository}")
-    client = RegistryClient(target.registry, credentials=credentials_for(target.registry, env), retries=1)
-
-    def lookup(digest: str) -> str | None:
-        tag = candidate_tag(digest)
-        try:
-            found = client.manifest_digest(target.repository, tag)
-        except (InfraError, TagError) as e:
-            log.warn(f"could not look for an existing image in {target.name}: {e.message}")
-            return None
-        return f"{target.name}:{tag}@{found}" if found else None
-
-    return lookup
 
 
 def build_context_command(
