@@ -23,7 +23,6 @@ class ExitCode(IntEnum):
     NO_HARDWARE = 9  # the smoke test could not run: GPUs / model cache missing
     TAG = 10  # tagging or pushing refused or failed
     INFRA = 11  # Docker engine, registry or network unreachable
-    NOT_IMPLEMENTED = 12  # the stage is not built yet
     LOCKED = 13  # another run holds the run directory or tag lock
     INTERRUPTED = 130  # Ctrl-C / SIGTERM
 
@@ -41,7 +40,6 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.NO_HARDWARE: "smoke test could not run here (GPUs, model cache or token missing)",
     ExitCode.TAG: "tag or push refused or failed",
     ExitCode.INFRA: "infrastructure unreachable: Docker engine, registry, network",
-    ExitCode.NOT_IMPLEMENTED: "stage not built yet",
     ExitCode.LOCKED: "another run holds the lock on this run directory or tag",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); everything started was cleaned up",
 }
@@ -112,16 +110,6 @@ class TagError(PipelineError):
 
 class InfraError(PipelineError):
     exit_code = ExitCode.INFRA
-
-
-class NotImplementedStage(PipelineError):
-    exit_code = ExitCode.NOT_IMPLEMENTED
-
-    def __init__(self, stage: str) -> None:
-        super().__init__(
-            f"The '{stage}' stage is not built yet in this version of atom-image-pipeline.",
-            hint="Nothing was done. See the project's issues for its status.",
-        )
 
 
 class RunLocked(PipelineError):
