@@ -45,16 +45,26 @@ def _read_released(settings: Settings, model: str) -> dict[str, Any]:
     return data
 
 
-def _obsolete_notes(run_dir: Path) -> list[str]:
-    lock_file = run_dir / "lock.toml"
-    if not lock_file.is_file():
-        return []
-    lock = Lock.load(lock_file)
-    return [
-        f"patch {p.name} is {p.status.replace('-', ' ')} at ATOM {lock.atom.sha[:9]}: drop it from the series"
-        for p in lock.patches
-        if p.status in ("not-needed", "already-upstream")
-    ]
+def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:
+    """Patches the run's ATOM no longer needs: already upstream, or ATOM is past their range.
+
+    (A patch that is only "not needed" for this aiter is not obsolete: another aiter may need it.)
+    """
+    from pipeline.patchq import PatchSeries, check_series
+    from pipeline.sources import mirrors_for_lock
+
+    lock = Lock.load(run_dir / "lock.toml")
+    atom, aiter = mirrors_for_lock(settings, lock)
+    notes = []
+    for c in check_series(
+        PatchSeries.load(Path(settings.paths.patches_dir)), atom, lock.atom.sha, aiter, lock.aiter.sha
+    ):
+        end = c.patch.atom_range.end
+        end_sha = atom.rev_parse(end) if end else None
+        past = end_sha is not None and atom.is_ancestor(end_sha, lock.atom.sha)
+        if c.status == "already-upstream" or (c.status == "not-needed" and past):
+            notes.append(f"patch {c.patch.name} is obsolete ({c.reason}): drop it from the series")
+    return notes
 
 
 def rebuild_model(
@@ -83,7 +93,7 @@ def rebuild_model(
             )
     if result.error is not None:
         raise result.error
-    notes += _obsolete_notes(result.run_dir)
+    notes += obsolete_patches(settings, result.run_dir)
     render = result.outputs("render")
     pin = result.outputs("pin")
     outcome = ModelOutcome(

@@ -7,6 +7,7 @@ docker tier (tests/docker/test_e2e.py) drives the same chain through build, smok
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from pathlib import Path
@@ -208,3 +209,18 @@ def test_check_with_a_lock_applies_the_models_recipe_waivers(
     assert main(args) == 0
     assert "waived by the recipe (reviewed, not on this model's path)" in capsys.readouterr().out
     assert main([*args, "--no-waivers"]) == ExitCode.INCOMPATIBLE
+
+
+def test_a_patch_past_its_range_is_reported_obsolete(world: BuildRepos, tmp_path: Path) -> None:
+    from pipeline.config import load_settings
+    from pipeline.rebuild import obsolete_patches
+
+    patch = next((tmp_path / "patches").glob("0001-*.patch"))
+    start = f"X-Atom-Range: {world.atom_sha[:12]}.."
+    # upstream merged the fix at this very ATOM commit: the range now ends here
+    patch.write_text(patch.read_text().replace(start, start + world.atom_sha[:12]))
+    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
+    run = only_run(tmp_path)
+    assert 'status = "not-needed"' in (run / "lock.toml").read_text()
+    (note,) = obsolete_patches(load_settings(env=dict(os.environ), cwd=tmp_path), run)
+    assert "0001-minimax-m3-split-kv-cache.patch is obsolete" in note and "past its range" in note
