@@ -85,13 +85,10 @@ class BuildSpec:
 
 
 def resolve_spec(req: BuildRequest, settings: Settings) -> BuildSpec:
-    recipe = Path(settings.paths.recipes_dir) / f"{req.model}.yaml"
-    if not recipe.is_file():
-        known = sorted(p.stem for p in Path(settings.paths.recipes_dir).glob("*.yaml"))
-        raise UsageError(
-            f"no recipe for model {req.model!r}: {recipe} does not exist.",
-            hint=f"Known models: {', '.join(known) or '(none)'}.",
-        )
+    from pipeline.recipe import find_recipe, load_recipe
+
+    recipe = find_recipe(req.model, Path(settings.paths.recipes_dir))
+    load_recipe(recipe)  # an invalid recipe stops the run before anything is pinned
     for name in (req.from_stage, req.until):
         if name is not None and name not in STAGE_ORDER:
             raise UsageError(f"unknown stage {name!r}; stages are {', '.join(STAGE_ORDER)}.")

@@ -7,6 +7,7 @@ exists, after printing the report; usage and source problems keep their codes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,12 +17,12 @@ from pipeline.app import App, pass_app
 from pipeline.compat import CheckReport, run_check
 from pipeline.compat.waivers import apply_waivers
 from pipeline.config import Settings
-from pipeline.errors import IncompatibleError, SourceError, UsageError
+from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
 from pipeline.lock import Lock
 from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.recipe import load_recipe
+from pipeline.recipe import find_recipe, load_recipe
 from pipeline.sources import is_local, mirrors_for_lock, open_mirror
 
 
@@ -145,8 +146,8 @@ def command(
             f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
         )
         if recipe_path is None and lock_path is not None:
-            default = find_recipe_path(Path(settings.paths.recipes_dir), lock.model)
-            recipe_path = default if default.is_file() else None
+            with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
+                recipe_path = find_recipe(lock.model, Path(settings.paths.recipes_dir))
         if recipe_path is not None and not no_waivers:
             waivers = load_recipe(recipe_path).compat.waive
             report, unused = apply_waivers(report, waivers)
@@ -211,7 +212,3 @@ def _repos_for_lock(
                 "that has it.",
             )
     return atom, aiter
-
-
-def find_recipe_path(recipes_dir: Path, model: str) -> Path:
-    return recipes_dir / f"{model}.yaml"

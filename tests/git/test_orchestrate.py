@@ -148,7 +148,7 @@ def test_a_run_driven_by_another_process_is_refused(world: BuildRepos, tmp_path:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["build", "--model", "No-Such-Model"], "Known models: MiniMax-M3-MXFP4"),
+        (["build", "--model", "No-Such-Model"], "(known: MiniMax-M3-MXFP4)"),
         (["build", "--model", MODEL, "--from", "render", "--until", "pin"], "comes after"),
         (["build"], "--model"),
     ],
