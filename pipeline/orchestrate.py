@@ -27,7 +27,7 @@ from pipeline.errors import (
 )
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_file
 from pipeline.gitw import GitRepo
-from pipeline.lock import Lock, default_lock_path
+from pipeline.lock import Lock, PatchPin, default_lock_path
 from pipeline.log import Logger
 from pipeline.runs import STAGE_ORDER, RunDir, StageState, inputs_digest
 
@@ -134,6 +134,11 @@ class Run:
     def lock(self) -> Lock:
         return Lock.load(self.lock_file)
 
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
     def engine(self) -> Any:
         if self._engine is None:
             from pipeline.dockerw import Engine
@@ -169,7 +174,7 @@ def stage_pin(run: Run) -> dict[str, Any]:
         lock = Lock.load(Path(run.spec.lock_path))
         run.log.detail(f"using the given lock file {run.spec.lock_path}")
     else:
-        from pipeline.sources import auto_aiter_chooser, pin_sources
+        from pipeline.sources import auto_aiter_chooser, pin
 
         released = default_lock_path(Path(run.settings.paths.locks_dir), run.spec.model)
         chooser = (
@@ -183,7 +188,7 @@ def stage_pin(run: Run) -> dict[str, Any]:
             if run.spec.auto_aiter
             else None
         )
-        lock = pin_sources(
+        lock = pin(
             run.settings,
             model=run.spec.model,
             atom_ref=run.spec.atom_ref,
@@ -193,7 +198,7 @@ def stage_pin(run: Run) -> dict[str, Any]:
             offline=run.spec.offline,
             previous=Lock.load(released) if released.is_file() else None,
             choose_aiter=chooser,
-        )
+        ).lock
     lock.save(run.lock_file)
     return {
         "atom": lock.atom.sha,
@@ -216,14 +221,6 @@ def _patches_digest(run: Run) -> list[tuple[str, str]]:
     return [(f.name, sha256_file(f)) for f in files if f.is_file()]
 
 
-def _series_head(run: Run, atom: GitRepo, aiter: GitRepo, lock: Lock) -> Any:
-    """The patched ATOM commit (in the mirror's object store, no work tree)."""
-    from pipeline.patchq import PatchSeries, patched_commit
-
-    series = PatchSeries.load(Path(run.settings.paths.patches_dir))
-    return patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
-
-
 def stage_check(run: Run) -> dict[str, Any]:
     """Check the tree we would build (the pin plus the patch series) against the pinned aiter.
 
@@ -231,6 +228,7 @@ def stage_check(run: Run) -> dict[str, Any]:
     """
     from pipeline.compat import run_check
     from pipeline.compat.waivers import apply_waivers
+    from pipeline.patchq import PatchSeries, patched_commit
     from pipeline.recipe import load_recipe
 
     atom, aiter = _mirrors(run)
@@ -239,7 +237,11 @@ def stage_check(run: Run) -> dict[str, Any]:
     pristine = run_check(atom, lock.atom.sha, aiter, lock.aiter.sha, cache_dir=cache)
     atomic_write_json(run.dir.path / "check-pristine.json", pristine.to_json())
     before = sum(1 for f in pristine.findings if f.severity == "error")
-    head = _series_head(run, atom, aiter, lock).head_sha
+    # The patched commit lives in the mirror's object store (no work tree); the patch
+    # stage records exactly this series result, so it is computed once, here.
+    series = PatchSeries.load(Path(run.settings.paths.patches_dir))
+    applied = patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
+    head = applied.head_sha
     report = (
         pristine
         if head == lock.atom.sha
@@ -265,6 +267,8 @@ def stage_check(run: Run) -> dict[str, Any]:
     fixed += f"{waived} waived by the recipe, " if waived else ""
     return {
         "head": head,
+        "pins": [p.model_dump() for p in applied.pins],
+        "notes": applied.notes,
         "pristine_errors": before,
         "checked": report.calls_checked,
         "unchecked": report.calls_unchecked,
@@ -276,22 +280,20 @@ def stage_patch(run: Run) -> dict[str, Any]:
     """Record the series in the lock and pin the patched commit in the mirror."""
     from pipeline.sources import keep_pinned
 
-    atom, aiter = _mirrors(run)
+    checked = run.outputs["check"]
+    atom, _ = _mirrors(run)
     lock = run.lock()
-    applied = _series_head(run, atom, aiter, lock)
-    if applied.head_sha != run.outputs["check"]["head"]:
-        raise IncompatibleError("internal: the patched commit differs from the one that was checked.")
-    if applied.head_sha != lock.atom.sha:
-        keep_pinned(atom, applied.head_sha)  # a ref, so no gc drops it before render
-    for note in applied.notes:
+    if checked["head"] != lock.atom.sha:
+        keep_pinned(atom, checked["head"])  # a ref, so no gc drops it before render
+    for note in checked["notes"]:
         run.log.info(f"  {note}")
-    lock = lock.with_patches(applied.pins)
+    lock = lock.with_patches(tuple(PatchPin.model_validate(p) for p in checked["pins"]))
     lock.save(run.lock_file)
     names = [p.name for p in lock.applied_patches]
     return {
-        "head": applied.head_sha,
+        "head": checked["head"],
         "applied": names,
-        "notes": applied.notes,
+        "notes": checked["notes"],
         "lock_sha256": lock.digest(),
         "figure": f"{len(names)} applied" + (f": {', '.join(names)}" if names else ""),
     }
@@ -417,7 +419,7 @@ def released_state_path(locks_dir: Path, model: str) -> Path:
 STAGES: dict[str, tuple[StageFn, InputsFn]] = {
     "pin": (stage_pin, _pin_inputs),
     "check": (stage_check, lambda r: [r.outputs.get("pin"), _patches_digest(r), r.spec.recipe_sha256]),
-    "patch": (stage_patch, lambda r: [r.outputs.get("check"), _patches_digest(r)]),
+    "patch": (stage_patch, lambda r: r.outputs.get("check")),
     "render": (
         stage_render,
         lambda r: [r.outputs.get("patch"), r.spec.recipe_sha256, r.settings.image.model_dump()],
@@ -462,8 +464,7 @@ def execute(req: BuildRequest, settings: Settings, log: Logger, env: Mapping[str
         try:
             return _drive(run)
         finally:
-            if run._engine is not None:
-                run._engine.close()
+            run.close()
     finally:
         rd.release()
 

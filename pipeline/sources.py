@@ -820,36 +820,6 @@ def _resolve_in_mirror(
         raise
 
 
-def pin_sources(
-    settings: Settings,
-    *,
-    model: str,
-    atom_ref: str,
-    aiter_ref: str,
-    base_image: str,
-    log: Logger,
-    offline: bool = False,
-    previous: Lock | None = None,
-    digest_resolver: DigestResolver | None = None,
-    choose_aiter: AiterChooser | None = None,
-    env: Mapping[str, str] | None = None,
-) -> Lock:
-    """Resolve both sources to full SHAs (mirroring as needed) and build the Lock."""
-    return pin(
-        settings,
-        model=model,
-        atom_ref=atom_ref,
-        aiter_ref=aiter_ref,
-        base_image=base_image,
-        log=log,
-        offline=offline,
-        previous=previous,
-        digest_resolver=digest_resolver,
-        choose_aiter=choose_aiter,
-        env=env,
-    ).lock
-
-
 def pin(
     settings: Settings,
     *,
@@ -864,7 +834,10 @@ def pin(
     choose_aiter: AiterChooser | None = None,
     env: Mapping[str, str] | None = None,
 ) -> PinResult:
-    """`pin_sources` with the mirrors and the requested aiter commit (for the CLI report)."""
+    """Resolve both sources to full SHAs (mirroring as needed).
+
+    Returns the Lock, the two mirrors and the aiter commit that was asked for (for reports).
+    """
     validate_model(model)
     atom_url = normalise_url(settings.sources.atom_repo)
     aiter_url = normalise_url(settings.sources.aiter_repo)

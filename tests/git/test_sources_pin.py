@@ -1,4 +1,4 @@
-"""`pin_sources`: the Lock built from fixture upstreams, with aiter's submodule."""
+"""`pin`: the Lock built from fixture upstreams, with aiter's submodule."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pipeline.errors import SourceError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo
 from pipeline.lock import Lock, PatchPin
 from pipeline.log import Logger
-from pipeline.sources import mirrors_for_lock, pin, pin_sources, submodule_mirror
+from pipeline.sources import mirrors_for_lock, pin, submodule_mirror
 from tests.fixtures.upstream_repos import CK_PATH, Upstreams, free_port, git_daemon, make_upstreams
 
 DIGEST = "sha256:" + "e" * 64
@@ -55,7 +55,7 @@ def no_registry(ref: str) -> str | None:
 def test_pin_builds_the_lock_with_submodules(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
-    lock = pin_sources(
+    lock = pin(
         s,
         model="MiniMax-M3-MXFP4",
         atom_ref="v1.0",
@@ -63,7 +63,7 @@ def test_pin_builds_the_lock_with_submodules(tmp_path: Path, ups: Upstreams) -> 
         base_image="registry.invalid/base:1",
         log=log,
         digest_resolver=lambda ref: DIGEST if ref == "registry.invalid/base:1" else None,
-    )
+    ).lock
     assert lock.model == "MiniMax-M3-MXFP4"
     assert lock.atom.url == str(ups.atom.path) and lock.atom.ref == "v1.0"
     assert lock.atom.sha == ups.shas["atom_1"]
@@ -88,7 +88,7 @@ def test_pin_builds_the_lock_with_submodules(tmp_path: Path, ups: Upstreams) -> 
 def test_submodule_at_an_older_aiter_commit(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
-    lock = pin_sources(s, model="M", atom_ref="main", aiter_ref="v0.1", base_image="b@" + DIGEST, log=log)
+    lock = pin(s, model="M", atom_ref="main", aiter_ref="v0.1", base_image="b@" + DIGEST, log=log).lock
     assert lock.aiter.sha == ups.shas["aiter_old"]
     assert lock.aiter.submodules[0].sha == ups.shas["ck_1"]
     assert lock.base_image.digest == DIGEST  # taken from the reference itself
@@ -98,7 +98,7 @@ def test_everything_over_git_daemon_with_relative_submodule_url(tmp_path: Path, 
     with git_daemon(ups.root) as d:
         s = make_settings(tmp_path, d.url("ATOM"), d.url("aiter"))
         log, _ = make_log()
-        lock = pin_sources(
+        lock = pin(
             s,
             model="M",
             atom_ref="HEAD",
@@ -106,7 +106,7 @@ def test_everything_over_git_daemon_with_relative_submodule_url(tmp_path: Path, 
             base_image="b",
             log=log,
             digest_resolver=no_registry,
-        )
+        ).lock
         (sub,) = lock.aiter.submodules
         assert sub.url == d.url("ck")
         ck = submodule_mirror(s, sub.url)
@@ -119,9 +119,9 @@ def test_unreachable_submodule_is_recorded_with_a_warning(tmp_path: Path) -> Non
     ups = make_upstreams(tmp_path, submodule_url=dead)
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, buf = make_log()
-    lock = pin_sources(
+    lock = pin(
         s, model="M", atom_ref="main", aiter_ref="main", base_image="b", log=log, digest_resolver=no_registry
-    )
+    ).lock
     (sub,) = lock.aiter.submodules
     assert sub.url == dead and sub.sha == ups.shas["ck_2"]
     assert "could not be mirrored" in buf.getvalue()
@@ -131,9 +131,9 @@ def test_unreachable_submodule_is_recorded_with_a_warning(tmp_path: Path) -> Non
 def test_mirror_submodules_off(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url, mirror_submodules=False)
     log, _ = make_log()
-    lock = pin_sources(
+    lock = pin(
         s, model="M", atom_ref="main", aiter_ref="main", base_image="b", log=log, digest_resolver=no_registry
-    )
+    ).lock
     assert lock.aiter.submodules[0].sha == ups.shas["ck_2"]
     assert submodule_mirror(s, lock.aiter.submodules[0].url) is None
 
@@ -141,7 +141,7 @@ def test_mirror_submodules_off(tmp_path: Path, ups: Upstreams) -> None:
 def test_base_image_kept_as_given_when_no_registry_answers(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, buf = make_log()
-    lock = pin_sources(
+    lock = pin(
         s,
         model="M",
         atom_ref="main",
@@ -149,13 +149,13 @@ def test_base_image_kept_as_given_when_no_registry_answers(tmp_path: Path, ups: 
         base_image="base:1",
         log=log,
         digest_resolver=no_registry,
-    )
+    ).lock
     assert lock.base_image.digest == "" and lock.base_image.pinned == "base:1"
     assert "kept as given" in buf.getvalue()
     # an earlier digest for the same reference is kept when the registry is down
     prev = lock.model_copy(update={"base_image": lock.base_image.model_copy(update={"digest": DIGEST})})
     log2, buf2 = make_log()
-    again = pin_sources(
+    again = pin(
         s,
         model="M",
         atom_ref="main",
@@ -164,7 +164,7 @@ def test_base_image_kept_as_given_when_no_registry_answers(tmp_path: Path, ups: 
         log=log2,
         previous=prev,
         digest_resolver=no_registry,
-    )
+    ).lock
     assert again.base_image.digest == DIGEST
     assert "existing lock" in buf2.getvalue()
 
@@ -173,11 +173,11 @@ def test_patches_kept_only_when_both_shas_are_unchanged(tmp_path: Path, ups: Ups
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
     kw = dict(model="M", base_image="b@" + DIGEST, log=log)
-    first = pin_sources(s, atom_ref="main", aiter_ref="main", **kw)  # type: ignore[arg-type]
+    first = pin(s, atom_ref="main", aiter_ref="main", **kw).lock  # type: ignore[arg-type]
     patched = first.with_patches((PatchPin(name="0001-x.patch", sha256="a" * 64, status="applied"),))
-    same = pin_sources(s, atom_ref="main", aiter_ref="main", previous=patched, **kw)  # type: ignore[arg-type]
+    same = pin(s, atom_ref="main", aiter_ref="main", previous=patched, **kw).lock  # type: ignore[arg-type]
     assert same == patched
-    moved = pin_sources(s, atom_ref="main", aiter_ref="v0.1", previous=patched, **kw)  # type: ignore[arg-type]
+    moved = pin(s, atom_ref="main", aiter_ref="v0.1", previous=patched, **kw).lock  # type: ignore[arg-type]
     assert moved.patches == ()
 
 
@@ -190,30 +190,30 @@ def test_full_sha_on_no_fetched_branch_is_fetched_by_sha(tmp_path: Path, ups: Up
     ups.atom.delete_branch("pr")
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
-    lock = pin_sources(s, model="M", atom_ref=pr, aiter_ref="main", base_image="b@" + DIGEST, log=log)
+    lock = pin(s, model="M", atom_ref=pr, aiter_ref="main", base_image="b@" + DIGEST, log=log).lock
     assert lock.atom.sha == pr and lock.atom.subject == "PR work"
     # a short SHA of such a commit is not guessed
     with pytest.raises(SourceError, match="looks like a commit SHA"):
-        pin_sources(s, model="M", atom_ref=ups.aiter.head()[:10], aiter_ref="main", base_image="b", log=log)
+        pin(s, model="M", atom_ref=ups.aiter.head()[:10], aiter_ref="main", base_image="b", log=log)
 
 
 def test_offline_pin_uses_existing_mirrors_only(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
     kw = dict(model="M", base_image="b@" + DIGEST, log=log)
-    first = pin_sources(s, atom_ref="main", aiter_ref="main", **kw)  # type: ignore[arg-type]
+    first = pin(s, atom_ref="main", aiter_ref="main", **kw).lock  # type: ignore[arg-type]
     ups.atom.commit({"later": "1"}, "not fetched")
-    offline = pin_sources(s, atom_ref="main", aiter_ref="main", offline=True, **kw)  # type: ignore[arg-type]
+    offline = pin(s, atom_ref="main", aiter_ref="main", offline=True, **kw).lock  # type: ignore[arg-type]
     assert offline == first
     fresh = make_settings(tmp_path / "other", ups.atom.url, ups.aiter.url)
     with pytest.raises(SourceError, match="no mirror"):
-        pin_sources(fresh, atom_ref="main", aiter_ref="main", offline=True, **kw)  # type: ignore[arg-type]
+        pin(fresh, atom_ref="main", aiter_ref="main", offline=True, **kw)  # type: ignore[arg-type]
 
 
 def test_mirrors_for_lock_reads_locked_commits_without_network(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, _ = make_log()
-    lock = pin_sources(s, model="M", atom_ref="main", aiter_ref="main", base_image="b@" + DIGEST, log=log)
+    lock = pin(s, model="M", atom_ref="main", aiter_ref="main", base_image="b@" + DIGEST, log=log).lock
     for p in (ups.atom.path, ups.aiter.path):
         p.rename(p.with_name(p.name + "-gone"))
     atom, aiter = mirrors_for_lock(s, lock)
@@ -259,4 +259,4 @@ def test_invalid_model_name(tmp_path: Path, ups: Upstreams) -> None:
     log, _ = make_log()
     for bad in ("../evil", "a b", "", "-x", "x/y"):
         with pytest.raises(UsageError, match="invalid model name"):
-            pin_sources(s, model=bad, atom_ref="main", aiter_ref="main", base_image="b", log=log)
+            pin(s, model=bad, atom_ref="main", aiter_ref="main", base_image="b", log=log)
