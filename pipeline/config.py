@@ -46,6 +46,8 @@ class PathsSettings(_Section):
     recipes_dir: str
     patches_dir: str
     templates_dir: str
+    wheels_dir: str
+    parity_file: str
 
 
 class ImageSettings(_Section):
@@ -55,6 +57,17 @@ class ImageSettings(_Section):
     aiter_build_cmd: str
     atom_install_cmd: str
     submodules: Literal["mirror", "in-build"]
+    python_version: str
+    max_jobs: str
+    prebuild_kernels: int
+    network: str
+    offline_build: bool
+    builder: Literal["auto", "buildkit", "classic"]
+    docker_cli: str
+    build_secrets: list[str]
+    cache_repository: str
+    selfcheck: bool
+    require_git: bool
 
 
 class SmokeSettings(_Section):
@@ -85,6 +98,14 @@ class Settings(_Section):
     def cache_dir(self) -> Path:
         raw = self.paths.cache_dir
         return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir("atom-image-pipeline"))
+
+    @property
+    def wheels_dir(self) -> Path:
+        """The wheelhouse baked into the image (lm-eval, setuptools_scm, pip) for the base's python."""
+        raw = self.paths.wheels_dir
+        if raw:
+            return Path(raw).expanduser()
+        return self.cache_dir / "wheels" / f"py{self.image.python_version}"
 
     @property
     def mirrors_dir(self) -> Path:

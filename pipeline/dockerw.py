@@ -511,10 +511,13 @@ class Engine:
         if not ok:
             raise TagError(f"The engine refused to tag {image} as {repo}:{tag}.")
 
-    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None:
+    def remove_image(
+        self, ref: str, *, force: bool = False, missing_ok: bool = True, noprune: bool = False
+    ) -> None:
+        """``noprune=True`` keeps untagged parents (the classic builder's cache)."""
         with _translated(f"remove image {ref}"):
             try:
-                self.api.remove_image(ref, force=force, noprune=False)
+                self.api.remove_image(ref, force=force, noprune=noprune)
             except docker.errors.NotFound:
                 if not missing_ok:
                     raise

@@ -1,37 +1,51 @@
-"""Build a rendered context with the Docker engine (classic builder, via pipeline.dockerw).
+"""Build a rendered context with the Docker engine: BuildKit (pipeline.buildkit), or classic.
 
 `build_image` first looks for an image that already carries the context's
 inputs digest label (locally, then optionally in the target registry): same
 inputs, same image, so nothing is built. Otherwise it checks the pinned base
 image is there (or pullable), builds with per-step progress, streams the full
-build log into the run directory and tags the result as a *candidate*
+build log into the run directory, runs the image self-check (pipeline.selfcheck,
+no GPU) and only then tags the result as a *candidate*
 (`<repository>:candidate-<digest 12>`); release tags are the tag stage's job.
-A failed build tags nothing and raises `BuildError` naming the failing step
-with the last lines of its output.
+A failed build or self-check tags nothing and raises `BuildError` naming the
+failing step (or rule) with its evidence.
+
+Front end ([image] builder): "auto" builds with BuildKit through a docker CLI that can drive it
+(the engine's own BuildKit; see pipeline.buildkit for why), else with the classic builder
+(`Dockerfile.classic`: no cache mounts, no secrets). BuildKit builds run from a stable
+directory per model (`<cache>/contexts/<model>`, a hard-linked mirror of the context), so the
+engine receives only the files that changed; with [image] cache_repository they start from
+that registry's inline cache and push the checked image there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from pipeline import labels
-from pipeline.config import Settings
+from pipeline import buildkit, labels
+from pipeline.config import Settings, load_settings
 from pipeline.dockerw import BuiltImage, Engine, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
+from pipeline.fsutil import atomic_write_json
 from pipeline.log import Logger
-from pipeline.render import candidate_tag, read_manifest
+from pipeline.render import DOCKERFILE, DOCKERFILE_CLASSIC, ContextManifest, candidate_tag, read_manifest
 
 BUILD_LOG = "build.log"
+ATTESTATIONS = "attestations.json"
 TAIL_LINES = 20
 
 # Looks an inputs digest up in the target registry: returns where an image with it was found, or None.
 RemoteLookup = Callable[[str], str | None]
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_BK_STEP = re.compile(r"^\[(\S+) (\d+)/(\d+)\] (.*)$")
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,11 @@ class BuildOutcome:
     steps: int = 0
     aiter_cached: bool | None = None  # every step of the aiter stage came from the cache
     found_in: str = ""  # "local" or the registry reference, when skipped
+    builder: str = ""  # "buildkit" (with the CLI's path) or "classic"
+    context_bytes: int | None = None  # build context BuildKit transferred (None: classic sends it all)
+    selfcheck: Path | None = None  # the self-check report
+    attestations: Path | None = None  # what the front end produced (or why not)
+    cache_ref: str = ""  # where the build cache was pushed
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -64,6 +83,11 @@ def stage_cached(built: BuiltImage, stage: str) -> bool | None:
     inside = False
     steps: list[str] = []
     for s in built.steps:
+        bk = _BK_STEP.match(s)
+        if bk:
+            if bk.group(1) == stage and not bk.group(4).upper().startswith("FROM "):
+                steps.append(s)
+            continue
         m = _STEP.match(s)
         instr = m.group(3) if m else s
         if instr.upper().startswith("FROM "):
@@ -115,9 +139,17 @@ def build_image(
     extra_labels: Mapping[str, str] | None = None,
     remote_lookup: RemoteLookup | None = None,
     nocache: bool = False,
+    settings: Settings | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> BuildOutcome:
-    """Build `context` (rendered by `pipeline render`) unless its inputs were built already."""
+    """Build `context` (rendered by `pipeline render`) unless its inputs were built already.
+
+    `settings` choose the front end, network, secrets, registry cache and self-check (None:
+    the packaged defaults); `env` holds the build secrets' values (default: os.environ).
+    """
     manifest = read_manifest(context)
+    settings = settings or load_settings(env={}, cwd=context)
+    env = os.environ if env is None else env
     digest = manifest.inputs_digest
     ref = tag or manifest.image_ref
     split_ref(ref)  # refuse a bad tag before any work
@@ -151,6 +183,18 @@ def build_image(
             )
 
     _check_base(engine, manifest.base_image, log)
+    img = settings.image
+    secrets = _secret_values(manifest, env)
+    cli = _front_end(engine, settings, env, manifest, log)
+    if cli is None and secrets:
+        raise BuildError(
+            f"the build needs the secret(s) {', '.join(secrets)}, which only BuildKit can pass "
+            "(never as build arguments), and no BuildKit front end is available here.",
+            hint='Use an engine and docker CLI with BuildKit ([image] builder = "buildkit"), or drop '
+            "[image] build_secrets.",
+        )
+    network = manifest.network or img.network
+    cache_ref = f"{img.cache_repository}:{cache_tag(manifest.model)}" if img.cache_repository else ""
 
     log_path = (run_dir / BUILD_LOG).absolute() if run_dir is not None else None
     fh: IO[str] | None = None
@@ -163,15 +207,53 @@ def build_image(
             fh.write(log.redact(line) + "\n")
             fh.flush()
         m = _STEP.match(line)
+        bk = re.match(r"^#\d+ (\[\S+ \d+/\d+\] .*)$", line)
         if m:
             log.info(f"  step {m.group(1)}/{m.group(2)}: {_short(m.group(3))}")
-        elif line.strip() == "---> Using cache":
+        elif bk:
+            log.info(f"  {_short(buildkit._MOUNT.sub('', bk.group(1)))}")
+        elif line.strip() == "---> Using cache" or re.match(r"^#\d+ CACHED$", line):
             log.detail("    (from cache)")
         elif line.strip():
             log.debug(line)
 
+    context_bytes: int | None = None
     try:
-        built = engine.build(context, tag=ref, labels=extra_labels, on_line=on_line, nocache=nocache)
+        if cli is not None:
+            builder = f"buildkit ({cli.path} {cli.version})"
+            log.info(
+                f"building with BuildKit through {cli.path} {cli.version}"
+                + (f", cache from {cache_ref}" if cache_ref else "")
+            )
+            with _build_dir(settings, manifest) as build_dir:
+                buildkit.mirror_context(context, build_dir)
+                bk = buildkit.build(
+                    cli,
+                    build_dir,
+                    dockerfile=DOCKERFILE,
+                    labels=extra_labels,
+                    nocache=nocache,
+                    network=network,
+                    secrets=secrets,
+                    cache_from=[cache_ref] if cache_ref else [],
+                    docker_host=engine.docker_host,
+                    env=env,
+                    on_line=on_line,
+                )
+            built: BuiltImage = bk
+            context_bytes = bk.context_bytes
+        else:
+            builder = "classic"
+            log.info("building with the classic builder (no BuildKit front end here)")
+            dockerfile = DOCKERFILE_CLASSIC if DOCKERFILE_CLASSIC in manifest.dockerfiles else DOCKERFILE
+            built = engine.build(
+                context,
+                dockerfile=dockerfile,
+                tag=None,
+                labels=extra_labels,
+                on_line=on_line,
+                nocache=nocache,
+            )
     except BuildError as e:
         raise _failure(e, log_path) from None
     except InfraError:
@@ -186,10 +268,16 @@ def build_image(
             f"the built image {built.id[:19]} does not carry the inputs digest label {digest[:12]}.",
             hint="The Dockerfile template must keep its LABEL block; render again from the shipped template.",
         )
+    report = _selfcheck(engine, built.id, manifest, settings, run_dir, extra_labels, log)
+    repo, tag_name = split_ref(ref)
+    engine.tag(built.id, repo, tag_name)
+    attestations = _attestations(run_dir, builder)
+    pushed = _push_cache(engine, built.id, cache_ref, log) if cache_ref else ""
     aiter_cached = stage_cached(built, "aiter")
     log.info(
         f"built {built.id[:19]} as {ref}: {len(built.steps)} steps, {built.cached_steps} from cache"
         + ("; aiter stage from cache" if aiter_cached else "")
+        + (f"; {context_bytes / 1e6:.2f} MB of context sent" if context_bytes is not None else "")
     )
     return BuildOutcome(
         image_id=built.id,
@@ -200,7 +288,122 @@ def build_image(
         inputs_digest=digest,
         steps=len(built.steps),
         aiter_cached=aiter_cached,
+        builder=builder,
+        context_bytes=context_bytes,
+        selfcheck=report,
+        attestations=attestations,
+        cache_ref=pushed,
     )
+
+
+def cache_tag(model: str) -> str:
+    """The moving tag of a model's build cache in [image] cache_repository."""
+    return f"buildcache-{model}".lower()
+
+
+def _secret_values(manifest: ContextManifest, env: Mapping[str, str]) -> dict[str, str]:
+    missing = [name for name in manifest.secrets if not env.get(name)]
+    if missing:
+        raise BuildError(
+            f"the build secret(s) {', '.join(missing)} ([image] build_secrets) are not set in the "
+            "environment.",
+            hint="Export them before building; they reach the build only as BuildKit secrets.",
+        )
+    return {name: env[name] for name in manifest.secrets}
+
+
+def _front_end(
+    engine: Engine, settings: Settings, env: Mapping[str, str], manifest: ContextManifest, log: Logger
+) -> buildkit.CliChoice | None:
+    """The BuildKit CLI to use, or None for the classic builder ([image] builder)."""
+    choice = settings.image.builder
+    if choice == "classic":
+        return None
+    cli = buildkit.find_cli(settings.image.docker_cli, env)
+    ok = cli is not None and engine_has_buildkit(engine)
+    if ok:
+        return cli
+    why = "no docker CLI here can drive BuildKit" if cli is None else "the engine has no BuildKit"
+    if choice == "buildkit":
+        raise BuildError(
+            f'[image] builder = "buildkit" but {why}.',
+            hint="Install Debian's docker.io (its /usr/bin/docker drives the engine's BuildKit), set "
+            '[image] docker_cli, or use builder = "auto" to fall back to the classic builder.',
+        )
+    log.warn(f"{why}: building with the classic builder")
+    return None
+
+
+def engine_has_buildkit(engine: Engine) -> bool:
+    return buildkit.engine_has_buildkit(engine)
+
+
+@contextlib.contextmanager
+def _build_dir(settings: Settings, manifest: ContextManifest) -> Iterator[Path]:
+    """The stable per-model build directory, held under a lock for the build."""
+    from pipeline.render import shared_context_dir
+
+    path = shared_context_dir(settings, manifest.model or "context")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
+def _selfcheck(
+    engine: Engine,
+    image_id: str,
+    manifest: ContextManifest,
+    settings: Settings,
+    run_dir: Path | None,
+    extra_labels: Mapping[str, str] | None,
+    log: Logger,
+) -> Path | None:
+    """Run the self-check; on failure remove the image (its label would pass for a build) and raise."""
+    if not settings.image.selfcheck:
+        log.warn("the image self-check is off ([image] selfcheck = false)")
+        return None
+    if manifest.selfcheck is None:
+        raise BuildError(
+            f"the context {manifest.dir} carries no self-check expectations (rendered by an older version).",
+            hint="Render the context again.",
+        )
+    from pipeline import selfcheck
+
+    result = selfcheck.run_selfcheck(
+        engine, image_id, manifest.selfcheck, manifest.dir, run_dir=run_dir, labels=extra_labels
+    )
+    if not result.ok:
+        engine.remove_image(image_id, force=True, noprune=True)
+        raise selfcheck.failure(result, image_id, run_dir)
+    log.info("image self-check passed: aiter and atom are the checked trees, the recipe's tools are there")
+    return (run_dir / selfcheck.REPORT) if run_dir is not None else None
+
+
+def _attestations(run_dir: Path | None, builder: str) -> Path | None:
+    if run_dir is None:
+        return None
+    path = run_dir / ATTESTATIONS
+    text = (
+        buildkit.ATTESTATIONS_UNSUPPORTED
+        if builder.startswith("buildkit")
+        else ("not produced: the classic builder has no attestations")
+    )
+    atomic_write_json(path, {"builder": builder, "provenance": None, "sbom": None, "note": text})
+    return path
+
+
+def _push_cache(engine: Engine, image_id: str, cache_ref: str, log: Logger) -> str:
+    """Push the checked image (it carries the inline cache) as the model's build cache."""
+    repo, tag = split_ref(cache_ref)
+    try:
+        engine.tag(image_id, repo, tag)
+        digest = engine.push(repo, tag)
+    except (TagError, InfraError) as e:
+        log.warn(f"could not push the build cache to {cache_ref}: {e.message}")
+        return ""
+    log.info(f"build cache pushed to {cache_ref}@{digest}")
+    return f"{cache_ref}@{digest}"
 
 
 def _short(text: str, width: int = 100) -> str:

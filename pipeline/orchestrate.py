@@ -334,11 +334,16 @@ def stage_build(run: Run) -> dict[str, Any]:
         log=run.log,
         run_dir=run.dir.path,
         remote_lookup=registry_lookup(run.settings, run.env, run.log),
+        settings=run.settings,
+        env=run.env,
     )
     return {
         "image": out.image_id,
         "candidate": out.image_ref,
         "skipped": out.skipped,
+        "builder": out.builder,
+        "selfcheck": str(out.selfcheck) if out.selfcheck else "",
+        "attestations": str(out.attestations) if out.attestations else "",
         "figure": ("reused " if out.skipped else "built ") + out.image_id[:19],
     }
 

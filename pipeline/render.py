@@ -28,7 +28,6 @@ import os
 import re
 import shlex
 import shutil
-import tarfile
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping
@@ -37,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import __version__, labels
+from pipeline import __version__, labels, toolpins
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
@@ -51,7 +50,14 @@ if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the
 TEMPLATE = "Dockerfile.j2"
 MANIFEST = "render.json"
 LOCK_NAME = "atom-image.lock.toml"
-DIGEST_SCHEMA = 1
+DIGEST_SCHEMA = 2
+DOCKERFILE = "Dockerfile"  # BuildKit (RUN --mount)
+DOCKERFILE_CLASSIC = "Dockerfile.classic"  # the same image for engines without BuildKit
+WHEELS = "wheels"  # the wheelhouse in the context
+PARITY = "parity.md"
+FILES_INDEX = ".render-files.json"  # {path: [mode, blob sha]} of the exported trees, for reuse
+WHEELS_IN_IMAGE = "/tmp/atom-wheels"
+NOT_AN_INPUT = "parity.toml"  # the reviewed parity list sits beside the template; it changes no image
 
 # Where the trees live in the image (as in the upstream ATOM release image).
 AITER_DIR = "/app/aiter-test"
@@ -61,9 +67,11 @@ PIPELINE_DIR = "/app/atom-image-pipeline"
 # Label keys this module adds beyond pipeline.labels (informational only).
 ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (content, not history)
 AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
+LM_EVAL = f"{labels.OURS}.lm-eval.version"  # the lm-eval baked into the image
+SETUPTOOLS_SCM = f"{labels.OURS}.setuptools-scm.version"
 
 # Only what is not part of the trees: the image must hold exactly the exported trees.
-DOCKERIGNORE = "# written by atom-image-pipeline render\n**/.git\n/render.json\n"
+DOCKERIGNORE = f"# written by atom-image-pipeline render\n**/.git\n/{MANIFEST}\n/{FILES_INDEX}\n/{PARITY}\n"
 
 
 # --------------------------------------------------------------------------- quoting
@@ -91,6 +99,8 @@ _VERSION = re.compile(
     r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
 )
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+_NETWORKS = ("host", "none", "default", "bridge")
 
 
 def _text(value: Any, what: str) -> str:
@@ -244,7 +254,7 @@ def template_sources(templates_dir: Path) -> dict[str, str]:
         )
     out = {}
     for p in sorted(templates_dir.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
+        if p.is_file() and "__pycache__" not in p.parts and p.name != NOT_AN_INPUT:
             out[p.relative_to(templates_dir).as_posix()] = sha256_file(p)
     if TEMPLATE not in out:
         raise RenderError(f"templates directory {templates_dir} has no {TEMPLATE}.")
@@ -310,6 +320,8 @@ def plan_render(
     source_date_epoch: int | None = None,
     atom_version: str | None = None,
     aiter_version: str | None = None,
+    wheel_hashes: Mapping[str, str] | None = None,
+    aiter_requirements: bool = False,
 ) -> RenderPlan:
     """Every value, label and the inputs digest. Pure: same inputs, same plan."""
     img = settings.image
@@ -337,6 +349,7 @@ def plan_render(
             f"{img.gpu_archs!r}.",
             hint="Make the two agree (the kernels must be built for the GPUs the image runs on).",
         )
+    check_build_settings(settings)
     created = created_time(lock, source_date_epoch)
     patches = [{"name": p.name, "sha256": p.sha256} for p in lock.applied_patches]
     patchset = hashlib.sha256(f_json(patches).encode()).hexdigest()[:8] if patches else ""
@@ -369,6 +382,8 @@ def plan_render(
         labels.RECIPE_SHA256: recipe_sha256,
         labels.LOCK_SHA256: lock.digest(),
         labels.TOOL_VERSION: __version__,
+        LM_EVAL: toolpins.LM_EVAL_VERSION,
+        SETUPTOOLS_SCM: toolpins.SETUPTOOLS_SCM_VERSION,
     }
     values: dict[str, Any] = {
         "tool_version": __version__,
@@ -396,6 +411,15 @@ def plan_render(
             if s.source == "in-build"
         ],
         "labels": oci_labels,
+        "lm_eval_requirement": toolpins.LM_EVAL_REQUIREMENT,
+        "setuptools_scm_requirement": toolpins.SETUPTOOLS_SCM_REQUIREMENT,
+        "wheels_in_image": WHEELS_IN_IMAGE,
+        "aiter_requirements": aiter_requirements,
+        "max_jobs": img.max_jobs,
+        "prebuild_kernels": str(img.prebuild_kernels),
+        "offline_build": img.offline_build,
+        "require_git": img.require_git,
+        "build_secrets": list(img.build_secrets),
     }
     inputs: dict[str, Any] = {
         "schema": DIGEST_SCHEMA,
@@ -405,6 +429,7 @@ def plan_render(
         "aiter_tree": aiter_tree,
         "recipe": {"name": recipe_name, "sha256": recipe_sha256},
         "templates": dict(sorted(template_hashes.items())),
+        "wheels": dict(sorted((wheel_hashes or {}).items())),
         "values": values,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -417,6 +442,48 @@ def plan_render(
         inputs=inputs,
         image_ref=f"{repository}:{candidate_tag(digest)}",
     )
+
+
+def check_build_settings(settings: Settings) -> None:
+    """The [image] build settings that reach the Dockerfile or the build command line."""
+    img = settings.image
+    if img.max_jobs and not img.max_jobs.isdigit():
+        raise RenderError(
+            f"[image] max_jobs = {img.max_jobs!r} is not a number.",
+            hint='Set it to a positive integer, or to "" to let aiter choose from cores and memory.',
+        )
+    if img.prebuild_kernels < 0:
+        raise RenderError(f"[image] prebuild_kernels = {img.prebuild_kernels} is negative.")
+    if img.network not in _NETWORKS:
+        raise RenderError(
+            f"[image] network = {img.network!r} is not a build network mode.",
+            hint="Use one of: " + ", ".join(_NETWORKS) + " (upstream builds with host).",
+        )
+    if not _VERSION.match(img.python_version):
+        raise RenderError(f"[image] python_version = {img.python_version!r} is not a version like 3.10.")
+    for name in img.build_secrets:
+        if not _ENV_NAME.match(name):
+            raise RenderError(
+                f"[image] build_secrets names {name!r}, which is not an environment variable name.",
+                hint="List the NAMES of environment variables (e.g. GIT_TOKEN), never their values.",
+            )
+
+
+def dockerfile_values(values: Mapping[str, Any], *, buildkit: bool) -> dict[str, Any]:
+    """The template values for one of the two Dockerfiles (BuildKit or classic)."""
+    wheels = values["wheels_in_image"]
+    return {
+        **values,
+        "buildkit": buildkit,
+        "builder_name": "BuildKit" if buildkit else "classic builder",
+        "pip_cache_mount": Quoted(
+            "--mount=type=cache,target=/root/.cache/pip,id=atom-image-pip,sharing=locked"
+        ),
+        "wheels_mount": Quoted(f"--mount=type=bind,from={WHEELS},target={f_path(wheels)}"),
+        "secret_mounts": Quoted(
+            "".join(f"--mount=type=secret,id={f_sh(s)},required=true " for s in values["build_secrets"])
+        ),
+    }
 
 
 def candidate_tag(inputs_digest: str) -> str:
@@ -475,6 +542,7 @@ class RenderedContext:
     inputs_digest: str
     labels: dict[str, str]
     image_ref: str
+    parity_summary: str = ""
 
 
 def _resolve(repo: GitRepo, sha: str, what: str) -> str:
@@ -504,11 +572,48 @@ def _archive_attributes(repo: GitRepo, rev: str) -> list[str]:
     return found
 
 
-def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
-    """`git archive rev` extracted into `dest`; returns the number of files, checked against ls-tree.
+# One exported file: (git mode, blob sha). The index of a context maps its paths to these, so the
+# next render can hard-link what did not change instead of writing it again.
+FileIndex = dict[str, tuple[str, str]]
 
-    The image must hold exactly the tree that was checked, so trees whose
-    attributes make `git archive` drop or rewrite files are refused.
+
+def _tree_entries(repo: GitRepo, rev: str) -> list[tuple[str, str, str]]:
+    """(mode, blob sha, path) of every blob and symlink at `rev` (gitlinks are not files)."""
+    out = []
+    for rec in repo.git("ls-tree", "-r", "-z", "--full-tree", rev).split("\0"):
+        if not rec:
+            continue
+        meta, _, path = rec.partition("\t")
+        mode, kind, sha = meta.split()
+        if kind == "blob":
+            out.append((mode, sha, path))
+    return out
+
+
+def _safe_link_target(dest: Path, path: str, target: str) -> bool:
+    if target.startswith("/"):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return not (resolved == ".." or resolved.startswith("../"))
+
+
+def export_tree(
+    repo: GitRepo,
+    rev: str,
+    dest: Path,
+    *,
+    prefix: str = "",
+    reuse: Mapping[str, tuple[str, str]] | None = None,
+    reuse_root: Path | None = None,
+    index: FileIndex | None = None,
+) -> int:
+    """The tree at `rev` written into `dest` exactly (file modes, symlinks); the number of files.
+
+    Files whose (mode, blob) equal the entry for `prefix + path` in `reuse` are hard-linked from
+    `reuse_root` (a previous context: same bytes, same mtime, so BuildKit does not send them
+    again); the others are written from the object store. `index` receives every file written.
+    The image must hold exactly the tree that was checked, so trees whose attributes make
+    `git archive` differ from the tree are refused, as are links pointing outside it.
     """
     attrs = _archive_attributes(repo, rev)
     if attrs:
@@ -518,25 +623,119 @@ def export_tree(repo: GitRepo, rev: str, dest: Path) -> int:
             hint="The image must hold the exact tree; remove those attributes with a patch.",
         )
     dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="atom-render-") as tmp:
-        tar_path = Path(tmp) / "tree.tar"
-        repo.git("archive", "--format=tar", "-o", str(tar_path), rev)
-        with tarfile.open(tar_path) as tf:
-            members = [m for m in tf.getmembers() if m.name != "pax_global_header"]
+    entries = _tree_entries(repo, rev)
+    fresh: dict[str, list[tuple[str, str]]] = {}
+    for mode, sha, path in entries:
+        key = prefix + path
+        target = dest / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        old = reuse.get(key) if reuse else None
+        if old == (mode, sha) and reuse_root is not None and mode != "120000":
             try:
-                tf.extractall(dest, members=members, filter="data")
-            except tarfile.FilterError as e:
-                raise RenderError(
-                    f"{repo.path} at {rev[:10]}: {e} (a link pointing outside the tree is not exported).",
-                ) from e
-    expected = len(repo.blob_shas(rev))  # blobs and symlinks; gitlinks are not files
-    got = sum(1 for m in members if m.isfile() or m.issym())
-    if got != expected:
+                os.link(reuse_root / key, target)
+                if index is not None:
+                    index[key] = (mode, sha)
+                continue
+            except OSError:
+                pass  # gone, or another file system: write it
+        fresh.setdefault(sha, []).append((mode, path))
+    for sha, data in repo.read_blobs(list(fresh)):
+        for mode, path in fresh[sha]:
+            target = dest / path
+            if mode == "120000":
+                link = data.decode("utf-8", "surrogateescape")
+                if not _safe_link_target(dest, path, link):
+                    raise RenderError(
+                        f"{repo.path} at {rev[:10]}: {path} links to {link!r}, outside the tree "
+                        "(a link pointing outside the tree is not exported).",
+                    )
+                os.symlink(link, target)
+            else:
+                target.write_bytes(data)
+                os.chmod(target, 0o755 if mode == "100755" else 0o644)
+            if index is not None:
+                index[prefix + path] = (mode, sha)
+    got = sum(1 for _, _, path in entries if (dest / path).is_symlink() or (dest / path).is_file())
+    if got != len(entries):
         raise RenderError(
-            f"git archive of {rev} in {repo.path} gave {got} files, the tree has {expected}.",
+            f"exporting {rev} from {repo.path} gave {got} files, the tree has {len(entries)}.",
             hint="The image must hold the exact tree.",
         )
     return got
+
+
+def read_file_index(context: Path) -> FileIndex:
+    """The file index of a previous context, or {} (then nothing is reused)."""
+    try:
+        data = json.loads((context / FILES_INDEX).read_text(encoding="utf-8"))
+        return {str(k): (str(v[0]), str(v[1])) for k, v in dict(data).items()}
+    except (OSError, ValueError, TypeError, IndexError, KeyError):
+        return {}
+
+
+def link_wheelhouse(wheels_dir: Path, dest: Path) -> dict[str, str]:
+    """Hard-link (or copy) the wheelhouse into the context; {file name: sha256}.
+
+    It must hold the pinned lm-eval wheel: without it the image could not bake the tool.
+    """
+    names = sorted(p.name for p in wheels_dir.glob("*.whl")) if wheels_dir.is_dir() else []
+    want = f"lm_eval-{toolpins.LM_EVAL_VERSION}-"
+    scm = f"setuptools_scm-{toolpins.SETUPTOOLS_SCM_VERSION}-"
+    missing = [w.rstrip("-") for w in (want, scm, "pip-") if not any(n.startswith(w) for n in names)]
+    if missing:
+        raise RenderError(
+            f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: the image installs lm-eval, "
+            "setuptools_scm and pip from it (containers may not reach PyPI).",
+            hint="Run `scripts/setup.sh wheels` (WHEELS_PYTHON=<the base image's python> for another "
+            "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
+            "[image] python_version.",
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    hashes = {}
+    for name in names:
+        src = wheels_dir / name
+        try:
+            os.link(src, dest / name)
+        except OSError:
+            shutil.copy2(src, dest / name)
+        hashes[name] = sha256_file(dest / name)
+    return hashes
+
+
+def patched_files(atom: GitRepo, base: str, head: str) -> dict[str, str]:
+    """{path: sha256 of its bytes at `head`} of every file the series changes (deleted: "")."""
+    if base == head:
+        return {}
+    names = [n for n in atom.git("diff", "--name-only", "-z", base, head).split("\0") if n]
+    out: dict[str, str] = {}
+    for name in names:
+        data = atom.read_blob(head, name)
+        out[name] = hashlib.sha256(data).hexdigest() if data is not None else ""
+    return out
+
+
+def recipe_tools(recipe_path: Path) -> tuple[list[str], list[str]]:
+    """(executables, python modules) the recipe's checks run: the self-check wants them in the image."""
+    from pipeline.errors import PipelineError
+    from pipeline.recipe import load_recipe
+
+    try:
+        recipe = load_recipe(recipe_path)
+    except PipelineError as e:
+        raise RenderError(f"recipe {recipe_path} cannot be read: {e.message}", hint=e.hint) from None
+    tools: list[str] = []
+    modules: list[str] = []
+    for check in recipe.checks:
+        argv = list(getattr(check, "command", ()) or ())
+        if not argv:
+            continue
+        if Path(argv[0]).name.startswith("python") and len(argv) > 2 and argv[1] == "-m":
+            modules.append(argv[2])
+        elif Path(argv[0]).name.startswith("python") and len(argv) > 1:
+            tools.append(argv[1])  # a script path
+        else:
+            tools.append(argv[0])
+    return sorted(set(tools)), sorted(set(modules))
 
 
 def render_context(
@@ -610,57 +809,122 @@ def render_context(
         if path not in gitlinks:
             raise RenderError(f"the lock records submodule {path}, which aiter {lock.aiter.short} lacks.")
 
-    plan = plan_render(
-        lock=lock,
-        atom_tree=atom_tree,
-        aiter_tree=aiter_tree,
-        submodules=tuple(specs),
-        recipe_name=recipe_path.name,
-        recipe_sha256=recipe_sha,
-        settings=settings,
-        template_hashes=template_hashes,
-        source_date_epoch=source_date_epoch,
-        atom_version=pep440_from_describe(
-            _describe(atom, lock.atom.sha),
-            lock.atom.sha,
-            f"p{hashlib.sha256(atom_tree.encode()).hexdigest()[:8]}" if lock.applied_patches else "",
-        ),
-        aiter_version=pep440_from_describe(_describe(aiter, lock.aiter.sha), lock.aiter.sha),
-    )
-    dockerfile_text = render_dockerfile(templates_dir, plan.values)
-
     out_dir = out_dir.resolve()
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
         raise RenderError(
             f"{out_dir} exists and is not a rendered build context; refusing to overwrite it.",
             hint="Pass an empty or new directory with -o.",
         )
+    tools, modules = recipe_tools(recipe_path)
+    # Unchanged files come from the previous render here, or from the engine's build directory.
+    reuse_root = out_dir
+    reuse = read_file_index(out_dir)
+    if not reuse:
+        reuse_root = shared_context_dir(settings, lock.model)
+        reuse = read_file_index(reuse_root)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        export_tree(atom, atom_tree_sha, stage / "atom")
-        export_tree(aiter, lock.aiter.sha, stage / "aiter")
+        wheel_hashes = link_wheelhouse(settings.wheels_dir, stage / WHEELS)
+        aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
+        plan = plan_render(
+            lock=lock,
+            atom_tree=atom_tree,
+            aiter_tree=aiter_tree,
+            submodules=tuple(specs),
+            recipe_name=recipe_path.name,
+            recipe_sha256=recipe_sha,
+            settings=settings,
+            template_hashes=template_hashes,
+            source_date_epoch=source_date_epoch,
+            atom_version=pep440_from_describe(
+                _describe(atom, lock.atom.sha),
+                lock.atom.sha,
+                f"p{hashlib.sha256(atom_tree.encode()).hexdigest()[:8]}" if lock.applied_patches else "",
+            ),
+            aiter_version=pep440_from_describe(_describe(aiter, lock.aiter.sha), lock.aiter.sha),
+            wheel_hashes=wheel_hashes,
+            aiter_requirements=aiter_requirements,
+        )
+        texts = {
+            DOCKERFILE: render_dockerfile(templates_dir, dockerfile_values(plan.values, buildkit=True)),
+            DOCKERFILE_CLASSIC: render_dockerfile(
+                templates_dir, dockerfile_values(plan.values, buildkit=False)
+            ),
+        }
+        from pipeline import parity
+
+        upstream = atom.read_blob(lock.atom.sha, parity.UPSTREAM_DOCKERFILE)
+        report = parity.compare(
+            upstream.decode("utf-8", "replace") if upstream is not None else None,
+            parity.load_deliberate(Path(settings.paths.parity_file)),
+            atom_commit=lock.atom.sha,
+        )
+        index: FileIndex = {}
+        export_tree(
+            atom,
+            atom_tree_sha,
+            stage / "atom",
+            prefix="atom/",
+            reuse=reuse,
+            reuse_root=reuse_root,
+            index=index,
+        )
+        export_tree(
+            aiter,
+            lock.aiter.sha,
+            stage / "aiter",
+            prefix="aiter/",
+            reuse=reuse,
+            reuse_root=reuse_root,
+            index=index,
+        )
         for spec in specs:
             repo = submodule_repos.get(spec.path)
             if spec.source == "mirror" and repo is not None:
                 sub_dir = stage / "aiter" / spec.path
                 if sub_dir.exists():
                     shutil.rmtree(sub_dir)
-                export_tree(repo, spec.sha, sub_dir)
-        atomic_write_text(stage / "Dockerfile", dockerfile_text)
+                export_tree(
+                    repo,
+                    spec.sha,
+                    sub_dir,
+                    prefix=f"aiter/{spec.path}/",
+                    reuse=reuse,
+                    reuse_root=reuse_root,
+                    index=index,
+                )
+        for name, text in texts.items():
+            atomic_write_text(stage / name, text)
         atomic_write_text(stage / LOCK_NAME, lock.to_toml())
         atomic_write_text(stage / ".dockerignore", DOCKERIGNORE)
+        atomic_write_text(stage / PARITY, report.markdown)
+        atomic_write_json(stage / FILES_INDEX, {k: list(v) for k, v in sorted(index.items())})
+        img = settings.image
         atomic_write_json(
             stage / MANIFEST,
             {
                 "inputs_digest": plan.inputs_digest,
                 "image_ref": plan.image_ref,
                 "labels": plan.labels,
-                "dockerfile_sha256": sha256_bytes(dockerfile_text.encode()),
+                "dockerfile_sha256": sha256_bytes(texts[DOCKERFILE].encode()),
+                "dockerfiles": {name: sha256_bytes(text.encode()) for name, text in texts.items()},
                 "base_image": lock.base_image.pinned,
                 "model": lock.model,
                 "atom_commit": atom_tree_sha,
                 "inputs": plan.inputs,
+                "parity": {"summary": report.summary, "uncovered": report.uncovered},
+                "build": {"network": img.network, "secrets": list(img.build_secrets)},
+                "selfcheck": {
+                    "aiter_dir": AITER_DIR,
+                    "atom_dir": ATOM_DIR,
+                    "aiter_version": plan.values["aiter_version"],
+                    "atom_version": plan.values["atom_version"],
+                    "patched_files": patched_files(atom, lock.atom.sha, atom_tree_sha),
+                    "tools": tools,
+                    "modules": modules,
+                    "lm_eval_version": toolpins.LM_EVAL_VERSION,
+                },
             },
         )
         if out_dir.exists():
@@ -675,11 +939,21 @@ def render_context(
         raise
     return RenderedContext(
         dir=out_dir,
-        dockerfile=out_dir / "Dockerfile",
+        dockerfile=out_dir / DOCKERFILE,
         inputs_digest=plan.inputs_digest,
         labels=plan.labels,
         image_ref=plan.image_ref,
+        parity_summary=report.summary,
     )
+
+
+def shared_context_dir(settings: Settings, model: str) -> Path:
+    """The engine's build directory for a model: a hard-linked mirror of the last context built.
+
+    BuildKit sends only what changed since the last build from the same directory, and render
+    hard-links unchanged files from it.
+    """
+    return settings.cache_dir / "contexts" / check_model(model)
 
 
 @dataclass(frozen=True)
@@ -689,6 +963,11 @@ class ContextManifest:
     image_ref: str
     labels: dict[str, str]
     base_image: str
+    model: str = ""
+    dockerfiles: tuple[str, ...] = (DOCKERFILE,)  # what this context can be built with
+    network: str = ""
+    secrets: tuple[str, ...] = ()
+    selfcheck: dict[str, Any] | None = None
 
 
 def read_manifest(context: Path) -> ContextManifest:
@@ -711,10 +990,23 @@ def read_manifest(context: Path) -> ContextManifest:
             f"the Dockerfile in {context} is missing or was edited after render.",
             hint="Render the context again; edits would not be covered by the inputs digest.",
         )
+    files = dict(data.get("dockerfiles") or {DOCKERFILE: expected})
+    for name, sha in files.items():
+        if not (context / name).is_file() or sha256_file(context / name) != sha:
+            raise RenderError(
+                f"{name} in {context} is missing or was edited after render.",
+                hint="Render the context again; edits would not be covered by the inputs digest.",
+            )
+    build = dict(data.get("build") or {})
     return ContextManifest(
         dir=context,
         inputs_digest=digest,
         image_ref=str(data["image_ref"]),
         labels={str(k): str(v) for k, v in dict(data["labels"]).items()},
         base_image=str(data["base_image"]),
+        model=str(data.get("model", "")),
+        dockerfiles=tuple(files),
+        network=str(build.get("network", "")),
+        secrets=tuple(str(x) for x in build.get("secrets", ())),
+        selfcheck=dict(data["selfcheck"]) if data.get("selfcheck") else None,
     )

@@ -10,3 +10,12 @@ from __future__ import annotations
 # the OpenAI-compatible server the recipe starts.
 LM_EVAL_VERSION = "0.4.13"
 LM_EVAL_REQUIREMENT = f"lm-eval[api]=={LM_EVAL_VERSION}"
+
+# aiter's build needs setuptools_scm >= 9 (upstream ATOM fced8bf34: "vcs_versioning 1.1.1 requires
+# setuptools_scm>=9"); pinned so the image is reproducible, installed from the context's wheelhouse.
+SETUPTOOLS_SCM_VERSION = "10.3.4"
+SETUPTOOLS_SCM_REQUIREMENT = f"setuptools_scm=={SETUPTOOLS_SCM_VERSION}"
+
+# What `scripts/setup.sh wheels` downloads into the wheelhouse (with their dependencies): the image
+# installs these with --no-index; pip is there for bases that lack it.
+WHEELHOUSE_REQUIREMENTS = (LM_EVAL_REQUIREMENT, SETUPTOOLS_SCM_REQUIREMENT, "pip")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
 #
-#   scripts/setup.sh [apt] [pip] [dockerd] [base-image]     (no argument: all four, in this order)
+#   scripts/setup.sh [apt] [pip] [dockerd] [base-image] [wheels]   (no argument: all five, in this order)
 #
 # Each step is idempotent and prints how long it took:
 #   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm when a command is missing
@@ -12,10 +12,16 @@
 #               (at most DOCKERD_WAIT seconds, default 90); fail with the tail of its log otherwise
 #   base-image  build the local test base image (debootstrap minbase bookworm + python3, then
 #               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
+#   wheels      download the wheelhouse the image installs without PyPI (lm-eval[api], setuptools_scm
+#               and pip at the versions in pipeline/toolpins.py, with their dependencies; sdists built
+#               into wheels) for python WHEELS_PYTHON (default: this machine's, which is the test base
+#               image's) into <cache>/wheels/py<version>, the default [paths] wheels_dir; skipped when
+#               that directory is complete for the same requirements.  The release host needs the base
+#               image's python: WHEELS_PYTHON=3.10 scripts/setup.sh wheels
 #
 # Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
 # PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
-# DEBIAN_MIRROR (http://deb.debian.org/debian).
+# DEBIAN_MIRROR (http://deb.debian.org/debian), WHEELS_PYTHON, PIPELINE_CACHE_DIR (the wheelhouse root).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -184,14 +190,57 @@ step_base_image() {
     flock -u 9
 }
 
+step_wheels() {
+    local host_ver target cache dest reqs digest tmp
+    host_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    target="${WHEELS_PYTHON:-$host_ver}"
+    cache="${PIPELINE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/atom-image-pipeline}"
+    dest="$cache/wheels/py$target"
+    reqs=$("$PYTHON" -c 'import runpy; t = runpy.run_path("pipeline/toolpins.py"); print("\n".join(t["WHEELHOUSE_REQUIREMENTS"]))')
+    digest=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-16)
+    if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$digest" ]; then
+        say "wheels: $dest is complete for: $(echo $reqs)"
+        return
+    fi
+    mkdir -p "$cache/wheels"
+    tmp=$(mktemp -d "$cache/wheels/.py$target.XXXXXX")
+    # shellcheck disable=SC2064
+    trap "rm -rf '$tmp'" RETURN
+    local pipq=(--disable-pip-version-check -q)
+    say "wheels: downloading $(echo $reqs) for python $target into $dest"
+    # 1. this machine's python: wheels, plus sdists (sqlitedict, word2number, ...) built into pure wheels
+    printf '%s\n' "$reqs" | "$PYTHON" -m pip download "${pipq[@]}" -d "$tmp/host" -r /dev/stdin \
+        || die "wheels: pip download failed (is PyPI reachable?)."
+    local sdists=()
+    while IFS= read -r f; do sdists+=("$f"); done < <(find "$tmp/host" -maxdepth 1 \( -name '*.tar.gz' -o -name '*.zip' \))
+    if [ ${#sdists[@]} -gt 0 ]; then
+        "$PYTHON" -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/host" "${sdists[@]}" || die "wheels: building ${sdists[*]} failed."
+        rm -f "${sdists[@]}"
+    fi
+    if [ "$target" = "$host_ver" ]; then
+        mv "$tmp/host" "$tmp/out"
+    else
+        # 2. another python: binary wheels for it; the pure wheels built above fill in the sdists
+        printf '%s\n' "$reqs" | "$PYTHON" -m pip download "${pipq[@]}" -d "$tmp/out" --find-links "$tmp/host" \
+            --python-version "$target" --only-binary=:all: \
+            --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform linux_x86_64 -r /dev/stdin || die "wheels: pip download for python $target failed."
+    fi
+    printf '%s\n' "$digest" >"$tmp/out/.complete"
+    rm -rf "$dest"
+    mv "$tmp/out" "$dest"
+    say "wheels: $(find "$dest" -name '*.whl' | wc -l) wheels, $(du -sh "$dest" | cut -f1)"
+}
+
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image)
+[ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image wheels)
 for s in "${steps[@]}"; do
     case "$s" in
         apt) timed apt step_apt ;;
         pip) timed pip step_pip ;;
         dockerd) timed dockerd step_dockerd ;;
         base-image) timed base-image step_base_image ;;
-        *) die "unknown step '$s' (apt, pip, dockerd, base-image)" ;;
+        wheels) timed wheels step_wheels ;;
+        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheels)" ;;
     esac
 done

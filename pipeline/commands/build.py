@@ -41,6 +41,8 @@ def build_context_command(
                 run_dir=run_dir,
                 remote_lookup=registry_lookup(settings, dict(app.env), app.log),
                 nocache=nocache,
+                settings=settings,
+                env=app.env,
             )
         finally:
             engine.close()
@@ -169,6 +171,10 @@ def _build_context(
                 "cached_steps": outcome.cached_steps,
                 "aiter_cached": outcome.aiter_cached,
                 "log": str(outcome.log_path) if outcome.log_path else None,
+                "builder": outcome.builder,
+                "context_bytes": outcome.context_bytes,
+                "selfcheck": str(outcome.selfcheck) if outcome.selfcheck else None,
+                "attestations": str(outcome.attestations) if outcome.attestations else None,
             }
         )
     else:

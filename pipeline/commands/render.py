@@ -222,7 +222,9 @@ def command(
                 "inputs_digest": ctx.inputs_digest,
                 "image_ref": ctx.image_ref,
                 "labels": ctx.labels,
+                "parity": ctx.parity_summary,
             }
         )
     else:
         app.echo(f"{ctx.dir}  inputs {ctx.inputs_digest[:12]}  → {ctx.image_ref}")
+        app.echo(f"{ctx.parity_summary} (see {ctx.dir / 'parity.md'})")
