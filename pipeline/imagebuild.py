@@ -20,11 +20,9 @@ that registry's inline cache and push the checked image there.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -35,7 +33,14 @@ from pipeline.dockerw import BuiltImage, Engine, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 from pipeline.fsutil import atomic_write_json
 from pipeline.log import Logger
-from pipeline.render import DOCKERFILE, DOCKERFILE_CLASSIC, ContextManifest, candidate_tag, read_manifest
+from pipeline.render import (
+    DOCKERFILE,
+    DOCKERFILE_CLASSIC,
+    ContextManifest,
+    candidate_tag,
+    locked_shared_context,
+    read_manifest,
+)
 
 BUILD_LOG = "build.log"
 ATTESTATIONS = "attestations.json"
@@ -225,7 +230,7 @@ def build_image(
                 f"building with BuildKit through {cli.path} {cli.version}"
                 + (f", cache from {cache_ref}" if cache_ref else "")
             )
-            with _build_dir(settings, manifest) as build_dir:
+            with locked_shared_context(settings, manifest.model or "context") as build_dir:
                 buildkit.mirror_context(context, build_dir)
                 bk = buildkit.build(
                     cli,
@@ -336,18 +341,6 @@ def _front_end(
 
 def engine_has_buildkit(engine: Engine) -> bool:
     return buildkit.engine_has_buildkit(engine)
-
-
-@contextlib.contextmanager
-def _build_dir(settings: Settings, manifest: ContextManifest) -> Iterator[Path]:
-    """The stable per-model build directory, held under a lock for the build."""
-    from pipeline.render import shared_context_dir
-
-    path = shared_context_dir(settings, manifest.model or "context")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield path
 
 
 def _selfcheck(

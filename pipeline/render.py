@@ -22,6 +22,7 @@ the newer of the two locked commit dates.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ import shlex
 import shutil
 import tempfile
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -491,10 +492,15 @@ def candidate_tag(inputs_digest: str) -> str:
     return f"candidate-{inputs_digest[:12]}"
 
 
-def render_dockerfile(templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE) -> str:
-    """Render `template`; template errors become RenderError naming file and line."""
+def render_dockerfile(
+    templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE, *, buildkit: bool = True
+) -> str:
+    """Render `template` (the BuildKit Dockerfile, or with `buildkit=False` the classic one);
+    template errors become RenderError naming file and line."""
     import jinja2
 
+    if "buildkit" not in values:
+        values = dockerfile_values(values, buildkit=buildkit)
     env = make_environment(templates_dir)
     try:
         return env.get_template(template).render(**values)
@@ -854,10 +860,12 @@ def render_context(
         }
         from pipeline import parity
 
+        raw_list = settings.paths.parity_file
+        parity_list = Path(raw_list) if raw_list else templates_dir / NOT_AN_INPUT
         upstream = atom.read_blob(lock.atom.sha, parity.UPSTREAM_DOCKERFILE)
         report = parity.compare(
             upstream.decode("utf-8", "replace") if upstream is not None else None,
-            parity.load_deliberate(Path(settings.paths.parity_file)),
+            parity.load_deliberate(parity_list),
             atom_commit=lock.atom.sha,
         )
         index: FileIndex = {}
@@ -937,6 +945,10 @@ def render_context(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    from pipeline.buildkit import mirror_context
+
+    with locked_shared_context(settings, lock.model) as shared:
+        mirror_context(out_dir, shared)  # links only: the next render (any directory) reuses it
     return RenderedContext(
         dir=out_dir,
         dockerfile=out_dir / DOCKERFILE,
@@ -948,12 +960,25 @@ def render_context(
 
 
 def shared_context_dir(settings: Settings, model: str) -> Path:
-    """The engine's build directory for a model: a hard-linked mirror of the last context built.
+    """The engine's build directory for a model: a hard-linked mirror of the last context rendered
+    or built.
 
     BuildKit sends only what changed since the last build from the same directory, and render
-    hard-links unchanged files from it.
+    hard-links unchanged files from it (a new run directory reuses the last run's files).
     """
     return settings.cache_dir / "contexts" / check_model(model)
+
+
+@contextlib.contextmanager
+def locked_shared_context(settings: Settings, model: str) -> Iterator[Path]:
+    """The model's shared context directory, held under an exclusive lock."""
+    import fcntl
+
+    path = shared_context_dir(settings, model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
 
 
 @dataclass(frozen=True)

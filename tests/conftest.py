@@ -119,3 +119,22 @@ def _git_identity(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     global_config = tmp_path / ".gitconfig-test"
     global_config.write_text('[init]\n\tdefaultBranch = main\n[protocol "file"]\n\tallow = always\n')
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(global_config))
+
+
+@pytest.fixture(autouse=True)
+def _image_build_defaults(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git/docker tiers: how test images are built (unless a test sets it): from the real wheelhouse
+    `scripts/setup.sh wheels` downloads for this python (the base image's), offline (containers
+    cannot reach PyPI), on a base image without git (debootstrap minbase)."""
+    if tier_of(request.node.path) not in ("git", "docker"):
+        return
+    from tests.fixtures.build_repos import test_wheelhouse
+
+    defaults = {
+        "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+        "PIPELINE_OFFLINE_BUILD": "1",
+        "PIPELINE_REQUIRE_GIT": "0",
+    }
+    for key, value in defaults.items():
+        if key not in os.environ:
+            monkeypatch.setenv(key, value)

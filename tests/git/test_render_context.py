@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from tests.fixtures.build_repos import (
     ATOM_INSTALL_CMD,
     CK_PATH,
     BuildRepos,
+    fake_wheelhouse,
     make_build_repos,
     run_git,
 )
@@ -40,6 +43,8 @@ def settings(tmp_path: Path, submodules: str = "mirror") -> Settings:
         "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
         "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
         "PIPELINE_SUBMODULES": submodules,
+        "PIPELINE_WHEELS_DIR": str(fake_wheelhouse(tmp_path / "wheels")),
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
     }
     return load_settings(env=env, cwd=tmp_path)
 
@@ -88,9 +93,63 @@ def test_context_holds_patched_atom_aiter_with_submodule_lock_and_ignore(
         == f"atom-pipeline-test/atom:candidate-{ctx.inputs_digest[:12]}"
     )
     text = ctx.dockerfile.read_text()
-    assert "git fetch" not in text and f"RUN {AITER_BUILD_CMD}\n" in text
+    assert "git fetch" not in text and f" {AITER_BUILD_CMD}\n" in text
+    assert f"RUN {AITER_BUILD_CMD}\n" in (d / "Dockerfile.classic").read_text()
     tree = GitRepo(repos.atom).git("rev-parse", f"{repos.patched_sha}^{{tree}}")
     assert ctx.labels["org.atom-image-pipeline.atom.tree"] == tree
+    # aiter's own requirements.txt (from its tree) goes in before the aiter tree
+    assert "COPY aiter/requirements.txt /tmp/aiter-requirements.txt" in text
+    # the wheelhouse is linked in, not copied
+    wheels = tmp_path / "wheels"
+    assert sorted(p.name for p in (d / "wheels").iterdir()) == sorted(p.name for p in wheels.iterdir())
+    assert all(os.path.samefile(p, wheels / p.name) for p in (d / "wheels").iterdir())
+    # the parity report, against the fixture upstream Dockerfile at the pinned ATOM
+    head = f"parity with upstream atom_image at ATOM {repos.atom_sha[:10]}: 7 steps"
+    assert ctx.parity_summary.startswith(head)
+    assert "upstream gained" not in ctx.parity_summary
+    assert ctx.parity_summary in (d / "parity.md").read_text()
+    # what the self-check will verify in the image
+    expected = manifest["selfcheck"]
+    patched = (d / "atom/atom/models/minimax_m3.py").read_bytes()
+    assert expected["patched_files"] == {"atom/models/minimax_m3.py": hashlib.sha256(patched).hexdigest()}
+    assert expected["tools"] == ["lm_eval"] and expected["modules"] == ["atom.benchmarks.benchmark_serving"]
+    assert expected["aiter_dir"] == "/app/aiter-test" and expected["lm_eval_version"] == "0.4.13"
+
+
+def test_rerender_hard_links_unchanged_files(repos: BuildRepos, tmp_path: Path) -> None:
+    first = render(repos, tmp_path / "ctx")
+    kept = first.dir / "aiter/aiter/ops/fused_qknorm_idxrqknorm.py"
+    changed = first.dir / "atom/atom/models/minimax_m3.py"
+    before = {p: p.stat().st_ino for p in (kept, changed)}
+    other = repos.repatch("-reuse")
+    second = render(other, tmp_path / "ctx", lock=other.lock(base_ref=BASE, base_digest=DIGEST))
+    assert second.inputs_digest != first.inputs_digest
+    assert kept.stat().st_ino == before[kept]  # the same file, linked: no copy, same mtime
+    assert changed.stat().st_ino != before[changed] and "split-kv-cache-reuse" in changed.read_text()
+    third = render(repos, tmp_path / "fresh")  # a new directory reuses the previous render too
+    assert (third.dir / "atom/install_atom.py").stat().st_nlink >= 2
+    assert third.inputs_digest == first.inputs_digest
+
+
+def test_missing_wheelhouse_is_refused_before_anything_is_written(repos: BuildRepos, tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    s = s.model_copy(update={"paths": s.paths.model_copy(update={"wheels_dir": str(empty)})})
+    with pytest.raises(RenderError, match=r"scripts/setup\.sh wheels") as e:
+        render_context(
+            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
+            atom=GitRepo(repos.atom),
+            atom_tree_sha=repos.patched_sha,
+            aiter=GitRepo(repos.aiter),
+            submodule_repos={CK_PATH: GitRepo(repos.ck)},
+            recipe_path=repos.recipe,
+            settings=s,
+            out_dir=tmp_path / "ctx",
+            templates_dir=TEMPLATES,
+        )
+    assert "lm_eval-0.4.13" in str(e.value)
+    assert not (tmp_path / "ctx").exists() and not list(tmp_path.glob(".ctx.*"))
 
 
 def test_render_is_deterministic_and_rerender_replaces(repos: BuildRepos, tmp_path: Path) -> None:

@@ -86,6 +86,8 @@ def plan(
     epoch: int | None = None,
     atom_tree: str = "3" * 40,
     recipe_sha: str = "5" * 64,
+    wheels: dict[str, str] | None = None,
+    aiter_requirements: bool = True,
 ) -> RenderPlan:
     return plan_render(
         lock=lock or make_lock(s),
@@ -99,6 +101,8 @@ def plan(
         source_date_epoch=epoch,
         atom_version="0.1.5+12.gab9eb78105.p1234abcd",
         aiter_version="0.1.16+86.g08f04b889a",
+        wheel_hashes=wheels if wheels is not None else {"lm_eval-0.4.13-py3-none-any.whl": "7" * 64},
+        aiter_requirements=aiter_requirements,
     )
 
 
@@ -121,11 +125,32 @@ def test_golden_real_defaults_for_mi355(tmp_path: Path) -> None:
     check_golden("Dockerfile.defaults", text)
     # The real shape, independently of the golden file:
     assert f"FROM {s.image.base_image}@{BASE_DIGEST} AS base\n" in text
-    assert "RUN PREBUILD_KERNELS=1 GPU_ARCHS=gfx950 python3 setup.py develop\n" in text
-    assert "RUN pip install -e .\n" in text
+    # upstream's build arguments, from [image]
+    assert 'ARG MAX_JOBS=""\nARG PREBUILD_KERNELS="1"\nARG GPU_ARCHS="gfx950"\n' in text
+    pip_cache = "--mount=type=cache,target=/root/.cache/pip,id=atom-image-pip,sharing=locked"
+    assert f"RUN {pip_cache} python3 setup.py develop\n" in text
+    assert f"RUN {pip_cache} pip install -e .\n" in text
+    # aiter's requirements (from its tree) in their own layer, before the tree and its prebuild
+    req = text.index("COPY aiter/requirements.txt /tmp/aiter-requirements.txt\n")
+    install = text.index("pip install -r /tmp/aiter-requirements.txt")
+    assert req < install < text.index("COPY aiter/ /app/aiter-test/")
+    assert text.index("COPY aiter/ /app/aiter-test/") < text.index("python3 setup.py develop")
+    # lm-eval and setuptools_scm pinned, from the wheelhouse, never from an index; git checked for
+    assert "--no-index --find-links /tmp/atom-wheels 'lm-eval[api]==0.4.13' setuptools_scm==10.3.4" in text
+    assert "--mount=type=bind,from=wheels,target=/tmp/atom-wheels" in text
+    assert "command -v git >/dev/null 2>&1 ||" in text
+    assert '"org.atom-image-pipeline.lm-eval.version"="0.4.13"' in text
     assert "WORKDIR /app/ATOM\n" in text
-    assert "git clone" not in text and "git fetch" not in text
-    assert "--mount" not in text and "<<" not in text  # classic builder only
+    assert "git clone" not in text and "git fetch" not in text and "<<" not in text
+    assert "# syntax" not in text  # the frontend would be pulled
+
+
+def test_golden_classic_defaults_has_no_buildkit_syntax(tmp_path: Path) -> None:
+    text = render_dockerfile(TEMPLATES, plan(settings(tmp_path)).values, buildkit=False)
+    check_golden("Dockerfile.classic-defaults", text)
+    assert "--mount" not in text and "<<" not in text
+    assert "COPY wheels/ /tmp/atom-wheels/\n" in text and "FROM scratch" not in text
+    assert "RUN python3 setup.py develop\n" in text and "--no-cache-dir" in text
 
 
 def test_golden_in_build_submodule(tmp_path: Path) -> None:
@@ -211,7 +236,9 @@ def test_deterministic_and_digest_tracks_every_input(tmp_path: Path) -> None:
         "patch": plan(s, make_lock(s, patches=(PATCH.model_copy(update={"sha256": "9" * 64}),))),
         "recipe": plan(s, recipe_sha="6" * 64),
         "atom tree": plan(s, atom_tree="7" * 40),
-        "build command": plan(settings(tmp_path, aiter_build_cmd="python3 setup.py develop")),
+        "build command": plan(settings(tmp_path, aiter_build_cmd="python3 setup.py develop --verbose")),
+        "build argument": plan(settings(tmp_path, max_jobs="16")),
+        "wheelhouse": plan(s, wheels={"lm_eval-0.4.13-py3-none-any.whl": "8" * 64}),
         "epoch": plan(s, epoch=1),
     }
     tpl = tmp_path / "tpl"
@@ -273,8 +300,46 @@ def test_base_image_changed_since_pin_is_refused(tmp_path: Path) -> None:
 
 def test_aiter_build_arch_must_match_gpu_archs(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match="GPU_ARCHS=gfx950"):
-        plan(settings(tmp_path, gpu_archs="gfx942"))
+        plan(settings(tmp_path, gpu_archs="gfx942", aiter_build_cmd="GPU_ARCHS=gfx950 python3 setup.py"))
     plan(settings(tmp_path, gpu_archs="gfx942", aiter_build_cmd="GPU_ARCHS=gfx942 python3 setup.py develop"))
+    text = render_dockerfile(TEMPLATES, plan(settings(tmp_path, gpu_archs="gfx942")).values)
+    assert 'ARG GPU_ARCHS="gfx942"' in text
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("max_jobs", "lots", "max_jobs"),
+        ("network", "host; rm -rf /", "network mode"),
+        ("python_version", "three", "python_version"),
+        ("build_secrets", "GIT_TOKEN,ghp_secretvalue-123", "never their values"),
+    ],
+)
+def test_bad_build_settings_are_refused(tmp_path: Path, key: str, value: str, match: str) -> None:
+    with pytest.raises(RenderError, match=match) as e:
+        plan(settings(tmp_path, **{key: value}))
+    assert e.value.exit_code == ExitCode.RENDER
+
+
+def test_build_secrets_are_mounts_never_build_args(tmp_path: Path) -> None:
+    p = plan(settings(tmp_path, build_secrets="GIT_TOKEN", submodules="in-build"), source="in-build")
+    text = render_dockerfile(TEMPLATES, p.values)
+    mount = "--mount=type=secret,id=GIT_TOKEN,required=true"
+    fetch = f"RUN {mount} set -eu; \\\n    rm -rf /app/aiter-test/3rdparty/composable_kernel"
+    assert fetch in text
+    assert f"RUN {mount} --mount=type=cache" in text  # aiter's build
+    assert text.count(mount) == 2
+    assert "ARG GIT_TOKEN" not in text and "ENV GIT_TOKEN" not in text
+    classic = render_dockerfile(TEMPLATES, p.values, buildkit=False)
+    assert "GIT_TOKEN" not in classic  # the classic builder cannot take secrets (the build refuses)
+
+
+def test_offline_build_uses_the_wheelhouse_only(tmp_path: Path) -> None:
+    text = render_dockerfile(TEMPLATES, plan(settings(tmp_path, offline_build="true")).values)
+    offline = "ARG PIP_NO_INDEX=1\nARG PIP_FIND_LINKS=/tmp/atom-wheels\n"
+    assert text.count(offline) == 2  # the aiter and atom stages
+    online = render_dockerfile(TEMPLATES, plan(settings(tmp_path)).values)
+    assert "PIP_NO_INDEX" not in online
 
 
 def test_bad_repository_is_refused(tmp_path: Path) -> None:
