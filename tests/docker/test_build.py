@@ -3,14 +3,23 @@
 The base image is the local debootstrap image, pushed to a throwaway registry
 so the lock can pin it by digest exactly as production pins the ROCm image.
 aiter and ATOM are the fixture packages of tests/fixtures/build_repos.py,
-whose build commands are set through the configuration.
+whose build commands are set through the configuration. Images install
+lm-eval from the real wheelhouse (`scripts/setup.sh wheels`), offline.
+
+Builds go through BuildKit (the engine's own, driven by /usr/bin/docker) unless a
+test asks for the classic builder; every candidate passes the image self-check
+first, and the tests below build images that break each of its rules.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,10 +30,11 @@ from pipeline.config import Settings, load_settings
 from pipeline.dockerw import Engine
 from pipeline.errors import BuildError, ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.imagebuild import BUILD_LOG, build_image
+from pipeline.imagebuild import BUILD_LOG, BuildOutcome, build_image
 from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.render import RenderedContext, render_context
+from pipeline.selfcheck import SelfCheckError
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,
@@ -32,11 +42,14 @@ from tests.fixtures.build_repos import (
     MODEL,
     BuildRepos,
     make_build_repos,
+    test_wheelhouse,
 )
+from tests.fixtures.second_engine import second_dockerd
 
-from .conftest import DockerCleanup, Registry
+from .conftest import DockerCleanup, Registry, _start_registry
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "dockerfiles"
+CACHE_ROOT = Path(tempfile.gettempdir()) / "atom-pipeline-test-cache"
 SHOW_ATOM = (
     "import atom.models.minimax_m3 as m, aiter; "
     "print(m.API); print(m.__file__); print(open('/app/aiter-test/BUILD_STAMP').read().strip()); "
@@ -50,15 +63,39 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> BuildRepos:
     return make_build_repos(tmp_path_factory.mktemp("upstreams"), nonce=uuid.uuid4().hex)
 
 
-@pytest.fixture
-def pinned_base(engine: Engine, base_image: str, registry: Registry, docker_cleanup: DockerCleanup) -> str:
-    """The local base image as `host/name:tag@sha256:...`, pinned by the digest a registry gave it."""
-    repo = registry.repo("atom-pipeline-test/base")
+@pytest.fixture(scope="module")
+def base_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One registry for the module: it holds the pinned base image (pushed once) and the caches."""
+    with _start_registry(tmp_path_factory.mktemp("base-registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="module")
+def pinned_base(engine: Engine, base_image: str, base_registry: Registry) -> Iterator[str]:
+    """The local base image as `host/name:tag@sha256:...`, pinned by the digest a registry gave it.
+
+    Pushed once per module; both references are removed at the end, and a reference that cannot
+    be removed fails the module (no `127.0.0.1:PORT/atom-pipeline-test/base` is ever left behind).
+    """
+    repo = base_registry.repo("atom-pipeline-test/base")
     engine.tag(base_image, repo, "1")
-    docker_cleanup.image(f"{repo}:1")
-    digest = engine.push(repo, "1")
-    docker_cleanup.image(f"{repo}@{digest}")
-    return f"{repo}:1@{digest}"
+    refs = [f"{repo}:1"]
+    try:
+        digest = engine.push(repo, "1")
+        refs.append(f"{repo}@{digest}")
+        yield f"{repo}:1@{digest}"
+    finally:
+        left = []
+        for ref in reversed(refs):
+            engine.remove_image(ref)
+            if engine.image(ref) is not None:
+                left.append(ref)
+        assert not left, f"could not remove {left}"
+
+
+@pytest.fixture
+def registry(base_registry: Registry) -> Registry:
+    return base_registry
 
 
 def settings_env(base_ref: str, case: str, **extra: str) -> dict[str, str]:
@@ -68,6 +105,11 @@ def settings_env(base_ref: str, case: str, **extra: str) -> dict[str, str]:
         "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
         "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
         "PIPELINE_TEMPLATES_DIR": str(TEMPLATES),
+        "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+        "PIPELINE_OFFLINE_BUILD": "1",
+        "PIPELINE_REQUIRE_GIT": "0",  # the debootstrap minbase image has no git
+        # one build directory per model for every test: BuildKit sends only what changed
+        "PIPELINE_CACHE_DIR": str(CACHE_ROOT),
     }
     env.update({f"PIPELINE_{k.upper()}": v for k, v in extra.items()})
     return env
@@ -80,6 +122,22 @@ def settings(base_ref: str, case: str, tmp_path: Path, **extra: str) -> Settings
 def lock_for(repos: BuildRepos, base_ref: str, **kw: object) -> Lock:
     name, digest = base_ref.split("@")
     return repos.lock(base_ref=name, base_digest=digest, **kw)  # type: ignore[arg-type]
+
+
+def build(
+    engine: Engine, ctx: Path, s: Settings, run_dir: Path, cleanup: DockerCleanup, **kw: object
+) -> BuildOutcome:
+    log = Logger(stream=io.StringIO())
+    return build_image(
+        engine,
+        ctx,
+        tag=None,
+        log=log,
+        run_dir=run_dir,
+        extra_labels=cleanup.labels,
+        settings=s,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def render(repos: BuildRepos, s: Settings, out: Path, lock: Lock) -> RenderedContext:
@@ -114,11 +172,19 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
 
     # 1. cold build
     run1 = tmp_path / "run1"
-    first = build_image(engine, ctx1.dir, tag=None, log=log, run_dir=run1, extra_labels=docker_cleanup.labels)
+    first = build_image(
+        engine, ctx1.dir, tag=None, log=log, run_dir=run1, extra_labels=docker_cleanup.labels, settings=s
+    )
     assert not first.skipped and first.aiter_cached is False
-    assert first.log_path == run1 / BUILD_LOG and "Step 1/" in first.log_path.read_text()
+    assert first.builder.startswith("buildkit")
+    assert first.log_path == run1 / BUILD_LOG and "[aiter 5/5] RUN" in first.log_path.read_text()
     assert isinstance(log.stream, io.StringIO)
-    assert "step 1/" in log.stream.getvalue() and "RUN python3 build_aiter.py" in log.stream.getvalue()
+    assert "[aiter 5/5] RUN python3 build_aiter.py" in log.stream.getvalue()
+    assert "image self-check passed" in log.stream.getvalue()
+    report = json.loads((run1 / "selfcheck.json").read_text())
+    assert report["ok"] is True and report["facts"]["dists"]["lm-eval"][0]["version"] == "0.4.13"
+    assert report["facts"]["compat"]["installed"] == report["facts"]["compat"]["pre_build"]
+    assert "not produced" in json.loads((run1 / "attestations.json").read_text())["note"]
     info = engine.image(ctx1.image_ref)
     assert info is not None and info.id == first.image_id
     lab = info.labels
@@ -130,6 +196,7 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     assert lab[labels.OCI_BASE_DIGEST] == pinned_base.split("@")[1]
     assert lab[labels.OCI_CREATED] == "2026-06-24T09:12:00Z"
     assert lab[labels.RECIPE] == f"{MODEL}.yaml"
+    assert lab["org.atom-image-pipeline.lm-eval.version"] == "0.4.13"
 
     # the patched ATOM is what is installed; aiter has its submodule
     api, path, stamp1, ck = run_python(engine, ctx1.image_ref, SHOW_ATOM, docker_cleanup)
@@ -141,15 +208,24 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     ctx2 = render(repos2, s, tmp_path / "ctx2", lock_for(repos2, pinned_base))
     assert ctx2.inputs_digest != ctx1.inputs_digest
     second = build_image(
-        engine, ctx2.dir, tag=None, log=log, run_dir=tmp_path / "run2", extra_labels=docker_cleanup.labels
+        engine,
+        ctx2.dir,
+        tag=None,
+        log=log,
+        run_dir=tmp_path / "run2",
+        extra_labels=docker_cleanup.labels,
+        settings=s,
     )
     assert not second.skipped and second.aiter_cached is True and second.image_id != first.image_id
+    # BuildKit sent only what changed (the patched file, the lock), not the trees and the wheelhouse
+    assert first.context_bytes is not None and second.context_bytes is not None
+    assert second.context_bytes < first.context_bytes / 100, (second.context_bytes, first.context_bytes)
     api2, _, stamp2, _ = run_python(engine, ctx2.image_ref, SHOW_ATOM, docker_cleanup)
     assert api2 == "split-kv-cache-v2"
     assert stamp2 == stamp1  # the aiter build step did not run again
 
     # 3. nothing changed: no build at all, the existing image is reported
-    third = build_image(engine, ctx2.dir, tag=None, log=log, run_dir=tmp_path / "run3")
+    third = build_image(engine, ctx2.dir, tag=None, log=log, run_dir=tmp_path / "run3", settings=s)
     assert third.skipped and third.image_id == second.image_id and third.log_path is None
     assert not (tmp_path / "run3" / BUILD_LOG).exists()
 
@@ -162,7 +238,7 @@ def test_hostile_ref_is_a_label_value_never_a_command(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_url=evil))
     log = Logger(stream=io.StringIO())
     out = build_image(
-        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels
+        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels, settings=s
     )
     info = engine.image(out.image_id)
     assert info is not None and info.labels["org.atom-image-pipeline.atom.url"] == evil
@@ -179,7 +255,13 @@ def test_failing_build_shows_step_and_tail_and_tags_nothing(
     log = Logger(stream=io.StringIO())
     with pytest.raises(BuildError) as e:
         build_image(
-            engine, ctx.dir, tag=None, log=log, run_dir=tmp_path / "run", extra_labels=docker_cleanup.labels
+            engine,
+            ctx.dir,
+            tag=None,
+            log=log,
+            run_dir=tmp_path / "run",
+            extra_labels=docker_cleanup.labels,
+            settings=s,
         )
     text = str(e.value)
     assert f"RUN {failing}" in text and "aiter-kernel-compile-failed-here" in text
@@ -198,7 +280,7 @@ def test_absent_base_image_names_image_and_digest(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, base))
     log = Logger(stream=io.StringIO())
     with pytest.raises(BuildError) as e:
-        build_image(engine, ctx.dir, tag=None, log=log, run_dir=tmp_path / "run")
+        build_image(engine, ctx.dir, tag=None, log=log, run_dir=tmp_path / "run", settings=s)
     assert "127.0.0.1:9/atom-pipeline-test/no-such-base" in str(e.value) and digest in str(e.value)
     assert e.value.exit_code == ExitCode.BUILD
 
@@ -261,7 +343,7 @@ def test_image_in_target_registry_is_not_rebuilt(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"registry-{case}"))
     log = Logger(stream=io.StringIO())
     built = build_image(
-        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels
+        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels, settings=s
     )
     remote_repo = registry.repo(s.image.repository)
     remote_tag = ctx.image_ref.rsplit(":", 1)[1]
@@ -278,3 +360,186 @@ def test_image_in_target_registry_is_not_rebuilt(
     out = json.loads(capsys.readouterr().out)
     assert out["skipped"] is True and out["found_in"] == f"{remote_repo}:{remote_tag}@{digest}"
     assert engine.image(ctx.image_ref) is None  # nothing was built or pulled
+
+
+# --------------------------------------------------------------------------- the image self-check
+
+SITE = "/usr/local/lib/python3.11/dist-packages"  # the test base image's site-packages (Debian)
+PYPI_AITER = f"{SITE}/amd_aiter-0.1.5.dist-info"  # as if a dependency had pulled amd-aiter from PyPI
+SHADOW = (
+    f"mkdir -p {SITE}/aiter {PYPI_AITER} && touch {SITE}/aiter/__init__.py && "
+    f"printf 'Metadata-Version: 2.1\\nName: amd-aiter\\nVersion: 0.1.5\\n' > {PYPI_AITER}/METADATA"
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "atom_cmd", "needle"),
+    [
+        ("shadow", f"{ATOM_INSTALL_CMD} && {SHADOW}", "2 aiter distributions are installed"),
+        (
+            "reverted",
+            f"{ATOM_INSTALL_CMD} && printf 'API = 1\\n' > atom/models/minimax_m3.py",
+            "patched file /app/ATOM/atom/models/minimax_m3.py has sha256",
+        ),
+        (
+            "no-tool",
+            f"{ATOM_INSTALL_CMD} && rm /usr/local/bin/lm_eval",
+            "the recipe's tool `lm_eval` is not in the image",
+        ),
+        (
+            "no-module",
+            f"{ATOM_INSTALL_CMD} && rm -r atom/benchmarks",
+            "module `atom.benchmarks.benchmark_serving`",
+        ),
+    ],
+)
+def test_selfcheck_failure_fails_the_build_and_tags_nothing(
+    engine: Engine,
+    pinned_base: str,
+    repos: BuildRepos,
+    docker_cleanup: DockerCleanup,
+    tmp_path: Path,
+    case: str,
+    atom_cmd: str,
+    needle: str,
+) -> None:
+    s = settings(pinned_base, docker_cleanup.case_id, tmp_path, atom_install_cmd=atom_cmd)
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
+    with pytest.raises(SelfCheckError) as e:
+        build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
+    text = str(e.value)
+    assert needle in text and "Nothing was tagged" in text, text
+    assert e.value.exit_code == ExitCode.BUILD and e.value.evidence
+    report = json.loads((tmp_path / "run" / "selfcheck.json").read_text())
+    assert report["ok"] is False and any(needle in f for f in report["failures"])
+    assert engine.image(ctx.image_ref) is None
+    # the image is gone: its inputs-digest label must not let the next build skip the check
+    assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
+
+
+def test_selfcheck_compares_the_installed_trees_with_the_pre_build_check(
+    engine: Engine, pinned_base: str, repos: BuildRepos, docker_cleanup: DockerCleanup, tmp_path: Path
+) -> None:
+    # a build step that rewrites an aiter signature: the installed trees no longer match the check
+    edit = (
+        "sed -i 's/kv_cache_v, index_cache/index_cache/' /app/aiter-test/aiter/ops/fused_qknorm_idxrqknorm.py"
+    )
+    s = settings(
+        pinned_base, docker_cleanup.case_id, tmp_path, atom_install_cmd=f"{ATOM_INSTALL_CMD} && {edit}"
+    )
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
+    with pytest.raises(SelfCheckError) as e:
+        build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
+    text = str(e.value)
+    assert "checked Python file(s) differ in the image: aiter/aiter/ops/fused_qknorm_idxrqknorm.py" in text
+    assert "differs from the pre-build check" in text
+
+
+# --------------------------------------------------------------------------- BuildKit features
+
+
+def test_build_secret_reaches_the_step_and_nothing_else(
+    engine: Engine,
+    pinned_base: str,
+    repos: BuildRepos,
+    docker_cleanup: DockerCleanup,
+    tmp_path: Path,
+) -> None:
+    token = "tok-" + uuid.uuid4().hex
+    cmd = f"sha256sum /run/secrets/ATOM_TEST_TOKEN > /app/secret.sha256 && {AITER_BUILD_CMD}"
+    s = settings(
+        pinned_base, docker_cleanup.case_id, tmp_path, aiter_build_cmd=cmd, build_secrets="ATOM_TEST_TOKEN"
+    )
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
+    assert token not in (ctx.dir / "Dockerfile").read_text()
+    with pytest.raises(BuildError, match="ATOM_TEST_TOKEN"):  # the value must be there to build
+        build(engine, ctx.dir, s, tmp_path / "run0", docker_cleanup, env={})
+    out = build(
+        engine, ctx.dir, s, tmp_path / "run", docker_cleanup, env={**os.environ, "ATOM_TEST_TOKEN": token}
+    )
+    (digest_line,) = run_python(
+        engine, out.image_id, "print(open('/app/secret.sha256').read())", docker_cleanup
+    )
+    assert digest_line.split()[0] == hashlib.sha256(token.encode()).hexdigest()  # the step read it
+    code = "import os; print(os.path.exists('/run/secrets/ATOM_TEST_TOKEN'))"
+    assert run_python(engine, out.image_id, code, docker_cleanup) == ["False"]
+    history = json.dumps(engine.api.history(out.image_id))
+    assert token not in history and token not in json.dumps(engine.api.inspect_image(out.image_id))
+    assert token not in (tmp_path / "run" / BUILD_LOG).read_text()
+    # the classic builder cannot pass secrets: it refuses rather than use a build argument
+    classic = s.model_copy(update={"image": s.image.model_copy(update={"builder": "classic"})})
+    with pytest.raises(BuildError, match="only BuildKit can pass"):
+        build(engine, ctx.dir, classic, tmp_path / "run2", docker_cleanup, env={"ATOM_TEST_TOKEN": token})
+
+
+def test_classic_builder_fallback_builds_the_same_checked_image(
+    engine: Engine, pinned_base: str, repos: BuildRepos, docker_cleanup: DockerCleanup, tmp_path: Path
+) -> None:
+    s = settings(pinned_base, docker_cleanup.case_id, tmp_path, builder="classic")
+    ctx = render(
+        repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"classic-{docker_cleanup.case_id}")
+    )
+    out = build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
+    assert out.builder == "classic" and out.context_bytes is None
+    assert "Step 1/" in (tmp_path / "run" / BUILD_LOG).read_text()
+    assert json.loads((tmp_path / "run" / "selfcheck.json").read_text())["ok"] is True
+    api, path, _, _ = run_python(engine, ctx.image_ref, SHOW_ATOM, docker_cleanup)
+    assert api == "split-kv-cache" and path == "/app/ATOM/atom/models/minimax_m3.py"
+
+
+def test_git_missing_from_the_base_fails_at_once(
+    engine: Engine, pinned_base: str, repos: BuildRepos, docker_cleanup: DockerCleanup, tmp_path: Path
+) -> None:
+    s = settings(pinned_base, docker_cleanup.case_id, tmp_path, require_git="1")
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
+    with pytest.raises(BuildError) as e:
+        build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
+    assert "git is missing from the base image" in str(e.value) and "[base 2/3]" in str(e.value)
+
+
+@pytest.fixture
+def second_engine() -> Iterator[Engine]:
+    """A second, empty Docker engine (tests/fixtures/second_engine.py), deleted afterwards."""
+    try:
+        with second_dockerd() as (eng, _):
+            yield eng
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def test_registry_cache_lets_a_clean_engine_skip_the_aiter_build(
+    engine: Engine,
+    second_engine: Engine,
+    pinned_base: str,
+    registry: Registry,
+    repos: BuildRepos,
+    docker_cleanup: DockerCleanup,
+    tmp_path: Path,
+) -> None:
+    case = docker_cleanup.case_id
+    cache_repo = registry.repo(f"atom-pipeline-test/cache-{case}")
+    s = settings(pinned_base, case, tmp_path, cache_repository=cache_repo)
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"cache-{case}"))
+    first = build(engine, ctx.dir, s, tmp_path / "run-a", docker_cleanup)
+    assert first.cache_ref.startswith(f"{cache_repo}:buildcache-") and first.aiter_cached is False
+    docker_cleanup.image(first.cache_ref.split("@")[0])
+    (stamp_a,) = run_python(
+        engine, first.image_id, "print(open('/app/aiter-test/BUILD_STAMP').read())", docker_cleanup
+    )
+
+    # engine B has nothing: no image, no build cache, not even the base (it pulls it by digest)
+    b = second_engine
+    assert b.images_with_label(labels.INPUTS_DIGEST) == [] and b.image(pinned_base) is None
+    second = build(
+        b,
+        ctx.dir,
+        s.model_copy(update={"paths": s.paths.model_copy(update={"cache_dir": str(tmp_path / "cache-b")})}),
+        tmp_path / "run-b",
+        docker_cleanup,
+    )
+    assert second.aiter_cached is True, (tmp_path / "run-b" / BUILD_LOG).read_text()[-3000:]
+    log_b = (tmp_path / "run-b" / BUILD_LOG).read_text()
+    assert "aiter built in" not in log_b  # the expensive step's own output: it did not run
+    with b.run(second.image_id, ["python3", "-c", "print(open('/app/aiter-test/BUILD_STAMP').read())"]) as c:
+        assert c.wait(timeout=60) == 0
+        assert c.logs().strip() == stamp_a
