@@ -59,6 +59,9 @@ class Finding:
     # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
     preexisting: bool = False
     written_against: str | None = None  # aiter SHA the call was written against (its baseline)
+    # For one model (pipeline/compat/reach.py): "on-path" / "off-path", and why; None: not computed.
+    reach: str | None = None
+    reach_evidence: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -74,6 +77,9 @@ class Finding:
             "preexisting": self.preexisting,
             "written_against": self.written_against,
         }
+        if self.reach is not None:
+            d["reach"] = self.reach
+            d["reach_evidence"] = self.reach_evidence
         d["cause"] = self.cause.to_json() if self.cause else None
         return d
 
