@@ -400,18 +400,26 @@ class Reach:
             return f"{path} is not in ATOM's import graph: counted as on the path"
         ins = self.importers.get(path, ())
         rule_of = {(x.edge.src, x.edge.line, x.edge.dst): x.rule for x in self.excluded}
-        parts = []
+        # One entry per importing file and reason, its lines together.
+        groups: dict[tuple[str, str], list[int]] = {}
         for e in ins:
             rule = rule_of.get((e.src, e.line, e.dst))
             if e.kind == "registry":
-                parts.append(f"the registry entry for {e.key} ({e.src}:{e.line})")
+                why = f"the registry entry for {e.key}"
             elif rule:
-                parts.append(f"{e.src}:{e.line} ({_RULE_SHORT[rule]})")
+                why = _RULE_SHORT[rule]
             else:
-                parts.append(f"{e.src}:{e.line}, itself off the path")
-        if not parts:
+                why = "itself off the path"
+            lines = groups.setdefault((e.src, why), [])
+            if e.line not in lines:
+                lines.append(e.line)
+        if not groups:
             return f"nothing in ATOM {self.atom_sha[:10]} imports or names {path}"
-        return f"{path} is imported only by " + "; ".join(_dedupe(parts)) + f": none is on {arch}'s path"
+        parts = []
+        for (src, why), lines in groups.items():
+            at = f"{src}:{','.join(map(str, sorted(lines)))}"
+            parts.append(f"{why} ({at})" if why.startswith("the registry") else f"{at} ({why})")
+        return f"{path} is imported only by " + "; ".join(parts) + f": none is on {arch}'s path"
 
     def edges_summary(self) -> str:
         f = ", ".join(f"{n} {k}" for k, n in sorted(self.followed.items()))
@@ -441,11 +449,6 @@ _RULE_SHORT = {
     "plugin-only": "in plugin code nothing on the path runs (vLLM/SGLang call it)",
     "no-drafter": "speculative decoding only, the recipe sets no --method",
 }
-
-
-def _dedupe(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    return [x for x in items if not (x in seen or seen.add(x))]  # type: ignore[func-returns-value]
 
 
 def _paths_of(excluded: tuple[Excluded, ...]) -> frozenset[str]:
@@ -554,7 +557,7 @@ def _rules(texts: dict[str, str], facts: ModelFacts) -> dict[str, str]:
     if (
         not facts.speculative
         and re.search(r"if self\.method and self\.num_speculative_tokens > 0", texts.get(ARG_UTILS_PATH, ""))
-        and re.search(r"self\.drafter = build_drafter\(", runner)
+        and re.search(r"self\.drafter = \w+\(", runner)
     ):
         rules["no-drafter"] = (
             "the recipe's server command sets no --method, and ATOM makes a speculative config (and "
@@ -893,3 +896,47 @@ def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNo
             msg = f"recipe waiver for {function} in {path} matches no finding: remove it"
             notes.append(WaiverNote(path, function, "unused", msg))
     return notes
+
+
+@dataclass(frozen=True)
+class ModelGate:
+    """A check report as it gates one model: reach-tagged, waivers applied, with what to tell."""
+
+    report: CheckReport
+    reach: Reach | None
+    waived: int
+    notes: tuple[WaiverNote, ...]
+    warnings: tuple[str, ...]  # e.g. "no architecture in the recipe: every finding gates"
+
+
+def gate_model(
+    report: CheckReport,
+    atom: GitRepo,
+    recipe: object,
+    *,
+    cache_dir: Path | None = None,
+    waivers: bool = True,
+) -> ModelGate:
+    """Tag each finding with the model's reach, make off-path errors warnings, then apply waivers.
+
+    `recipe` is a `pipeline.recipe.Recipe` (duck-typed here: compat does not import recipes).
+    """
+    from pipeline.compat.waivers import apply_waivers
+
+    model = getattr(recipe, "model", None)
+    arch = getattr(model, "architecture", None)
+    warnings: list[str] = []
+    reach = None
+    if arch:
+        command = getattr(getattr(recipe, "server", None), "command", ())
+        reach = compute_reach(atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir)
+        report = apply_reach(report, reach)
+    else:
+        warnings.append(
+            f"recipe {getattr(recipe, 'name', '?')} states no model.architecture: reachability not "
+            "computed, every finding gates"
+        )
+    listed = tuple(getattr(getattr(recipe, "compat", None), "waive", ())) if waivers else ()
+    report, unused = apply_waivers(report, listed)
+    notes = tuple(waiver_notes(report, unused))
+    return ModelGate(report, reach, len(listed) - len(unused), notes, tuple(warnings))

@@ -163,6 +163,11 @@ class CheckReport:
                     lines.append(f"    {d}")
             if f.cause is not None:
                 lines.append(f"    cause: aiter {f.cause.commit.sha} (last good {f.cause.last_good or '?'})")
+            if f.reach is not None:
+                lines.append(
+                    f"    reach: {f.reach}"
+                    + ("" if f.reach_evidence in f.message else f": {f.reach_evidence}")
+                )
         for u in self.unparseable:
             lines.append(f"{u.repo}:{u.path}: warning: [unparseable-file] {u.error}")
         verdict = "compatible" if self.ok else "INCOMPATIBLE"
@@ -208,7 +213,7 @@ class CheckReport:
                     }
                 ],
                 "partialFingerprints": {"primaryLocationLineHash": f"{f.function}:{f.kind}:{f.path}"},
-                "properties": {"function": f.function},
+                "properties": {"function": f.function, **({"reach": f.reach} if f.reach else {})},
             }
             if f.cause is not None:
                 res["properties"]["cause"] = f.cause.to_json()
