@@ -905,6 +905,7 @@ class ModelGate:
     report: CheckReport
     reach: Reach | None
     waived: int
+    off_path: int  # errors that are warnings because their call is off the model's path
     notes: tuple[WaiverNote, ...]
     warnings: tuple[str, ...]  # e.g. "no architecture in the recipe: every finding gates"
 
@@ -927,6 +928,7 @@ def gate_model(
     arch = getattr(model, "architecture", None)
     warnings: list[str] = []
     reach = None
+    before = len(report.errors)
     if arch:
         command = getattr(getattr(recipe, "server", None), "command", ())
         reach = compute_reach(atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir)
@@ -936,7 +938,8 @@ def gate_model(
             f"recipe {getattr(recipe, 'name', '?')} states no model.architecture: reachability not "
             "computed, every finding gates"
         )
+    off_path = before - len(report.errors)
     listed = tuple(getattr(getattr(recipe, "compat", None), "waive", ())) if waivers else ()
     report, unused = apply_waivers(report, listed)
     notes = tuple(waiver_notes(report, unused))
-    return ModelGate(report, reach, len(listed) - len(unused), notes, tuple(warnings))
+    return ModelGate(report, reach, len(listed) - len(unused), off_path, notes, tuple(warnings))
