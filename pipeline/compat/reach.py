@@ -370,15 +370,12 @@ class Reach:
     excluded: tuple[Excluded, ...]
     followed: dict[str, int]  # edge kind -> edges followed
     rules: dict[str, str]  # rule id -> what it rests on in this tree
+    files: frozenset[str] = frozenset()  # every ATOM Python file of the tree
     seconds: float = 0.0
 
     def on_path(self, path: str) -> bool:
-        """Unknown or non-ATOM files count as on the path (sound)."""
-        return path in self.parents or not path.startswith("atom/") or path not in self.all_paths
-
-    @property
-    def all_paths(self) -> frozenset[str]:
-        return frozenset(self.importers) | frozenset(self.parents) | _paths_of(self.excluded)
+        """A file of the tree the closure does not reach is off; anything else is on (sound)."""
+        return path in self.parents or path not in self.files
 
     def chain(self, path: str) -> list[Edge]:
         out: list[Edge] = []
@@ -397,7 +394,7 @@ class Reach:
             steps = [chain[0].src] + [f"{e.dst} ({e.how()})" for e in chain]
             return f"{arch} reaches {path}: " + " -> ".join(steps)
         if self.on_path(path):
-            return f"{path} is not in ATOM's import graph: counted as on the path"
+            return f"{path} is not a Python file of ATOM {self.atom_sha[:10]}: counted as on the path"
         ins = self.importers.get(path, ())
         rule_of = {(x.edge.src, x.edge.line, x.edge.dst): x.rule for x in self.excluded}
         # One entry per importing file and reason, its lines together.
@@ -449,10 +446,6 @@ _RULE_SHORT = {
     "plugin-only": "in plugin code nothing on the path runs (vLLM/SGLang call it)",
     "no-drafter": "speculative decoding only, the recipe sets no --method",
 }
-
-
-def _paths_of(excluded: tuple[Excluded, ...]) -> frozenset[str]:
-    return frozenset(x.edge.dst for x in excluded)
 
 
 class ReachError(SourceError):
@@ -692,6 +685,7 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         excluded=tuple(excluded),
         followed=followed,
         rules=rules,
+        files=frozenset(tree.blobs),
     )
 
 
