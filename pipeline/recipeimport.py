@@ -434,11 +434,12 @@ def _token(model_id: str, heading: str) -> str:
     return ""
 
 
-def parse_markdown(text: str, where: str) -> tuple[list[Variant], list[str]]:
-    """The MI355 variants of one upstream recipe, and notes on what was skipped and why."""
+def parse_markdown(text: str, where: str) -> tuple[list[Variant], list[str], list[RecipeParseError]]:
+    """The MI355 variants of one upstream recipe, notes on what was skipped, and per-variant errors."""
     blocks, tables = _scan(text)
     variants: list[Variant] = []
     notes: list[str] = []
+    errors: list[RecipeParseError] = []
     names: dict[str, int] = {}
     lm_blocks = [b for b in blocks if any(ln.lstrip().startswith("lm_eval") for ln in b.lines)]
     bench_blocks = [b for b in blocks if any(BENCH_MODULE in ln for ln in b.lines)]
@@ -454,42 +455,61 @@ def parse_markdown(text: str, where: str) -> tuple[list[Variant], list[str]]:
                 f"{where}:{b.line}: server block under {heading!r} is not a plain server launch: skipped"
             )
             continue
-        script = read_script(b, where)
-        servers = [c for c in script.commands if SERVER_MODULE in c.argv]
-        if len(servers) != 1:
-            notes.append(f"{where}:{b.line}: {len(servers)} server commands in one block: skipped")
+        try:
+            v = _variant(b, where, blocks, tables, lm_blocks, bench_blocks, names, notes)
+        except RecipeParseError as e:
+            errors.append(e)
             continue
-        cmd = servers[0]
-        argv, model_id, port, inferred = _server(cmd, script, where)
-        env = {**script.env, **cmd.env}
-        heading_path = " / ".join(b.headings)
-        g = _GPUS_RE.search(heading_path)
-        tp = _tp(argv)
-        if g:
-            gpus = int(g.group(1))
-        elif tp:
-            gpus = tp
-            inferred["hardware.gpus"] = (
-                f"the heading names no GPU count: the command's tensor parallel size {tp}"
-            )
-        else:
-            raise RecipeParseError(
-                f"{where}:{b.line}: neither the heading nor the command says how many GPUs"
-            )
-        name = model_id.rsplit("/", 1)[-1]
-        if name in names:
-            extra = "-".join(w for w in re.findall(r"\b[A-Z][A-Z0-9]{1,}\b", heading) if w not in name)
-            if not extra:
-                notes.append(f"{where}:{b.line}: a second server block for {name} under {heading!r}: skipped")
-                continue
-            name = f"{name}-{extra}"
-        names[name] = b.line
-        v = Variant(name, heading_path, b.line, model_id, gpus, env, argv, port, inferred)
-        token = _token(model_id, heading)
-        _attach_gsm8k(v, token, tables, lm_blocks, where, single=len(variants) == 0)
-        _attach_bench(v, token, tables, bench_blocks, where)
-        variants.append(v)
-    return variants, notes
+        if v is not None:
+            variants.append(v)
+    return variants, notes, errors
+
+
+def _variant(
+    b: Block,
+    where: str,
+    blocks: list[Block],
+    tables: list[Table],
+    lm_blocks: list[Block],
+    bench_blocks: list[Block],
+    names: dict[str, int],
+    notes: list[str],
+) -> Variant | None:
+    heading = b.headings[-1] if b.headings else ""
+    script = read_script(b, where)
+    servers = [c for c in script.commands if SERVER_MODULE in c.argv]
+    if len(servers) != 1:
+        notes.append(f"{where}:{b.line}: {len(servers)} server commands in one block: skipped")
+        return None
+    cmd = servers[0]
+    argv, model_id, port, inferred = _server(cmd, script, where)
+    env = {**script.env, **cmd.env}
+    heading_path = " / ".join(b.headings)
+    g = _GPUS_RE.search(heading_path)
+    tp = _tp(argv)
+    if g:
+        gpus = int(g.group(1))
+    elif tp:
+        gpus = tp
+        inferred["hardware.gpus"] = f"the heading names no GPU count: the command's tensor parallel size {tp}"
+    else:
+        raise RecipeParseError(f"{where}:{b.line}: neither the heading nor the command says how many GPUs")
+    name = model_id.rsplit("/", 1)[-1]
+    method = _flag(argv, "--method")
+    if method and method[1].lower() not in name.lower():
+        name = f"{name}-{method[1].upper()}"  # a speculative-decoding variant of the same model
+    if name in names:
+        extra = "-".join(w for w in re.findall(r"\b[A-Z][A-Z0-9]{1,}\b", heading) if w not in name)
+        if not extra:
+            notes.append(f"{where}:{b.line}: a second server block for {name} under {heading!r}: skipped")
+            return None
+        name = f"{name}-{extra}"
+    names[name] = b.line
+    v = Variant(name, heading_path, b.line, model_id, gpus, env, argv, port, inferred)
+    token = _token(model_id, heading)
+    _attach_gsm8k(v, token, tables, lm_blocks, where)
+    _attach_bench(v, token, tables, bench_blocks, where)
+    return v
 
 
 def _pick(tables: list[Table], token: str, kind: str) -> Table | None:
@@ -502,9 +522,7 @@ def _pick(tables: list[Table], token: str, kind: str) -> Table | None:
     return tables[0] if len(tables) == 1 else None
 
 
-def _attach_gsm8k(
-    v: Variant, token: str, tables: list[Table], lm_blocks: list[Block], where: str, single: bool
-) -> None:
+def _attach_gsm8k(v: Variant, token: str, tables: list[Table], lm_blocks: list[Block], where: str) -> None:
     gsm = [t for t in tables if [h.lower() for h in t.header][:1] == ["tasks"]]
     table = _pick(gsm, token, "gsm8k")
     if table is None or not lm_blocks:
@@ -520,7 +538,7 @@ def _attach_gsm8k(
         raise RecipeParseError(f"{where}:{block.line}: expected one lm_eval command, found {len(cmds)}")
     argv: list[str] = []
     for a in cmds[0].argv:
-        a = re.sub(r"\$\{?model_path\}?", "${model}", a)
+        a = _model_ref(a, v.model_id, script)
         a = re.sub(r"(https?://[\w.]+):(\d+)/", r"\1:${port}/", a)
         if "${model}" in a or "${port}" in a:
             keep = ("model", "port")
@@ -533,6 +551,15 @@ def _attach_gsm8k(
     if any(re.search(r"<[\w-]+>", a) for a in argv):
         raise RecipeParseError(f"{where}:{cmds[0].line}: the lm_eval command has a placeholder to fill in")
     v.gsm8k, v.gsm8k_line, v.gsm8k_ref = argv, cmds[0].line, ref
+
+
+def _model_ref(arg: str, model_id: str, script: Script) -> str:
+    """The served model as `${model}`: a `$model_path`-style variable, or the model id written out."""
+    for name in sorted(script.vars, key=len, reverse=True):
+        if script.vars[name] == model_id or name.lower() in ("model_path", "model"):
+            arg = re.sub(rf"\$\{{{name}\}}|\${name}\b", "${model}", arg)
+    arg = re.sub(r"\$\{?model_path\}?", "${model}", arg)
+    return re.sub(rf"(?<![\w/.-]){re.escape(model_id)}(?![\w/.-])", "${model}", arg)
 
 
 def _attach_bench(v: Variant, token: str, tables: list[Table], bench_blocks: list[Block], where: str) -> None:
@@ -567,7 +594,7 @@ def _attach_bench(v: Variant, token: str, tables: list[Table], bench_blocks: lis
             continue
         if key in ("--result-dir", "--result-filename"):
             continue  # the smoke runner sets them
-        a = re.sub(r"\$\{?model_path\}?", "${model}", a)
+        a = _model_ref(a, v.model_id, script)
         a = re.sub(r"(https?://[\w.]+):(\d+)\b", r"\1:${port}", a)
         a = re.sub(r"\$\{?ISL\}?", "${isl}", a)
         a = re.sub(r"\$\{?OSL\}?", "${osl}", a)
@@ -747,7 +774,9 @@ def source_of(recipe_source: str) -> tuple[str, str] | None:
     return m.group("path"), m.group("sha")
 
 
-def variants_at(atom: GitRepo, rev: str, path: str) -> tuple[list[Variant], list[str]] | None:
+def variants_at(
+    atom: GitRepo, rev: str, path: str
+) -> tuple[list[Variant], list[str], list[RecipeParseError]] | None:
     """The variants of `path` at `rev`, or None when the file does not exist there."""
     data = atom.read_blob(rev, path)
     if data is None:
@@ -767,7 +796,13 @@ def import_recipes(
     got = variants_at(atom, sha, path)
     if got is None:
         raise ConfigError(f"{path} does not exist in ATOM {sha[:10]}.", hint="Name a file under recipes/.")
-    variants, notes = got
+    variants, notes, errors = got
+    if errors and not only:
+        parsed = ", ".join(v.name for v in variants) or "none"
+        raise RecipeParseError(
+            f"{path} @ {sha[:10]}: " + " ".join(e.message for e in errors),
+            hint=f"Nothing was written. Variants that parse: {parsed} (import them with --variant NAME).",
+        )
     registry = _registry_at(atom, sha)
     for v in variants:
         _infer_architecture(v, registry, atom.read_blob(sha, path) or b"")
@@ -804,15 +839,19 @@ def _infer_architecture(v: Variant, registry: dict[str, tuple[str, int]], markdo
         return
     flat = re.sub(r"[^a-z0-9]", "", v.model_id.rsplit("/", 1)[-1].lower())
     by_module: dict[str, list[str]] = {}
+    real: dict[str, str] = {}
     for k, (qual, _) in registry.items():
-        mod = qual.replace(":", ".").split(".")[-2]
-        by_module.setdefault(re.sub(r"[^a-z0-9]", "", mod.lower()), []).append(k)
-    hits = sorted((m for m in by_module if m and flat.startswith(m)), key=len, reverse=True)
-    if hits:
+        mod = qual.replace(":", ".").rsplit(".", 1)[0]
+        flat_mod = re.sub(r"[^a-z0-9]", "", mod.rsplit(".", 1)[-1].lower())
+        by_module.setdefault(flat_mod, []).append(k)
+        real[flat_mod] = mod.replace(".", "/") + ".py"
+    hits = [m for m in by_module if m and flat.startswith(m)]
+    # Only an unambiguous family: qwen3 also prefixes qwen3moe and qwen3next, so it says nothing.
+    if len(hits) == 1 and not any(m != hits[0] and m.startswith(hits[0]) for m in by_module):
         keys = sorted(by_module[hits[0]], key=lambda k: (not k.endswith("ForCausalLM"), k))
         v.architecture = keys[0]
         v.inferred["model.architecture"] = (
-            f"ATOM's registry module atom/models/{hits[0]}.py matches the model name; "
+            f"ATOM's registry module {real[hits[0]]} matches the model name; "
             f"of {', '.join(sorted(by_module[hits[0]]))} the causal LM"
         )
         return
@@ -877,7 +916,7 @@ class Drift:
         }
 
 
-_PARSED: dict[tuple[str, str, str], tuple[list[Variant], list[str]] | str | None] = {}
+_PARSED: dict[tuple[str, str, str], tuple[list[Variant], list[str], list[RecipeParseError]] | str | None] = {}
 
 
 def _facts(atom: GitRepo, rev: str, path: str, name: str) -> dict[str, Any] | str | None:
