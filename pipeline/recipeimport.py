@@ -519,7 +519,8 @@ def _pick(tables: list[Table], token: str, kind: str) -> Table | None:
         plain = [t for t in named if not re.search(r"EAGLE|MTP|speculative", t.caption, re.I)]
         if plain:
             return plain[0]
-    return tables[0] if len(tables) == 1 else None
+    # The file's only table, if its caption names no variant (one that names another is not ours).
+    return tables[0] if len(tables) == 1 and not _token("", tables[0].caption) else None
 
 
 def _attach_gsm8k(v: Variant, token: str, tables: list[Table], lm_blocks: list[Block], where: str) -> None:
