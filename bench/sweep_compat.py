@@ -228,8 +228,15 @@ def replay(
     if rb is None:
         return Replay("clean", f"binds; did not bind at the blame-date aiter either ({rerr})"), ref_sha
     now, then = landing(b), landing(rb)
-    params_now = set(sig.parameters)
-    moved = [i for i, n in then.items() if now.get(i) != n and n in params_now]
+    new_names, ref_names = list(sig.parameters), list(rgot[0].parameters)
+
+    def renamed(old: str, new: str | None) -> bool:  # the same slot under a new name
+        return (
+            new is not None and old not in new_names and new not in ref_names
+            and ref_names.index(old) == new_names.index(new)
+        )  # fmt: skip
+
+    moved = [i for i, n in then.items() if now.get(i) != n and not renamed(n, now.get(i))]
     if moved:
         i = moved[0]
         return Replay("broken", f"argument {i} written for `{then[i]}` now lands on `{now.get(i)}`"), ref_sha
