@@ -58,7 +58,6 @@ PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
 SUMMARY_SCHEMA = 2  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
-_GUARD_WORDS = re.compile(r"is_(?:vllm|sglang|rtpllm|plugin_mode)\(|use_(?:v4|vllm|sglang)\b")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
 
@@ -70,13 +69,12 @@ _IMPORT_RE = re.compile(
 )
 # A quoted literal that is an ATOM qualname ("atom.a.b", "atom.a.b:Cls") or an f-string prefix.
 _QUAL_RE = re.compile(r"""(?<=["'])atom(?:\.\w+)+(?::\w+)?(?=\.\{|["'])""")
-_KEY_BEFORE_RE = re.compile(r"""["']([\w.\-]+)["'][ \t]*:[ \t]*\(?\s*$""")
 _GUARD_RE = re.compile(r"^[ \t]*(?:el)?if[ \t]+(?:self\.)?(\w+(?:\(\))?)[ \t]*:")
 _SWITCH_RE = re.compile(r"(?<![.\w])(?<!def )_set_framework_backbone\(")
 _SETS_FRAMEWORK_RE = re.compile(r"(?<![.\w])(?<!def )(?:_set_framework_backbone|prepare_model\w*)\(")
 # Significant lines: not blank, not a comment, not a closing bracket (which ends a bracket, not a block).
 _LINE_RE = re.compile(r"^([ \t]*)[^ \t\n#)\]}]", re.M)
-_TOP_RE = re.compile(r"^[^ \t\n#)\]}]", re.M)
+_TOP_RE = re.compile(r"\n(?=[^ \t\n#)\]}])")  # a newline before a column-0 statement (literal-first)
 _TOP_NAME_RE = re.compile(
     r"(?:(?:async[ \t]+)?def|class)[ \t]+(\w+)|(\w+)[ \t]*(?::[^=\n]*)?=(?!=)[ \t]*([\[{(\"'])?"
 )
@@ -124,6 +122,21 @@ def _imports(text: str) -> Iterable[re.Match[str]]:
         pos = text.find("import", pos + 6)
 
 
+def _key_before(text: str, quote: int) -> str | None:
+    """The dict key of a `"key": "value"` entry whose value's opening quote is at `quote`."""
+    w = text[max(0, quote - 160) : quote].rstrip()
+    if w.endswith("("):
+        w = w[:-1].rstrip()
+    if not w.endswith(":"):
+        return None
+    w = w[:-1].rstrip()
+    if not w or w[-1] not in "\"'":
+        return None
+    start = w.rfind(w[-1], 0, len(w) - 1)
+    key = w[start + 1 : -1]
+    return key if start >= 0 and re.fullmatch(r"[\w.\-]+", key) else None
+
+
 def _quals(text: str) -> Iterable[re.Match[str]]:
     """`_QUAL_RE` matches, found from the literal `atom.` right after a quote."""
     pos = text.find("atom.", 1)
@@ -146,7 +159,8 @@ class _Lines:
     def tops(self) -> list[int]:
         """Starts of the statements at column 0 (computed on first use)."""
         if self._tops is None:
-            self._tops = [m.start() for m in _TOP_RE.finditer(self.text)]
+            first = [0] if self.text[:1] and self.text[0] not in " \t\n#)]}" else []
+            self._tops = first + [m.start() + 1 for m in _TOP_RE.finditer(self.text)]
         return self._tops
 
     def top_of(self, offset: int) -> int:
@@ -230,7 +244,11 @@ def summarize(data: bytes, path: str) -> FileSummary:
     line_no = _LineNumbers(text)
     # Only some files need the block structure: the rules read guards, function bodies in the
     # speculative-decoding package and top-level owners in plugin code. Elsewhere skip it.
-    needs = path.startswith((PLUGIN_PACKAGE, SPEC_DECODE_PACKAGE)) or _GUARD_WORDS.search(text) is not None
+    needs = (
+        path.startswith((PLUGIN_PACKAGE, SPEC_DECODE_PACKAGE))
+        or path == SELECTOR_PATH
+        or any(g in text for g in PLUGIN_GUARDS)
+    )
 
     def context(offset: int) -> tuple[bool, tuple[str, ...], str]:
         return lines.context(offset) if needs else (False, (), "")
@@ -265,7 +283,7 @@ def summarize(data: bytes, path: str) -> FileSummary:
         qual = m.group(0)
         end = ".{" if text.startswith(".{", m.end()) else ""
         in_fn, guards, owner = context(m.start())
-        km = _KEY_BEFORE_RE.search(text, max(0, m.start() - 121), m.start() - 1)
+        key = _key_before(text, m.start() - 1)
         edges.append(
             RawEdge(
                 line_no(m.start()),
@@ -273,7 +291,7 @@ def summarize(data: bytes, path: str) -> FileSummary:
                 qual.replace(":", "."),
                 in_function=in_fn,
                 guards=guards,
-                key=km.group(1) if km else None,
+                key=key,
                 prefix=end == ".{",
                 owner=owner,
             )
@@ -669,11 +687,22 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         break
     walk.unreached_plugin_code()
     parents, excluded, followed = walk.parents, walk.excluded, walk.followed
+    # The result keeps edges without their raw context (smaller to cache).
+    bare: dict[int, Edge] = {}
+
+    def strip(e: Edge) -> Edge:
+        got = bare.get(id(e))
+        if got is None:
+            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
+        return got
+
     importers: dict[str, list[Edge]] = {}
     for es in graph.values():
         for e in es:
             if e.dst != e.src:
-                importers.setdefault(e.dst, []).append(e)
+                importers.setdefault(e.dst, []).append(strip(e))
+    parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
+    excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
     return Reach(
         atom_sha=atom_sha,
         tree_sha=tree_sha,
