@@ -7,7 +7,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.smoke import VERDICT_SCHEMA, CheckResult, Verdict, load_verdict
 from pipeline.smoke.reports import write_reports
-from pipeline.smoke.verdict import TestedImage, RecipeRef
+from pipeline.smoke.verdict import RecipeRef, TestedImage
 
 SEED_LINE = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
 
