@@ -954,8 +954,14 @@ def gate_model(
     before = len(report.errors)
     if arch:
         command = getattr(getattr(recipe, "server", None), "command", ())
-        reach = compute_reach(atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir)
-        report = apply_reach(report, reach)
+        try:
+            reach = compute_reach(
+                atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir
+            )
+        except ReachError as e:  # when unsure, everything is on the path
+            warnings.append(f"reachability not computed ({e.message}): every finding gates")
+        else:
+            report = apply_reach(report, reach)
     else:
         warnings.append(
             f"recipe {getattr(recipe, 'name', '?')} states no model.architecture: reachability not "

@@ -102,6 +102,18 @@ def test_unknown_architecture_and_moved_registry_are_clear_errors(fx: ReachRepos
         compute_reach(GitRepo(clone), sha, ModelFacts("AlphaForCausalLM"))
 
 
+def test_a_tree_without_the_registry_gates_every_finding(fx: ReachRepos, tmp_path: Path) -> None:
+    clone = tmp_path / "atom3"
+    shutil.copytree(fx.atom, clone)
+    write_files(clone, {"atom/model_engine/model_runner.py": "x = 1\n"})
+    sha = commit_all(clone, "registry moved", "2026-01-16T00:00:00+00:00")
+    report = run_check(GitRepo(clone), sha, GitRepo(fx.aiter), fx.aiter_sha)
+    gate = gate_model(report, GitRepo(clone), parse_recipe(recipe_yaml("Gamma", "GammaForCausalLM")))
+    assert gate.reach is None and not gate.report.ok
+    assert {f.reach for f in gate.report.findings} == {None}
+    assert "reachability not computed" in gate.warnings[0] and "every finding gates" in gate.warnings[0]
+
+
 def test_cached_by_tree(fx: ReachRepos, tmp_path: Path) -> None:
     cold = reach(fx, "AlphaForCausalLM", cache_dir=tmp_path)
     assert list(tmp_path.glob("compat-reach-v*-*.pickle"))
