@@ -185,6 +185,12 @@ def test_check_model_gates_on_the_models_path(
     findings = {f["path"]: f for f in json.loads(text)["findings"]}
     assert findings[BROKEN]["reach"] == "on-path" and findings[BROKEN]["severity"] == "error"
     assert findings[ORPHAN]["reach"] == "off-path"
+    reach_json = json.loads(text)["reach"]
+    assert (
+        reach_json["architecture"] == "AlphaForCausalLM"
+        and reach_json["model_module"] == "atom/models/alpha.py"
+    )
+    assert reach_json["followed"]["nested-import"] >= 1 and "standalone" in reach_json["rules"]
     code, text = _cli(fx, tmp_path, monkeypatch, "Gamma", "GammaForCausalLM")
     assert code == ExitCode.OK
     assert json.loads(text)["compatible"] is True
