@@ -58,6 +58,7 @@ def test_off_path_evidence_names_every_importer(fx: ReachRepos) -> None:
         "atom/models/beta.py:3 (itself off the path): none is on GammaForCausalLM's path"
     )
     assert not r.on_path(ORPHAN)
+    assert r.on_path("atom/kernels/fast.py")  # named through a package prefix string
     assert r.evidence(ORPHAN).startswith("nothing in ATOM ")
     assert r.evidence(ORPHAN).endswith("imports or names atom/model_ops/orphan.py")
 
