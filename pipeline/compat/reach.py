@@ -385,7 +385,7 @@ class Reach:
     model_module: str  # path of the model's file
     registry_line: int
     parents: dict[str, Edge | None]  # reached path -> the edge that first reached it (None: a root)
-    importers: dict[str, tuple[Edge, ...]]  # every edge into each file, reached or not
+    importers: dict[str, tuple[Edge, ...]]  # every edge into each file off the path
     excluded: tuple[Excluded, ...]
     followed: dict[str, int]  # edge kind -> edges followed
     rules: dict[str, str]  # rule id -> what it rests on in this tree
@@ -697,10 +697,11 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
         return got
 
+    # Evidence is needed for the files off the path only: who imports them.
     importers: dict[str, list[Edge]] = {}
     for es in graph.values():
         for e in es:
-            if e.dst != e.src:
+            if e.dst != e.src and e.dst not in parents:
                 importers.setdefault(e.dst, []).append(strip(e))
     parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
     excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
