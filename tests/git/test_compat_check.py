@@ -323,6 +323,18 @@ def test_aiter_adapting_to_atom_is_not_a_shift(hx: HistoryRepos) -> None:
     assert "which the pinned aiter predates" in f.message and "plain Python" in f.message
 
 
+def test_call_written_ahead_of_aiter_fits_the_later_signature(hx: HistoryRepos) -> None:
+    # Blamed at U1 (aiter H1), the call passes a 5th positional and `gemma_norm`, which only H4 has:
+    # blame alone would call H4's layout a shift of `self.eps`. The fit decides: written for H4.
+    path = "atom/models/other.py"
+    line = hline(hx, "U2", path, "allreduce_norm(x, y, w, self.bias")
+    assert not [f for f in hcheck(hx, "U2", "H4").findings if f.line == line and f.path == path]
+    f = at(hcheck(hx, "U2", "H1"), path, line)
+    assert (f.severity, f.preexisting, f.written_against) == ("error", False, hx.a["H4"]), f.message
+    assert f.cause is not None and f.cause.commit.sha == hx.a["H4"]
+    assert "which the pinned aiter predates" in f.message
+
+
 def test_new_problem_behind_a_preexisting_one_is_an_error(hx: HistoryRepos) -> None:
     path = "atom/models/other.py"
     line = hline(hx, "U2", path, "legacy_add(x, y, z, alpha=2.0)")
