@@ -1,14 +1,15 @@
 """`run_check`: every ATOM call of aiter, bound against the pinned aiter's signatures.
 
-Baselines ("the signature the ATOM code was written against"): an explicit
-`baseline_aiter_rev` (the previous lock) applies to every call. Without it,
-each call gets the aiter of the date its lines were last changed in ATOM
-(`git blame`, only for calls that need it) and the aiter of the ATOM commit's
-date screens the calls that bind cleanly for positional shifts.
+"Written against": per call, the signature of the callee the call was written
+for, decided from the call's own evidence (`pipeline.compat.evidence`) among the
+distinct signatures the function has had, not from the ATOM commit's date. Only
+calls with a reason for doubt are examined that way (see `Checker._doubtful`),
+so a check stays cheap: one `git blame` of a call's lines and one whole-history
+`git log --raw` of aiter, cached per SHA.
 
-A call that is already broken with the aiter it was written against is an ATOM
-bug no aiter pin fixes: it is reported as a pre-existing warning, not as an
-incompatibility of the pin.
+A call that is already broken the same way under the signature it was written
+for is an ATOM bug no aiter pin fixes: a pre-existing warning. A new, different
+problem at the pin is an error.
 """
 
 from __future__ import annotations
@@ -59,9 +60,17 @@ class Caches:
             cache_dir,
         )
 
+    _logs: SummaryCache | None = None  # aiter's whole first-parent history per tip (big: opened lazily)
+
+    def logs(self) -> SummaryCache:
+        if self._logs is None:
+            self._logs = SummaryCache.open("logs", self.cache_dir)
+        return self._logs
+
     def save(self) -> None:
-        for c in (self.atom, self.aiter, self.facts, self.reports):
-            c.save()
+        for c in (self.atom, self.aiter, self.facts, self.reports, self._logs):
+            if c is not None:
+                c.save()
 
 
 def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
@@ -208,7 +217,7 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
-        self.hist = History(aiter, caches.aiter, caches.facts)
+        self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
         self._as_of: dict[int, str | None] = {}

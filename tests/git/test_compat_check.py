@@ -174,8 +174,9 @@ def test_reads_the_given_rev_not_the_checkout(fx: CompatRepos, tmp_path: Path) -
 def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
+    # (aiter's whole history log is kept apart, opened only when a call's evidence needs it)
     assert sorted(p.name for p in cache.iterdir()) == [
-        f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "reports")
+        f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "logs", "reports")
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
