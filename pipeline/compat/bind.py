@@ -36,7 +36,7 @@ class Binding:
 
 
 _ACCEPTS: dict[str, set[str]] = {
-    "int": {"int", "float", "bool", "complex"},
+    "int": {"int", "float", "complex"},  # not bool: an op schema rejects 0 for a bool
     "bool": {"bool", "int", "float"},
     "float": {"float", "complex"},
     "None": {"None"},
