@@ -537,12 +537,16 @@ class Checker:
                     f"it was written for ({was}), but not this way"
                 )
             severity = "error"
-            if all(p.kind == "type-mismatch" for p in new) and not sig.compiled and kind == "type-mismatch":
-                severity = "warning"
-                msg += (
-                    f". `{sig.name}` is plain Python, which does not enforce its annotations: "
-                    "a warning, not an error"
-                )
+            if all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
+                if not sig.compiled:
+                    severity = "warning"
+                    msg += (
+                        f". `{sig.name}` is plain Python, which does not enforce its annotations: "
+                        "a warning, not an error"
+                    )
+                elif all(p.soft for p in new):
+                    severity = "warning"
+                    msg += ". An int where a flag is expected converts without error: a warning"
             return Finding(
                 call.path, call.line, call.col, call.qualname, severity, kind, msg,
                 details, _cause_info(cause), defined_at, written_against=base,
