@@ -65,6 +65,10 @@ class History:
         self._all: dict[str, list[FileVersion]] | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
 
+    def position(self, sha: str) -> int | None:
+        """Place of a commit on the tip's first parents (0: the tip), when the whole log is in use."""
+        return self._order.get(sha)
+
     def use_first_parent(self, tip: str, commits: list[tuple[int, str]], prefix: str) -> None:
         """Answer `file_log` for commits on `tip`'s first parents from one `git log --raw` of `prefix`."""
         if self._all is None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
-from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
+from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
@@ -222,10 +222,11 @@ class Checker:
         self._index: dict[str, ApiIndex] = {}
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
-        self._runs: dict[tuple[str, str, str, int], list[Candidate]] = {}
+        self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
         self._blob_at: dict[tuple[str, str], str | None] = {}
         self._on_tip: dict[str, bool] = {}
-        self._oldest: dict[tuple[str, str, str, int], Signature | None] = {}
+        self._first_parents: set[str] = set()
+        self._oldest: dict[tuple[str, str, str, int, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
@@ -366,20 +367,42 @@ class Checker:
     def _history_rev(self, aiter_sha: str) -> str:
         """Histories are read from the tip when it contains the pin (newer versions are candidates too)."""
         if aiter_sha not in self._on_tip:
-            self._on_tip[aiter_sha] = aiter_sha == self.tip or self.aiter.is_ancestor(aiter_sha, self.tip)
+            if not self._first_parents:
+                self._first_parents = {sha for _, sha in self.first_parent.commits}
+            self._on_tip[aiter_sha] = aiter_sha in self._first_parents or self.aiter.is_ancestor(
+                aiter_sha, self.tip
+            )
         return self.tip if self._on_tip[aiter_sha] else aiter_sha
 
+    def _versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
+        """(rev, the file's versions newest first, index of the first one at or before the pin)."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        rev = self._history_rev(aiter_sha)
+        vs = self.hist.file_log(rev, path)
+        k = self.hist.position(aiter_sha)
+        if rev == aiter_sha or k is None:
+            return rev, vs, 0
+        start = next((i for i, v in enumerate(vs) if (self.hist.position(v.commit.sha) or 0) >= k), len(vs))
+        return rev, vs, start
+
     def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
-        """Runs of one layout in the history of the callee's file, newest first, back to `born`."""
-        key = (aiter_sha, sig.path, sig.name, born)
+        """Runs of one layout in the history of the callee's file, newest first, back to `born`.
+
+        Versions newer than the pin count too (an ATOM written ahead of the pin);
+        older ones stop where the function was not defined in this file.
+        """
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)
         runs = self._runs.get(key)
         if runs is None:
             runs = []
             prev: Signature | None = None
-            self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-            for v in self.hist.file_log(self._history_rev(aiter_sha), sig.path)[:MAX_VERSIONS]:
+            for i, v in enumerate(vs[: start + MAX_VERSIONS]):
                 s = self.hist.sig_at(sig.path, v.blob, sig.name)
                 if s is None:
+                    if i < start:
+                        prev = None  # not defined there after the pin: a gap, not the end
+                        continue
                     break  # not defined in this file before: moved here or added
                 t = int(v.commit.date.timestamp())
                 if prev is not None and layout(s) == layout(prev):
@@ -389,7 +412,7 @@ class Checker:
                     until = runs[-1].since if runs else None
                     runs.append(Candidate(v.commit.sha, s, t, until, "history"))
                 prev = s
-                if t < born:
+                if t < born and i >= start:
                     break  # in effect when the ATOM file was created
             self._runs[key] = runs
         return runs
@@ -467,12 +490,12 @@ class Checker:
         Two ends compared, not every version: the file's versions are bisected for
         the oldest one still defining the function (a change undone later is missed).
         """
-        key = (aiter_sha, sig.path, sig.name, born)
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)  # shared by the pins between two versions of the file
         if key in self._oldest:
             return self._oldest[key]
-        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-        versions = self.hist.file_log(self._history_rev(aiter_sha), sig.path)
-        # versions newest first; keep those after the ATOM file's creation and the one in effect then
+        versions = vs[start:]
+        # newest first; keep those after the ATOM file's creation and the one in effect then
         k = next((i for i, v in enumerate(versions) if v.commit.date.timestamp() < born), len(versions) - 1)
         versions = versions[: k + 1]
         lo, hi = 0, len(versions) - 1  # versions[0] defines it (the pin); find the oldest that still does
@@ -613,15 +636,17 @@ class Checker:
             return s is not None and (s.path, s.name) == (sig.path, sig.name)
 
         lo, hi = 0, len(commits) - 1  # the first commit resolving to the pin's definition
+        probed: list[str] = []
         while lo < hi:
             mid = (lo + hi) // 2
+            probed.append(commits[mid])
             if moved(commits[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        for sha in commits[max(lo - 1, 0) : lo]:
-            if sha in self._index and sha not in (aiter_sha, self.date_baseline, self.tip):
-                self._index.pop(sha, None)
+        for sha in probed:
+            if sha != commits[lo]:
+                self.drop_index(sha)
         c = self.aiter.commit_info(commits[lo])
         parent = self.hist.parent(c.sha)
         still = self._sig_in_file(aiter_sha, old.path, old.name) is not None
