@@ -28,7 +28,7 @@ from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
 from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
-from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys
+from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
@@ -316,7 +316,7 @@ class Checker:
                     checked += 1
                     f = self._check_call(call, t.sig, aiter_sha, with_causes)
                     if f is not None:
-                        findings.append(f)
+                        findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
                 elif t.kind == "missing":
                     checked += 1
                     findings.append(self._missing(call, t, aiter_sha, with_causes))
@@ -433,9 +433,10 @@ class Checker:
         anchors: list[tuple[str | None, str]] = [(self.explicit_baseline, "explicit")]
         if self.date_baseline != aiter_sha:
             anchors.append((self.date_baseline, "date"))
-        written = self.written_time(call)
-        if written is not None and (oldest is None or written < oldest):
-            anchors.append((self._aiter_as_of(written), "blame"))
+        if oldest is None or oldest > born:  # not defined in this file back then: where was it?
+            written = self.written_time(call)
+            if written is not None and (oldest is None or written < oldest):
+                anchors.append((self._aiter_as_of(written), "blame"))
         for sha, source in anchors:
             s = self._sig_at(sha, call) if sha is not None else None
             if sha is None or s is None:
@@ -451,7 +452,8 @@ class Checker:
         key = (call.path, call.line, call.col, aiter_sha)
         if key not in self._fit:
             cands = self.candidates(call, aiter_sha, sig)
-            self._fit[key] = best_fit(call, cands, self.written_time(call))
+            # The blame date only breaks ties: no `git blame` when the fit alone decides.
+            self._fit[key] = best_fit(call, cands, self.written_time(call) if tied(call, cands) else None)
         return self._fit[key]
 
     def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:

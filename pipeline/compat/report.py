@@ -59,6 +59,7 @@ class Finding:
     # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
     preexisting: bool = False
     written_against: str | None = None  # aiter SHA the call was written against (its baseline)
+    callee: str | None = None  # "op" (compiled/registered: annotations enforced) or "python"
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -73,6 +74,7 @@ class Finding:
             "defined_at": self.defined_at,
             "preexisting": self.preexisting,
             "written_against": self.written_against,
+            "callee": self.callee,
         }
         d["cause"] = self.cause.to_json() if self.cause else None
         return d

@@ -358,6 +358,7 @@ def test_type_clash_is_an_error_for_an_op_and_a_warning_for_plain_python(hx: His
     plain = at(r, path, hline(hx, "U2", path, "scale_rows(x, None)"))
     assert (plain.severity, plain.kind) == ("warning", "type-mismatch")
     assert "plain Python" in plain.message
+    assert (op.callee, plain.callee) == ("op", "python")
 
 
 def test_cause_follows_a_moved_function(hx: HistoryRepos) -> None:
