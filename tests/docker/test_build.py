@@ -467,6 +467,7 @@ def test_build_secret_reaches_the_step_and_nothing_else(
     assert token not in history and token not in json.dumps(engine.api.inspect_image(out.image_id))
     assert token not in (tmp_path / "run" / BUILD_LOG).read_text()
     # the classic builder cannot pass secrets: it refuses rather than use a build argument
+    engine.remove_image(out.image_id, force=True)  # else the inputs digest finds it: nothing to build
     classic = s.model_copy(update={"image": s.image.model_copy(update={"builder": "classic"})})
     with pytest.raises(BuildError, match="only BuildKit can pass"):
         build(engine, ctx.dir, classic, tmp_path / "run2", docker_cleanup, env={"ATOM_TEST_TOKEN": token})
@@ -512,10 +513,10 @@ def test_registry_cache_lets_a_clean_engine_skip_the_aiter_build(
     second_engine: Engine,
     pinned_base: str,
     registry: Registry,
-    repos: BuildRepos,
     docker_cleanup: DockerCleanup,
     tmp_path: Path,
 ) -> None:
+    repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)  # an aiter no engine has built
     case = docker_cleanup.case_id
     cache_repo = registry.repo(f"atom-pipeline-test/cache-{case}")
     s = settings(pinned_base, case, tmp_path, cache_repository=cache_repo)
