@@ -14,10 +14,10 @@
 #               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
 #   wheels      download the wheelhouse the image installs without PyPI (lm-eval[api], setuptools_scm
 #               and pip at the versions in pipeline/toolpins.py, with their dependencies; sdists built
-#               into wheels) for python WHEELS_PYTHON (default: this machine's, which is the test base
-#               image's) into <cache>/wheels/py<version>, the default [paths] wheels_dir; skipped when
-#               that directory is complete for the same requirements.  The release host needs the base
-#               image's python: WHEELS_PYTHON=3.10 scripts/setup.sh wheels
+#               into wheels) into <cache>/wheels/py<version>, the default [paths] wheels_dir, for each
+#               python in WHEELS_PYTHON (default: this machine's, which is the test base image's; the
+#               release host adds its base image's, e.g. WHEELS_PYTHON="3.11 3.10", with python3.10
+#               installed); skipped when complete
 #
 # Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
 # PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
@@ -190,13 +190,13 @@ step_base_image() {
     flock -u 9
 }
 
-step_wheels() {
-    local host_ver target cache dest reqs digest tmp
-    host_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    target="${WHEELS_PYTHON:-$host_ver}"
+wheels_for() {
+    # pip resolves environment markers (python_version < "3.11": tomli, exceptiongroup, ...) with the
+    # interpreter it runs in, so each wheelhouse is downloaded by a python of that version.
+    local target="$1" py="$2" cache dest reqs digest tmp
     cache="${PIPELINE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/atom-image-pipeline}"
     dest="$cache/wheels/py$target"
-    reqs=$("$PYTHON" -c 'import runpy; t = runpy.run_path("pipeline/toolpins.py"); print("\n".join(t["WHEELHOUSE_REQUIREMENTS"]))')
+    reqs=$("$py" -c 'import runpy; t = runpy.run_path("pipeline/toolpins.py"); print("\n".join(t["WHEELHOUSE_REQUIREMENTS"]))')
     digest=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-16)
     if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$digest" ]; then
         say "wheels: $dest is complete for: $(echo $reqs)"
@@ -208,28 +208,33 @@ step_wheels() {
     trap "rm -rf '$tmp'" RETURN
     local pipq=(--disable-pip-version-check -q)
     say "wheels: downloading $(echo $reqs) for python $target into $dest"
-    # 1. this machine's python: wheels, plus sdists (sqlitedict, word2number, ...) built into pure wheels
-    printf '%s\n' "$reqs" | "$PYTHON" -m pip download "${pipq[@]}" -d "$tmp/host" -r /dev/stdin \
+    # wheels, plus sdists (sqlitedict, word2number, ...) built into pure wheels
+    printf '%s\n' "$reqs" | "$py" -m pip download "${pipq[@]}" -d "$tmp/host" -r /dev/stdin \
         || die "wheels: pip download failed (is PyPI reachable?)."
     local sdists=()
     while IFS= read -r f; do sdists+=("$f"); done < <(find "$tmp/host" -maxdepth 1 \( -name '*.tar.gz' -o -name '*.zip' \))
     if [ ${#sdists[@]} -gt 0 ]; then
-        "$PYTHON" -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/host" "${sdists[@]}" || die "wheels: building ${sdists[*]} failed."
+        "$py" -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/host" "${sdists[@]}" || die "wheels: building ${sdists[*]} failed."
         rm -f "${sdists[@]}"
     fi
-    if [ "$target" = "$host_ver" ]; then
-        mv "$tmp/host" "$tmp/out"
-    else
-        # 2. another python: binary wheels for it; the pure wheels built above fill in the sdists
-        printf '%s\n' "$reqs" | "$PYTHON" -m pip download "${pipq[@]}" -d "$tmp/out" --find-links "$tmp/host" \
-            --python-version "$target" --only-binary=:all: \
-            --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform linux_x86_64 -r /dev/stdin || die "wheels: pip download for python $target failed."
-    fi
+    mv "$tmp/host" "$tmp/out"
     printf '%s\n' "$digest" >"$tmp/out/.complete"
     rm -rf "$dest"
     mv "$tmp/out" "$dest"
-    say "wheels: $(find "$dest" -name '*.whl' | wc -l) wheels, $(du -sh "$dest" | cut -f1)"
+    say "wheels: $(find "$dest" -name '*.whl' | wc -l) wheels for python $target, $(du -sh "$dest" | cut -f1)"
+}
+
+step_wheels() {
+    local host_ver t py
+    host_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    for t in ${WHEELS_PYTHON:-$host_ver}; do
+        py="$PYTHON"
+        if [ "$t" != "$host_ver" ]; then
+            py="python$t"
+            command -v "$py" >/dev/null 2>&1 || die "wheels: python $t is needed to download its wheelhouse (pip resolves markers with the python it runs in); install python$t or run this where the base image's python is."
+        fi
+        wheels_for "$t" "$py"
+    done
 }
 
 steps=("$@")
