@@ -25,7 +25,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from pipeline.errors import RunLocked, UsageError
-from pipeline.fsutil import atomic_write_json
+from pipeline.fsutil import atomic_write_json, read_text
 
 STAGE_ORDER: tuple[str, ...] = ("pin", "check", "patch", "render", "build", "smoke", "tag")
 
@@ -84,8 +84,7 @@ class RunDir:
         atomic_write_json(self.path / "run.json", spec)
 
     def read_spec(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.path / "run.json").read_text())
-        return data
+        return _read_json(self.path / "run.json")
 
     def record(self, state: StageState) -> None:
         atomic_write_json(self.stages_dir / f"{state.name}.json", state.__dict__)
@@ -94,4 +93,23 @@ class RunDir:
         p = self.stages_dir / f"{name}.json"
         if not p.is_file():
             return None
-        return StageState(**json.loads(p.read_text()))
+        data = _read_json(p)
+        try:
+            return StageState(**data)
+        except TypeError:
+            raise UsageError(
+                f"stage record {p} is not one this pipeline wrote.", hint="Start a new run without --resume."
+            ) from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object the run wrote; a damaged one is a clear error, not a traceback."""
+    hint = "Start a new run without --resume."
+    text = read_text(path, what="run record", hint=hint)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"run record {path} is not valid JSON: {e}.", hint=hint) from None
+    if not isinstance(data, dict):
+        raise UsageError(f"run record {path} is not a JSON object.", hint=hint)
+    return data

@@ -38,7 +38,7 @@ from pipeline import labels
 from pipeline.config import Settings
 from pipeline.dockerw import ImageInfo
 from pipeline.errors import ConfigError, InfraError, PipelineError, RunLocked, TagError, UsageError
-from pipeline.fsutil import sha256_file
+from pipeline.fsutil import sha256_file, unreadable
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
 from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
@@ -107,8 +107,8 @@ def load_verdict(path: Path) -> Verdict:
             f"refusing to tag: there is no smoke verdict at {path} (missing verdict).",
             hint="Run `pipeline smoke` for this image first, or pass --verdict with the right path.",
         ) from None
-    except OSError as e:
-        raise TagError(f"refusing to tag: cannot read the smoke verdict {path}: {e.strerror}.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TagError(f"refusing to tag: {unreadable(path, 'smoke verdict', e)}") from None
     try:
         data = json.loads(text)
         if not isinstance(data, dict):

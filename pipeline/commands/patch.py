@@ -12,7 +12,7 @@ import click
 from pipeline.app import App, pass_app
 from pipeline.errors import PatchError, UsageError
 from pipeline.gitw import GitRepo
-from pipeline.lock import Lock, default_lock_path
+from pipeline.lock import Lock, default_lock_path, updating
 from pipeline.patchq import (
     PatchSeries,
     apply_series,
@@ -264,7 +264,8 @@ def apply_cmd(
     """
     series = _series(app, patches_dir)
     lock_path = _lock_path(app, lock_file, model)
-    lock = Lock.load(lock_path)
+    # held until the command ends: a pin of this lock file meanwhile gets exit 13
+    lock = click.get_current_context().with_resource(updating(lock_path)) or Lock.load(lock_path)
     atom, aiter = _repos(app, lock, atom_repo, aiter_repo)
     workdir = workdir or app.settings().cache_dir / "patched"
     with app.log.stage("patch apply") as rec:

@@ -13,7 +13,7 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.config import Settings
-from pipeline.lock import Lock, SourcePin, default_lock_path
+from pipeline.lock import SourcePin, default_lock_path, updating
 from pipeline.sources import (
     PinResult,
     auto_aiter_chooser,
@@ -75,7 +75,9 @@ def command(
         base_image=base_image,
     )
     path = lock_path or default_lock_path(Path(settings.paths.locks_dir), model)
-    previous = Lock.load(path) if path.is_file() else None  # a corrupt lock stops here, naming file and line
+    # Held until the command ends: another pin or patch apply of this lock file meanwhile gets exit 13.
+    # A corrupt lock stops here, naming file and line.
+    previous = click.get_current_context().with_resource(updating(path))
 
     app.open_run(f"pin-{model}")
     log = app.log

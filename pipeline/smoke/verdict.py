@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
+from pipeline.fsutil import read_text
 
 VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
 VERDICT_FILE = "verdict.json"
@@ -103,12 +104,11 @@ def load_verdict(path: Path) -> Verdict:
     p = Path(path)
     if p.is_dir():
         p = p / VERDICT_FILE
+    text = read_text(
+        p, what="smoke verdict", error=ConfigError, hint="Run `pipeline smoke` for this image first."
+    )
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(
-            f"cannot read smoke verdict {p}: {e.strerror}.", hint="Run `pipeline smoke` for this image first."
-        ) from None
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"smoke verdict {p} is not valid JSON: {e}.") from None
     if not isinstance(data, dict) or data.get("schema") != VERDICT_SCHEMA:
