@@ -38,6 +38,7 @@ class SourcesSettings(_Section):
     aiter_ref: str
     mirror_submodules: bool
     fetch_retries: int
+    offline: bool
 
 
 class PathsSettings(_Section):

@@ -39,7 +39,12 @@ from pipeline.sources import (
     type=click.Path(dir_okay=False, path_type=Path),
     help="Lock file to write (default: <locks_dir>/<model>.toml).",
 )
-@click.option("--offline", is_flag=True, help="Do not fetch: resolve from the existing mirrors only.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="No network: local-path sources are mirrored, URLs read from existing mirrors, no registry "
+    "asked ([sources] offline).",
+)
 @click.option(
     "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
 )
