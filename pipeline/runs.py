@@ -20,12 +20,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+from pipeline.errors import UsageError
+from pipeline.fsutil import acquire_lock, atomic_write_json, read_text
 
-from pipeline.errors import RunLocked, UsageError
-from pipeline.fsutil import atomic_write_json, read_text
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 STAGE_ORDER: tuple[str, ...] = ("pin", "check", "patch", "render", "build", "smoke", "tag")
 
@@ -49,7 +50,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.stages_dir = path / "stages"
-        self._lock = FileLock(str(path / ".run.lock"))
+        self._lock: BaseFileLock | None = None
 
     @classmethod
     def new(cls, runs_dir: Path, model: str) -> RunDir:
@@ -68,16 +69,17 @@ class RunDir:
         return cls(path)
 
     def acquire(self) -> None:
-        try:
-            self._lock.acquire(timeout=0.5)
-        except Timeout:
-            raise RunLocked(
-                f"another pipeline process is driving {self.path}.",
-                hint="Wait for it to finish, or start a new run without --resume.",
-            ) from None
+        self._lock = acquire_lock(
+            self.path / ".run.lock",
+            wait=0.5,
+            busy=f"another pipeline process is driving {self.path}.",
+            hint="Wait for it to finish, or start a new run without --resume.",
+        )
 
     def release(self) -> None:
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- spec and stage records ----------------------------------------------
     def write_spec(self, spec: dict[str, Any]) -> None:
