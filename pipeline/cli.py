@@ -7,6 +7,7 @@ registered in COMMANDS below; the library raises `PipelineError`s and
 
 from __future__ import annotations
 
+import errno
 import importlib
 import signal
 import sys
@@ -19,7 +20,8 @@ import click
 
 from pipeline import __version__
 from pipeline.app import App
-from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError
+from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError
+from pipeline.fsutil import path_problem, shorten
 
 # name -> module under pipeline.commands that defines `command`
 COMMANDS: dict[str, str] = {
@@ -117,16 +119,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(Interrupted("interrupted; everything this run started was cleaned up."))
     except PipelineError as e:
         return _report(e)
-    except Exception:  # a bug: keep the traceback in the log, short note on screen
-        tb = traceback.format_exc()
-        if _CURRENT:
-            _CURRENT[-1].log.debug(tb)
-        click.echo(tb, err=True)
-        click.echo("error: internal error in atom-image-pipeline (a bug); please report it.", err=True)
-        return int(ExitCode.INTERNAL)
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # only a given path or name can be that long: bad input
+            return _report(too_long(e))
+        return _bug()
+    except Exception:
+        return _bug()
     finally:
         if _CURRENT:
             _CURRENT[-1].log.close()
+
+
+def _bug() -> int:
+    """A bug: keep the traceback in the log, short note on screen."""
+    tb = traceback.format_exc()
+    if _CURRENT:
+        _CURRENT[-1].log.debug(tb)
+    click.echo(tb, err=True)
+    click.echo("error: internal error in atom-image-pipeline (a bug); please report it.", err=True)
+    return int(ExitCode.INTERNAL)
+
+
+def too_long(e: OSError) -> UsageError:
+    name = str(e.filename) if e.filename is not None else ""
+    problem = path_problem(Path(name)) if name else None
+    return UsageError(
+        f"the path {shorten(name)} cannot be used: {problem or 'it is too long for the file system'}.",
+        hint="Give a shorter path (flags, pipeline.toml or PIPELINE_* variables).",
+    )
 
 
 def _report(err: PipelineError) -> int:

@@ -83,8 +83,9 @@ def path_problem(path: Path) -> str | None:
     if len(os.fsencode(text)) >= max_path:
         return f"the path is {len(text)} characters long, over the system's limit of {max_path}"
     for part in Path(text).parts:
-        if len(os.fsencode(part)) > max_name:
-            return f"its component {shorten(part)} is over the system's limit of {max_name} bytes per name"
+        size = len(os.fsencode(part))
+        if size > max_name:
+            return f"a name in it is {size} bytes long, over the system's limit of {max_name}"
     return None
 
 

@@ -84,13 +84,13 @@ def test_read_text_names_missing_and_too_long(tmp_path: Path) -> None:
         read_text(tmp_path / "nope.yaml", what="recipe")
     with pytest.raises(UsageError, match="too long for the file system") as e:
         read_text(tmp_path / ("x" * 300), what="recipe")
-    assert "300 characters" in str(e.value) and "x" * 100 not in str(e.value)  # cut, with its length
+    assert "300 bytes long" in str(e.value) and "x" * 100 not in str(e.value)  # cut, with its length
 
 
 def test_repository_path_over_the_name_limit_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="over the system's limit") as e:
         normalise_url(str(tmp_path / ("a" * 300)))
-    assert "300 characters" in str(e.value)
+    assert "300 bytes long" in str(e.value)
     assert normalise_url("https://example.invalid/" + "a" * 300 + ".git")  # a URL is not a path
 
 
@@ -123,3 +123,28 @@ def test_lock_held_elsewhere_is_exit_13(tmp_path: Path) -> None:
             acquire_lock(lock_file, wait=0.05, busy="held", hint="wait", on_wait=lambda: waited.append(1))
         assert e.value.exit_code == ExitCode.LOCKED and waited == [1]
     acquire_lock(lock_file, wait=0, busy="held", hint="h").release()  # free again
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "c" * 300, "pin", "--model", "M"],
+        ["check", "--lock", "l" * 300],
+        ["pin", "--model", "M", "--lock", "l" * 300],
+        ["pin", "--model", "M", "--atom-repo", "/" + "a" * 300],
+    ],
+)
+def test_a_path_over_the_limit_is_exit_2_not_a_bug(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith("PIPELINE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code in (ExitCode.USAGE, ExitCode.SOURCE), err
+    assert "Traceback" not in err and "300 bytes long" in err and "x" * 100 not in err
