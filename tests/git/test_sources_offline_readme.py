@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,7 @@ def fill_in(block: str, ups: Upstreams) -> str:
 
 def run(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
+        ["bash", "-euo", "pipefail", "-c", "umask 022\n" + script],  # a usual umask
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -135,6 +136,10 @@ def test_readme_offline_section_reaches_render_with_configuration(tmp_path: Path
     assert lock.aiter.submodules[0].url == "https://github.com/ROCm/composable_kernel.git"
     dockerfile = (clone / "context" / "Dockerfile").read_text()
     assert DIGEST in dockerfile
+    context = clone / "context"
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (context, context / "Dockerfile")}
+    modes["lock"] = stat.S_IMODE((clone / "locks" / f"{MODEL}.toml").stat().st_mode)
+    assert modes == {"context": 0o755, "Dockerfile": 0o644, "lock": 0o644}  # the umask's, not 0700/0600
     assert "offline: submodule 3rdparty/composable_kernel" in done.stderr  # said once, with the way out
     assert "unreachable" not in done.stderr and "retrying" not in done.stderr  # nothing tried the network
 
