@@ -20,7 +20,7 @@ import click
 
 from pipeline import __version__
 from pipeline.app import App
-from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError
+from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError, disk_error
 from pipeline.fsutil import path_problem, shorten
 
 # name -> module under pipeline.commands that defines `command`
@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "smoke": "smoke",
     "tag": "tag",
     "rebuild": "rebuild",
+    "recipe": "recipe",
     "gc": "gc",
 }
 
@@ -116,12 +117,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         e.show()
         return int(ExitCode.USAGE)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        return _report(Interrupted("interrupted; everything this run started was cleaned up."))
+        # what the stages guarantee: containers removed; images built stay (they are the build cache)
+        return _report(Interrupted("interrupted; every container this run started was removed."))
     except PipelineError as e:
         return _report(e)
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:  # only a given path or name can be that long: bad input
             return _report(too_long(e))
+        disk = disk_error(e)
+        if disk is not None:  # a full or read-only disk is not a bug: its own error and exit code
+            return _report(disk)
         return _bug()
     except Exception:
         return _bug()
