@@ -108,11 +108,7 @@ class History:
     def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
         if blob is None:
             return None
-        s = self.summary(path, blob)
-        for ev_name, kind, payload, _ in reversed(s.events):
-            if ev_name == name and kind in ("def", "class"):
-                return payload if isinstance(payload, Signature) else None
-        return None
+        return self.summary(path, blob).find_sig(name)
 
 
 def find_cause(

@@ -13,7 +13,6 @@ incompatibility of the pin.
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
-from pipeline.compat.calls import FileCalls, RawCall, scan_file
+from pipeline.compat.calls import STAR_ONLY, FileCalls, RawCall, atom_ops, scan_file, unchecked_reason
 from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
@@ -167,17 +166,7 @@ def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -
 
 
 def target_of(index: ApiIndex, call: RawCall) -> Target:
-    got = index.ref_memo.get(call.ref)
-    if got is not None:
-        return got
-    mod, attrs = call.ref
-    t = index.resolve_module_path(mod)
-    for a in attrs:
-        if t.kind in ("missing", "unknown"):
-            break
-        t = index.attr_of(t, a)
-    index.ref_memo[call.ref] = t
-    return t
+    return index.resolve_ref(call.ref)
 
 
 def _day(c: CommitInfo) -> str:
@@ -205,6 +194,7 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
+        self.atom_ops = atom_ops(self.files)
         self.hist = History(aiter, caches.aiter, caches.facts)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
@@ -293,10 +283,8 @@ class Checker:
             for call in fc.calls:
                 t = target_of(idx, call)
                 if t.kind in ("func", "class") and t.sig is not None:
-                    if call.star_args or call.star_kwargs:
-                        unchecked.append(
-                            UncheckedCall(call.path, call.line, call.qualname, "*args/**kwargs at the call")
-                        )
+                    if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
+                        unchecked.append(UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY))
                         continue
                     checked += 1
                     f = self._check_call(call, t.sig, aiter_sha, with_causes)
@@ -305,18 +293,10 @@ class Checker:
                 elif t.kind == "missing":
                     checked += 1
                     findings.append(self._missing(call, t, aiter_sha, with_causes))
-                elif t.kind == "module":
-                    continue  # an attribute chain ending on a module: not a call of an aiter function
+                elif t.kind in ("module", "foreign"):
+                    continue  # a module, or a value of a type that is not aiter's: not a call of aiter
                 else:
-                    reason = {
-                        "class": "class whose __init__ is inherited",
-                        "value": "callable object, not a function aiter defines",
-                        "unknown": "resolved through dynamic attribute access or an unparseable module",
-                    }[t.kind]
-                    if t.kind == "unknown" and call.ref[1]:
-                        owner = target_of(idx, dataclasses.replace(call, ref=(call.ref[0], call.ref[1][:-1])))
-                        if owner.kind in ("class", "value", "func"):
-                            reason = "method or attribute of an aiter object (no static signature)"
+                    reason = unchecked_reason(call, t, self.atom_ops)
                     unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
