@@ -518,6 +518,9 @@ class ApiIndex:
         self._deps: list[set[Dep]] = []  # open dependency collectors (see resolve_attr)
         self.ref_memo: dict[tuple[str, tuple[str, ...]], Target] = {}
         self._raw_read: set[str] = set()
+        # Names ATOM calls as `torch.ops.aiter.<name>` (set by the checker): looked up in every aiter file.
+        self.op_names: frozenset[str] = frozenset()
+        self._op_files: dict[str, list[str]] | None = None
 
     # -- dependencies -----------------------------------------------------
     # A resolution depends on the blobs it read and on which modules exist.
@@ -978,6 +981,8 @@ class ApiIndex:
                 if t.kind in ("missing", "unknown", "foreign"):
                     break
                 t = self.attr_of(t, a)
+            if t.kind == "instance":
+                t = self.attr_of(t, CALL)  # the callee is an aiter object: its __call__ (or forward)
         self.ref_memo[ref] = t
         return t
 
@@ -998,11 +1003,20 @@ class ApiIndex:
                         t = ft
                         break
         if sig is None:
-            return Target(
-                "unknown",
-                reason="no aiter module that `import aiter` loads registers this op "
-                "(ops ATOM registers in the `aiter` namespace itself are not aiter's API)",
-            )
+            for file in self._files_mentioning_ops().get(name, []):
+                found = self.summary(module_from_path(file))
+                if found is None:
+                    continue
+                reg = found.registered.get(name)
+                ft = (
+                    self._resolve_path(found.module, reg, 1) if reg else self.resolve_attr(found.module, name)
+                )
+                if ft.kind == "func" and ft.sig is not None and (reg or ft.sig.op):
+                    sig = ft.sig if ft.sig.op else dataclasses.replace(ft.sig, op="custom_op")
+                    t = ft
+                    break
+        if sig is None:
+            return Target("unknown", reason="no aiter source file registers an op of this name")
         params = sig.params
         if sig.op in ("compile_ops", "torch_compile_guard"):
             first = params[0] if params else None
@@ -1013,6 +1027,42 @@ class ApiIndex:
             sig=Signature(f"{TORCH_OPS}.{name}", sig.path, sig.line, params, sig.returns, sig.op),
             module=t.module,
         )
+
+    def _files_mentioning_ops(self) -> dict[str, list[str]]:
+        """{op name: aiter files whose text names it}, for the names in `op_names`.
+
+        What each blob mentions is kept in the cache (by blob SHA), so a search over many aiter
+        commits reads only the blobs that changed; a cold commit is searched with one `git grep`.
+        """
+        if self._op_files is not None:
+            return self._op_files
+        names = sorted(self.op_names)
+        self._op_files = {}
+        if not names:
+            return self._op_files
+        key = "op-mentions:" + ",".join(names)
+        table: dict[str, frozenset[str]] = self.cache.data.setdefault(key, {})
+        blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(self.root + "/")}
+        todo = {p: b for p, b in blobs.items() if b not in table}
+        if todo:
+            word = re.compile(rb"\b(" + b"|".join(re.escape(n.encode()) for n in names) + rb")\b")
+            if len(todo) > 64:
+                pats = [x for n in names for x in ("-e", n)]
+                res = self.tree.repo.run(
+                    "grep", "-l", "-F", "-w", *pats, self.tree.sha, "--", f"{self.root}/"
+                )
+                hits = {line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line}
+                for p, b in todo.items():
+                    if p not in hits:
+                        table[b] = frozenset()
+                todo = {p: b for p, b in todo.items() if p in hits}
+            for sha, data in self.tree.repo.read_blobs(sorted(set(todo.values()))):
+                table[sha] = frozenset(m.decode() for m in word.findall(data))
+            self.cache.dirty = True
+        for p, b in blobs.items():
+            for n in table.get(b, ()):
+                self._op_files.setdefault(n, []).append(p)
+        return self._op_files
 
     def resolve(self, path: tuple[str, ...]) -> Target:
         """`aiter.a.b.c` as an attribute chain from the root package."""

@@ -826,10 +826,15 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
+def worth_scanning(data: bytes) -> bool:
+    """Can this file call aiter or register an op? (Most of ATOM cannot: skipped unread.)"""
+    return b"aiter" in data or b"_op(" in data or b"torch_compile_guard" in data
+
+
 def scan_file(data: bytes, path: str) -> FileCalls:
     """Calls of aiter in one ATOM file, and the ops it registers in the `aiter` namespace."""
     out = _scan_file(data, path)
-    if b"direct_register_custom_op" in data or b"torch_compile_guard" in data:
+    if b"direct_register_custom_op" in data or b"torch_compile_guard" in data or b"_op(" in data:
         text = data.decode("utf-8", "replace")
         out.ops = tuple(sorted({m.group(1) or m.group(2) for m in _REGISTERS_RE.finditer(text)}))
     return out
@@ -874,9 +879,10 @@ def _scan_file(data: bytes, path: str) -> FileCalls:
     return _Scanner(path, tree, text).scan()
 
 
-# ATOM registering its own ops in the `aiter` namespace: `direct_register_custom_op("name", ...)`
-# or aiter's `@torch_compile_guard(...)` on `def name(`.
+# ATOM registering its own ops in the `aiter` namespace: `direct_register_custom_op("name", ...)`, or a
+# registering decorator (aiter's `@torch_compile_guard(...)`, ATOM's `@mark_spliting_op(...)`) on `def name(`.
 _REGISTERS_RE = re.compile(
     r"""direct_register_custom_op\(\s*(?:op_name\s*=\s*)?["'](\w+)["']"""
-    r"""|@torch_compile_guard\b[^\n]*\n(?:[ \t]*@[^\n]*\n)*[ \t]*def[ \t]+(\w+)"""
+    r"""|@(?:torch_compile_guard|mark_spliting_op|custom_op|register_custom_op)\b(?:\([^@]*?\)\s*\n|\s*\n)"""
+    r"""(?:[ \t]*@[^\n]*\n)*[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)"""
 )

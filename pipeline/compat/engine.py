@@ -24,7 +24,16 @@ from pathlib import Path
 
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
-from pipeline.compat.calls import STAR_ONLY, FileCalls, RawCall, atom_ops, scan_file, unchecked_reason
+from pipeline.compat.calls import (
+    STAR_ONLY,
+    TORCH_OPS,
+    FileCalls,
+    RawCall,
+    atom_ops,
+    scan_file,
+    unchecked_reason,
+    worth_scanning,
+)
 from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
@@ -98,7 +107,7 @@ def _scan_one(i: int) -> FileCalls:
 
 def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
     global _WORK
-    todo = [i for i, (_, d) in enumerate(work) if b"aiter" in d]
+    todo = [i for i, (_, d) in enumerate(work) if worth_scanning(d)]
     out = [FileCalls(p) for p, _ in work]
     if not todo:
         return out
@@ -195,6 +204,7 @@ class Checker:
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
         self.atom_ops = atom_ops(self.files)
+        self.op_names = frozenset(c.ref[1][0] for fc in self.files for c in fc.calls if c.ref[0] == TORCH_OPS)
         self.hist = History(aiter, caches.aiter, caches.facts)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
@@ -209,6 +219,7 @@ class Checker:
         got = self._index.get(aiter_sha)
         if got is None:
             got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
+            got.op_names = self.op_names
             self._index[aiter_sha] = got
         return got
 
