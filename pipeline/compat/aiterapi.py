@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.compat.extbind import SOURCES as EXT_SOURCES
+from pipeline.compat.extbind import extension_names, is_extension_module
 from pipeline.compat.pysource import (
     SummaryCache,
     Tree,
@@ -521,6 +523,7 @@ class ApiIndex:
         # Names ATOM calls as `torch.ops.aiter.<name>` (set by the checker): looked up in every aiter file.
         self.op_names: frozenset[str] = frozenset()
         self._op_files: dict[str, list[str]] | None = None
+        self._ext: tuple[frozenset[str] | None] | None = None  # (names,) once read
 
     # -- dependencies -----------------------------------------------------
     # A resolution depends on the blobs it read and on which modules exist.
@@ -668,7 +671,15 @@ class ApiIndex:
             if kind == "star":
                 assert isinstance(payload, str)
                 if not payload.startswith(self.root + ".") and payload != self.root:
-                    fallback = fallback or Target("unknown")
+                    ext = self._extension_names() if is_extension_module(payload) else None
+                    if ext is None:
+                        fallback = fallback or Target("unknown")
+                    elif name in ext:
+                        return Target(
+                            "unknown",
+                            reason=f"defined by aiter's compiled extension `{payload}` "
+                            f"(bound in {EXT_SOURCES}/ C++, no Python signature)",
+                        )
                     continue
                 if not self._star_may_export(payload, name):
                     continue
@@ -1027,6 +1038,11 @@ class ApiIndex:
             sig=Signature(f"{TORCH_OPS}.{name}", sig.path, sig.line, params, sig.returns, sig.op),
             module=t.module,
         )
+
+    def _extension_names(self) -> frozenset[str] | None:
+        if self._ext is None:
+            self._ext = (extension_names(self.tree.repo, self.tree.sha, self.cache),)
+        return self._ext[0]
 
     def _files_mentioning_ops(self) -> dict[str, list[str]]:
         """{op name: aiter files whose text names it}, for the names in `op_names`.
