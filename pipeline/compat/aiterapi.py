@@ -32,8 +32,11 @@ from pipeline.compat.pysource import (
     strip_bodies,
 )
 
-CALL = "()"  # see pipeline.compat.calls: a reference segment meaning "the result of calling it"
-TORCH_OPS = "torch.ops.aiter"  # see pipeline.compat.calls: references to ops registered as `aiter::name`
+# References from ATOM (pipeline.compat.calls): `(module, attribute chain)`, where the segment CALL
+# means "the result of calling what precedes it", and the module TORCH_OPS holds the ops registered
+# as `aiter::name`.
+CALL = "()"
+TORCH_OPS = "torch.ops.aiter"
 
 ParamKind = Literal["posonly", "pos", "vararg", "kwonly", "varkw"]
 
@@ -497,6 +500,8 @@ _HARMLESS_BASES = frozenset({"object", "ABC", "Generic", "Protocol"})
 
 
 _CYCLE = Target("unknown", reason="(import cycle)")
+# Reasons that describe a value (the callee is that value, or a member of it), not a statement.
+VALUE_REASONS = ("the result of", "attribute `", "property `", "annotated `", "annotation `")
 
 
 class ApiIndex:
@@ -985,10 +990,13 @@ class ApiIndex:
         else:
             t = self.resolve_module_path(mod)
             for i, a in enumerate(attrs):
-                if t.kind == "unknown" and CALL in attrs[i + 1 :]:
-                    # A call on what an unresolved call returned: the chain is listed once, at its first
-                    # link that cannot be resolved.
-                    t = Target("foreign", reason="derived from an unresolved aiter value")
+                if t.kind == "unknown":
+                    if CALL in attrs[i + 1 :]:
+                        # A call on what an unresolved call returned: the chain is listed once, at its
+                        # first link that cannot be resolved.
+                        t = Target("foreign", reason="derived from an unresolved aiter value")
+                    elif t.reason and t.reason.startswith(VALUE_REASONS):
+                        t = Target("unknown", reason=f"method or attribute of {t.reason}")
                 if t.kind in ("missing", "unknown", "foreign"):
                     break
                 t = self.attr_of(t, a)

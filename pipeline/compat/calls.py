@@ -20,10 +20,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
 
 if TYPE_CHECKING:
     from pipeline.compat.aiterapi import Target
+
 
 ROOT = "aiter"
 
@@ -55,10 +57,6 @@ class RawCall:
     @property
     def qualname(self) -> str:
         return qualname(self.ref)
-
-
-CALL = "()"  # a segment of a reference: the result of calling what precedes it
-TORCH_OPS = "torch.ops.aiter"  # the module of references to ops `aiter::name`
 
 
 def qualname(ref: Ref) -> str:
@@ -106,11 +104,9 @@ def unchecked_reason(call: RawCall, t: Target, ops: dict[str, str]) -> str:
     if t.kind == "instance":
         return "calling an aiter object (no static signature for its __call__)"
     if t.reason:
-        if call.ref[0] == TORCH_OPS:
-            return t.reason
-        if call.ref[1][-1:] == (CALL,):
+        if t.reason.startswith(VALUE_REASONS):
             return f"calling {t.reason}"
-        return f"method or attribute of {t.reason}"
+        return t.reason
     return _UNKNOWN
 
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.compat.aiterapi import ApiIndex, Signature, Target
+from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import (
     STAR_ONLY,
-    TORCH_OPS,
     FileCalls,
     RawCall,
     atom_ops,
