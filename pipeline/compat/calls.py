@@ -247,6 +247,18 @@ class _Scanner:
         self.lines = text.split("\n")
         self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
 
+    def _text(self, node: ast.expr, limit: int = 60) -> str:
+        """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
+        lo, hi = node.lineno, node.end_lineno
+        if lo == hi and hi is not None and node.end_col_offset is not None:
+            line = self.lines[lo - 1]
+            if line.isascii():
+                seg = line[node.col_offset : node.end_col_offset]
+                if not any(c in seg for c in "'\"#\\"):
+                    seg = " ".join(seg.split())
+                    return seg if len(seg) <= limit else seg[: limit - 1] + "…"
+        return _short(node, limit)
+
     def _words(self, i: int) -> frozenset[str]:
         """The identifiers on line i (1-based), computed once per line."""
         got = self._line_words[i - 1]
@@ -256,7 +268,9 @@ class _Scanner:
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
-        self.hot_lines = self._lines_naming(names, 1, len(self.lines))
+        names = {n for n in names if n.isidentifier()}
+        pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
+        self.hot_lines = [i for i, line in enumerate(self.lines, 1) if pat.search(line)]
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
         lo = getattr(fn, "lineno", 1)
@@ -549,32 +563,30 @@ class _Scanner:
     def _dict_literals(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr]:
         """Names assigned once to a dict literal and only ever used as `**name`."""
         assigned: dict[str, list[ast.expr]] = {}
+        loads: list[ast.Name] = []
+        spread: set[int] = set()
         for node in _walk_scope(fn):
-            if isinstance(node, ast.Assign):
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    loads.append(node)
+            elif isinstance(node, ast.Assign):
                 for t in node.targets:
                     for n in _names_in_target(t):
                         assigned.setdefault(n, []).append(node.value)
             elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
                 assigned.setdefault(node.target.id, []).extend([ast.Constant(None), ast.Constant(None)])
+            elif isinstance(node, ast.Call):
+                spread.update(
+                    id(k.value) for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
+                )
         cands = {
             n: vs[0]
             for n, vs in assigned.items()
-            if len(vs) == 1 and self._constant_dict(vs[0]) is not None and not isinstance(vs[0], ast.Name)
+            if len(vs) == 1 and not isinstance(vs[0], ast.Name) and self._constant_dict(vs[0]) is not None
         }
-        if not cands:
-            return {}
-        spread = {
-            id(k.value)
-            for node in _walk_scope(fn)
-            if isinstance(node, ast.Call)
-            for k in node.keywords
-            if k.arg is None and isinstance(k.value, ast.Name)
-        }
-        for node in _walk_scope(fn):
-            loaded = isinstance(node, ast.Name) and node.id in cands and isinstance(node.ctx, ast.Load)
-            if loaded and id(node) not in spread:
-                assert isinstance(node, ast.Name)
-                cands.pop(node.id)  # read, changed or passed on: its keys may not be the literal's
+        for name in loads:
+            if name.id in cands and id(name) not in spread:
+                cands.pop(name.id)  # read, changed or passed on: its keys may not be the literal's
         a = fn.args
         for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
             if p is not None:
@@ -698,7 +710,7 @@ class _Scanner:
         guarded: bool,
     ) -> None:
         f = node.func
-        display = _short(f, 80)
+        display = self._text(f, 80)
         # getattr(aiter, name)(...) with a non-constant name: dynamic.
         if (
             isinstance(f, ast.Call)
@@ -726,22 +738,22 @@ class _Scanner:
                     and not any(isinstance(e, ast.Starred) for e in v.elts)
                 ):
                     # `*(x, y)`: as good as writing them out
-                    args.extend(Arg(_short(e), evident_type(e, local_types, env)) for e in v.elts)
+                    args.extend(Arg(self._text(e), evident_type(e, local_types, env)) for e in v.elts)
                     continue
                 star_args = True  # later positionals land at positions we cannot know
                 continue
             if not star_args:
-                args.append(Arg(_short(a), evident_type(a, local_types, env)))
+                args.append(Arg(self._text(a), evident_type(a, local_types, env)))
         kwargs: list[tuple[str, Arg]] = []
         for k in node.keywords:
             if k.arg is not None:
-                kwargs.append((k.arg, Arg(_short(k.value), evident_type(k.value, local_types, env))))
+                kwargs.append((k.arg, Arg(self._text(k.value), evident_type(k.value, local_types, env))))
                 continue
             items = self._constant_dict(k.value)
             if items is None:
                 star_kwargs = True
                 continue
-            kwargs.extend((key, Arg(_short(v), evident_type(v, local_types, env))) for key, v in items)
+            kwargs.extend((key, Arg(self._text(v), evident_type(v, local_types, env))) for key, v in items)
         name = (b.ref[1][-1:] or (b.ref[0].rsplit(".", 1)[-1],))[0]
         self.out.calls.append(
             RawCall(

@@ -34,7 +34,7 @@ from pipeline.compat.calls import (
     worth_scanning,
 )
 from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
-from pipeline.compat.pysource import SummaryCache, Tree
+from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
 from pipeline.gitw import CommitInfo, GitRepo
@@ -50,7 +50,7 @@ class Caches:
     atom: SummaryCache
     aiter: SummaryCache
     facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
-    reports: SummaryCache  # whole reports, keyed by every SHA they depend on
+    reports: ReportStore  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
 
     @classmethod
@@ -59,12 +59,12 @@ class Caches:
             SummaryCache.open("atom", cache_dir),
             SummaryCache.open("aiter", cache_dir),
             SummaryCache.open("facts", cache_dir),
-            SummaryCache.open("reports", cache_dir),
+            ReportStore("reports", cache_dir),
             cache_dir,
         )
 
     def save(self) -> None:
-        for c in (self.atom, self.aiter, self.facts, self.reports):
+        for c in (self.atom, self.aiter, self.facts):
             c.save()
 
 
@@ -601,16 +601,13 @@ def run_check(
     # Everything a report depends on is named by these SHAs (trees and histories are immutable).
     dated = resolve_sha(atom, dated_by, "ATOM") if dated_by else None
     key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}:{dated or ''}"
-    got = caches.reports.data.get(key)
+    got = caches.reports.get(key)  # a warm run reads this one small file and nothing else
     if isinstance(got, CheckReport):
         return got
     try:
         checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit, dated_by=dated)
         report = checker.check(aiter_sha)
-        if len(caches.reports.data) > 256:
-            caches.reports.data.clear()
-        caches.reports.data[key] = report
-        caches.reports.dirty = True
+        caches.reports.put(key, report)
         return report
     finally:
         caches.save()
