@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -500,6 +501,35 @@ _HARMLESS_BASES = frozenset({"object", "ABC", "Generic", "Protocol"})
 
 
 _CYCLE = Target("unknown", reason="(import cycle)")
+
+
+def _nearest(cache: SummaryCache, tree: Tree) -> tuple[ApiIndex | None, frozenset[str] | None]:
+    """The recent index of the same repository whose tree differs least, and the modules that differ.
+
+    A changed module is one whose file changed, appeared or went away, and for the last two, every
+    package above it (namespace packages exist because of their files).
+    """
+    best: tuple[int, ApiIndex, set[str]] | None = None
+    for other in reversed(cache.recent):
+        if other.tree.repo is not tree.repo and other.tree.repo.path != tree.repo.path:
+            continue
+        a, b = other.tree.blobs, tree.blobs
+        paths = {p for p, sha in b.items() if a.get(p) != sha} | (a.keys() - b.keys())
+        if best is None or len(paths) < best[0]:
+            best = (len(paths), other, paths)
+    if best is None:
+        return None, None
+    _, other, paths = best
+    changed: set[str] = set()
+    for p in paths:
+        m = module_from_path(p)
+        changed.add(m)
+        if (p in tree.blobs) != (p in other.tree.blobs):
+            parts = m.split(".")
+            changed.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return other, frozenset(changed)
+
+
 # Reasons that describe a value (the callee is that value, or a member of it), not a statement.
 VALUE_REASONS = ("the result of", "attribute `", "property `", "annotated `", "annotation `")
 
@@ -511,15 +541,33 @@ class ApiIndex:
         self.tree = tree
         self.cache = cache
         self.root = root
-        self.mods = module_files({p: s for p, s in tree.blobs.items() if p.split("/")[0] == root})
-        # Directories without __init__.py are namespace packages: importable, no attributes of their own.
-        self.namespaces: set[str] = set()
-        for m in self.mods:
-            parts = m.split(".")
-            for i in range(1, len(parts)):
-                pkg = ".".join(parts[:i])
-                if pkg not in self.mods:
-                    self.namespaces.add(pkg)
+        # The nearest of the last few indexes of this run (a search walks adjacent commits): its
+        # resolutions are reused when no module they read changed in between.
+        self._prev, self._changed = _nearest(cache, tree)
+        if self._prev is not None:
+            self._prev._prev = None  # keep chains short: a search builds hundreds of indexes
+        self.mods: dict[str, str]
+        self.namespaces: set[str]
+        if self._prev is not None and self._prev.tree.blobs.keys() == tree.blobs.keys():
+            self.mods, self.namespaces = self._prev.mods, self._prev.namespaces
+        else:
+            self.mods = module_files({p: s for p, s in tree.blobs.items() if p.split("/")[0] == root})
+            # Directories without __init__.py are namespace packages: importable, no attributes of their own.
+            self.namespaces = set()
+            for m in self.mods:
+                parts = m.split(".")
+                for i in range(1, len(parts)):
+                    pkg = ".".join(parts[:i])
+                    if pkg not in self.mods:
+                        self.namespaces.add(pkg)
+        # ref -> (target, modules it read, (module, name) pairs whose text it relied on not naming it)
+        self._smemo: dict[tuple[str, str, bool], tuple[bool, frozenset[Dep]]] = {}  # star checks
+        self._ref_deps: dict[
+            tuple[str, tuple[str, ...]], tuple[Target, frozenset[str], tuple[tuple[str, str], ...]]
+        ] = {}
+        recent: list[ApiIndex] = cache.recent
+        recent.append(self)
+        del recent[:-4]
         self._summaries: dict[str, ModSummary] = {}
         self._memo: dict[tuple[str, str], tuple[Target, frozenset[Dep]]] = {}
         self._deps: list[set[Dep]] = []  # open dependency collectors (see resolve_attr)
@@ -549,6 +597,8 @@ class ApiIndex:
         return r
 
     def _valid(self, deps: frozenset[Dep]) -> bool:
+        # Blob and existence checks first (dict look-ups); "does not mention" checks read text.
+        soft = [(dotted, name, flag) for kind, dotted, flag, name in deps if kind == "n"]
         for kind, dotted, flag, sha in deps:
             if kind == "e":
                 if (dotted in self.mods or dotted in self.namespaces) != flag:
@@ -556,6 +606,10 @@ class ApiIndex:
             elif kind == "f":
                 if (dotted in self.mods) != flag:
                     return False
+            elif kind == "x":
+                return False  # read the C++ bindings: not shared between commits
+            elif kind == "n":
+                continue
             else:
                 path = self.mods.get(dotted)
                 if path is None:
@@ -563,7 +617,7 @@ class ApiIndex:
                         return False
                 elif self.tree.blobs.get(path) != sha:
                     return False
-        return True
+        return all(self._star_may_export(dotted, name) == flag for dotted, name, flag in soft)
 
     # -- loading ----------------------------------------------------------
     def summary(self, module: str) -> ModSummary | None:
@@ -763,42 +817,68 @@ class ApiIndex:
 
         Most star-imported modules of aiter/__init__.py never mention the name
         looked up; neither do the modules they star-import in turn. Only a
-        module that mentions it is parsed.
+        module that mentions it is parsed. "Does not mention" is its own kind
+        of dependency ("n"): a later commit that changes the module but still
+        does not mention the name keeps every resolution that relied on it.
         """
         if name.startswith("_"):
             return False
+        key = (module, name, module in self._summaries)  # a parsed module answers from its summary
+        got = self._smemo.get(key)
+        if got is None:
+            self._deps.append(set())
+            try:
+                found = self._star_may_export_here(module, name, depth)
+            finally:
+                deps = frozenset(self._deps.pop())
+            got = self._smemo[key] = (found, deps)
+        if self._deps:
+            self._deps[-1].update(got[1])
+        return got[0]
+
+    def _star_may_export_here(self, module: str, name: str, depth: int) -> bool:
         path = self.mods.get(module)
-        self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
         s = self._summaries.get(module)
         if s is not None:
+            self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
             return name in s.all_names if s.all_names is not None else True
         if path is None:
+            self._dep(("m", module, True, ""))
             return False
         sha = self.tree.blobs[path]
-        memo_key = (sha, path, name)
-        got = self.cache.mentions.get(memo_key)
+        self._raw_read.add(module)
+        key = (sha, path, name)
+        direct = self.cache.mentions.get(key)
+        if direct is None:
+            direct = self.cache.mentions[key] = name.encode() in self._raw(sha)
+        if direct:
+            self._dep(("m", module, True, sha))
+            return True
+        self._dep(("n", module, False, name))
+        if depth < 10:
+            for target in self._star_targets(module, path, sha):
+                if self._star_may_export(target, name, depth + 1):
+                    return True
+        return False
+
+    def _raw(self, sha: str) -> bytes:
+        raw = self.cache.raw.get(sha)
+        if raw is None:
+            raw = self.cache.raw[sha] = next(iter(self.tree.repo.read_blobs([sha])))[1]
+        return raw
+
+    def _star_targets(self, module: str, path: str, sha: str) -> list[str]:
+        key = (sha, path)
+        got: list[str] | None = self.cache.star_targets.get(key)
         if got is None:
-            raw = self.cache.raw.get(sha)
-            if raw is None:
-                raw = next(iter(self.tree.repo.read_blobs([sha])))[1]
-                self.cache.raw[sha] = raw
-            self._raw_read.add(module)
-            if name.encode() in raw:
-                got = True
-            else:
-                got = False
-                if depth < 10:
-                    for m in _STAR_RE.finditer(raw):
-                        level = len(m.group(1))
-                        target = resolve_relative(
-                            module, path.endswith("__init__.py"), level, m.group(2).decode() or None
-                        )
-                        if target and self._star_may_export(target, name, depth + 1):
-                            got = True
-                            break
-            self.cache.mentions[memo_key] = got
-        else:
-            self._raw_read.add(module)
+            got = []
+            for m in _STAR_RE.finditer(self._raw(sha)):
+                target = resolve_relative(
+                    module, path.endswith("__init__.py"), len(m.group(1)), m.group(2).decode() or None
+                )
+                if target:
+                    got.append(target)
+            self.cache.star_targets[key] = got
         return got
 
     def attr_of(self, t: Target, name: str, depth: int = 0) -> Target:
@@ -842,9 +922,8 @@ class ApiIndex:
 
     def _type_of(self, module: str, ann: str, depth: int) -> Target:
         """A value annotated `ann` in `module`: an instance of an aiter class, or foreign."""
-        try:
-            node: ast.expr = ast.parse(ann, mode="eval").body
-        except SyntaxError:
+        node = _parse_annotation(ann)
+        if node is None:
             return Target("unknown", reason=f"annotation `{ann}`")
         return self._type_node(module, node, ann, depth)
 
@@ -984,6 +1063,27 @@ class ApiIndex:
         got = self.ref_memo.get(ref)
         if got is not None:
             return got
+        if self._prev is not None and self._changed is not None and ref[0] != TORCH_OPS:
+            hit = self._prev._ref_deps.get(ref)
+            if hit is not None and hit[1].isdisjoint(self._changed):
+                changed = self._changed
+                if all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed):
+                    self.ref_memo[ref] = hit[0]
+                    self._ref_deps[ref] = hit
+                    return hit[0]
+        self._deps.append(set())
+        try:
+            t = self._resolve_ref(ref)
+        finally:
+            deps = self._deps.pop()
+        self.ref_memo[ref] = t
+        if not any(d[0] == "x" for d in deps):
+            hard = frozenset(d[1] for d in deps if d[0] != "n")
+            soft = tuple(sorted({(d[1], d[3]) for d in deps if d[0] == "n"}))
+            self._ref_deps[ref] = (t, hard, soft)
+        return t
+
+    def _resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
         mod, attrs = ref
         if mod == TORCH_OPS:
             t = self._torch_op(attrs)
@@ -1002,7 +1102,6 @@ class ApiIndex:
                 t = self.attr_of(t, a)
             if t.kind == "instance":
                 t = self.attr_of(t, CALL)  # the callee is an aiter object: its __call__ (or forward)
-        self.ref_memo[ref] = t
         return t
 
     def _torch_op(self, attrs: tuple[str, ...]) -> Target:
@@ -1048,6 +1147,7 @@ class ApiIndex:
         )
 
     def _extension_names(self) -> frozenset[str] | None:
+        self._dep(("x", EXT_SOURCES, True, ""))
         if self._ext is None:
             self._ext = (extension_names(self.tree.repo, self.tree.sha, self.cache),)
         return self._ext[0]
@@ -1096,6 +1196,14 @@ class ApiIndex:
             if t.kind in ("missing", "unknown"):
                 return t
         return t
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_annotation(ann: str) -> ast.expr | None:
+    try:
+        return ast.parse(ann, mode="eval").body
+    except SyntaxError:
+        return None
 
 
 def module_from_path(path: str) -> str:

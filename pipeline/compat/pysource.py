@@ -62,6 +62,8 @@ class SummaryCache:
     raw: dict[str, bytes] = field(default_factory=dict)  # blob sha -> bytes, this run only
     mentions: dict[tuple[str, str, str], bool] = field(default_factory=dict)  # (sha, path, name)
     resolved: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # shared resolutions
+    recent: list[Any] = field(default_factory=list)  # the last indexes built over this cache (a run's)
+    star_targets: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (sha, path) -> modules
 
     @property
     def file(self) -> Path | None:
