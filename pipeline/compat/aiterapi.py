@@ -62,6 +62,9 @@ class Signature:
     path: str
     line: int
     params: tuple[Param, ...]
+    # A compiled or registered op (`@compile_ops`, `torch.library.custom_op`, ...), or a plain
+    # wrapper of one defined beside it: its schema enforces the annotations. Plain Python does not.
+    compiled: bool = False
     # The return annotation as written, or for an unannotated function a hint read from its
     # body: "call:X" (every `return` is `return X(...)`) or "name:X" (every `return` is `return X`).
     returns: str | None = None
@@ -150,10 +153,10 @@ def member_sig(cls: ClassInfo, name: str, m: Member, via_instance: bool) -> Sign
     if drop and params and params[0].kind in ("posonly", "pos"):
         params = params[1:]
     qual = f"{cls.name}().{name}" if via_instance else f"{cls.name}.{name}"
-    return Signature(qual, m.sig.path, m.sig.line, params, m.sig.returns)
+    return Signature(qual, m.sig.path, m.sig.line, params, m.sig.compiled, returns=m.sig.returns, op=m.sig.op)
 
 
-def _sig_from_def(
+def sig_from_def(
     fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool, returns: str | None = None
 ) -> Signature:
     a = fn.args
@@ -173,7 +176,31 @@ def _sig_from_def(
         params.append(Param(a.kwarg.arg, "varkw", True, _ann(a.kwarg.annotation)))
     if drop_first and params and params[0].kind in ("posonly", "pos"):
         params = params[1:]
-    return Signature(fn.name, path, fn.lineno, tuple(params), _ann(fn.returns) or returns)
+    return Signature(fn.name, path, fn.lineno, tuple(params), _is_op(fn), returns=_ann(fn.returns) or returns)
+
+
+# Decorators that turn a Python def into a torch op with a schema (aiter's JIT and torch.library).
+_OP_DECORATORS = {"compile_ops", "torch_compile_guard", "custom_op", "register_custom_op", "impl"}
+
+
+def _is_op(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    for d in fn.decorator_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name in _OP_DECORATORS:
+            return True
+    return False
+
+
+def _mark_op_wrappers(s: ModSummary) -> None:
+    """`def f(...)` beside its op `@compile_ops def _f_hip(...)` forwards to it: it is op-backed."""
+    ops = [p.name for _, k, p, _ in s.events if k == "def" and isinstance(p, Signature) and p.compiled]
+    if not ops:
+        return
+    for i, (name, kind, payload, line) in enumerate(s.events):
+        wraps = isinstance(payload, Signature) and any(o != name and name in o for o in ops)
+        if kind == "def" and isinstance(payload, Signature) and not payload.compiled and wraps:
+            s.events[i] = (name, kind, dataclasses.replace(payload, compiled=True), line)
 
 
 def _is_none(node: ast.expr | None) -> bool:
@@ -290,9 +317,9 @@ def _class_info(cls: ast.ClassDef, path: str, lines: list[bytes], end: int, hint
                 kind = "class"
             elif decos & {"property", "cached_property", "setter", "getter", "deleter"}:
                 kind = "property"
-            sig = _sig_from_def(node, path, False, hint.of(node))
+            sig = sig_from_def(node, path, False, hint.of(node))
             if node.name == "__init__":
-                init = Signature(cls.name, path, cls.lineno, sig.params[1:])
+                init = Signature(cls.name, path, cls.lineno, sig.params[1:], sig.compiled)
             if kind == "property" and node.name in members and members[node.name].kind == "property":
                 continue  # the setter of a property keeps the getter's return type
             members[node.name] = Member(kind, sig)
@@ -359,7 +386,7 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     if st.name == "__getattr__":
                         hook = True
                     continue
-                sig = _sig_from_def(st, path, False, hint.of(st))
+                sig = sig_from_def(st, path, False, hint.of(st))
                 op = _op_kind(st)
                 if op is not None:
                     sig = dataclasses.replace(sig, op=op)
@@ -448,6 +475,7 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     s.dynamic = True
 
     visit(tree.body)
+    _mark_op_wrappers(s)
     if hook:
         s.dynamic = True
         for m in str_maps:
@@ -1027,7 +1055,7 @@ class ApiIndex:
         chain, _ = self._classes(Target("class", module=module, cls=cls), depth)
         for base, _mod in chain[1:]:
             if base.init is not None:
-                return Signature(cls.name, base.init.path, base.init.line, base.init.params)
+                return dataclasses.replace(base.init, name=cls.name)
         return None
 
     def _member(self, t: Target, name: str, depth: int) -> Target:
@@ -1142,7 +1170,9 @@ class ApiIndex:
                 params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
         return Target(
             "func",
-            sig=Signature(f"{TORCH_OPS}.{name}", sig.path, sig.line, params, sig.returns, sig.op),
+            sig=Signature(
+                f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op
+            ),
             module=t.module,
         )
 

@@ -15,6 +15,8 @@ class Problem:
     kind: str  # too-many-positional / missing-argument / unexpected-keyword / duplicate-argument /
     #            positional-only-as-keyword / type-mismatch
     message: str
+    key: str = ""  # what identifies the problem across signature versions ("fails the same way")
+    soft: bool = False  # an int literal on a bool: converted, even by an op's binding, but rarely meant
 
 
 @dataclass(slots=True)
@@ -35,7 +37,7 @@ class Binding:
 
 
 _ACCEPTS: dict[str, set[str]] = {
-    "int": {"int", "float", "bool", "complex"},
+    "int": {"int", "float", "complex"},  # not bool: see `soft`
     "bool": {"bool", "int", "float"},
     "float": {"float", "complex"},
     "None": {"None"},
@@ -174,6 +176,7 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 "too-many-positional",
                 f"{n} positional arguments given but `{sig.name}` takes at most "
                 f"{len(positional)} positionally",
+                "too-many-positional",
             )
         )
     by_name = {p.name: p for p in params if p.kind in ("pos", "kwonly", "posonly")}
@@ -184,7 +187,11 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 b.keywords[name] = varkw
                 continue
             b.problems.append(
-                Problem("positional-only-as-keyword", f"`{name}` is positional-only in `{sig.name}`")
+                Problem(
+                    "positional-only-as-keyword",
+                    f"`{name}` is positional-only in `{sig.name}`",
+                    f"posonly:{name}",
+                )
             )
             b.keywords[name] = None
             continue
@@ -192,7 +199,9 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
             if varkw is not None:
                 b.keywords[name] = varkw
                 continue
-            b.problems.append(Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`"))
+            b.problems.append(
+                Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`", f"unexpected:{name}")
+            )
             b.keywords[name] = None
             continue
         if name in assigned:
@@ -200,6 +209,7 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 Problem(
                     "duplicate-argument",
                     f"`{name}` is given twice: by {assigned[name]} and by keyword",
+                    f"duplicate:{name}",
                 )
             )
         assigned[name] = "keyword"
@@ -212,19 +222,41 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
         ]
         if missing:
             names = ", ".join(f"`{m}`" for m in missing)
-            b.problems.append(Problem("missing-argument", f"missing required argument(s) {names}"))
+            b.problems.append(
+                Problem(
+                    "missing-argument",
+                    f"missing required argument(s) {names}",
+                    f"missing:{','.join(missing)}",
+                )
+            )
     # Evident types.
     for i, (a, p) in enumerate(zip(call.args, b.positional, strict=True)):
         if p is not None and p.kind != "vararg" and not type_ok(a.etype, p):
-            b.problems.append(Problem("type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`"))
+            b.problems.append(
+                Problem(
+                    "type-mismatch",
+                    f"{arg_desc(i + 1, a)} lands on `{p.show()}`",
+                    f"type:{i + 1}:{p.name}",
+                    _int_for_flag(a.etype, p),
+                )
+            )
     for name, a in call.kwargs:
         p = b.keywords.get(name)
         if p is not None and p.kind != "varkw" and not type_ok(a.etype, p):
             t = f" ({a.etype})" if a.etype else ""
             b.problems.append(
-                Problem("type-mismatch", f"keyword `{name}={a.text}`{t} does not fit `{p.show()}`")
+                Problem(
+                    "type-mismatch",
+                    f"keyword `{name}={a.text}`{t} does not fit `{p.show()}`",
+                    f"type:{name}:{name}",
+                    _int_for_flag(a.etype, p),
+                )
             )
     return b
+
+
+def _int_for_flag(etype: str | None, param: Param) -> bool:
+    return etype == "int" and type_ok("bool", param)
 
 
 def show_param(p: Param | None) -> str:

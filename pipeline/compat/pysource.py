@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 15  # bump when a summary's shape or its extraction rules change
+SCHEMA = 16  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass
