@@ -22,6 +22,7 @@ from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
 
 if TYPE_CHECKING:
+    from pipeline.compat.reach import Reach
     from pipeline.lock import Lock
 
 # Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
@@ -159,6 +160,7 @@ def command(
             f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
         )
         recipes_dir = Path(settings.paths.recipes_dir)
+        reach: Reach | None = None
         if recipe_path is None and model is not None:
             from pipeline.recipe import find_recipe
 
@@ -179,7 +181,7 @@ def command(
                 cache_dir=settings.cache_dir / "compat",
                 waivers=not no_waivers,
             )
-            report = gate.report
+            report, reach = gate.report, gate.reach
             if gate.reach is not None:
                 off = sum(1 for f in report.findings if f.reach == "off-path")
                 rec.figure += f", {off} off {gate.reach.facts.architecture}'s path"
@@ -193,7 +195,7 @@ def command(
         if not report.ok:
             rec.status = "failed"
 
-    text = render(report, fmt)
+    text = render(report, fmt, reach=reach)
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")
@@ -211,12 +213,16 @@ def command(
         )
 
 
-def render(report: CheckReport, fmt: str) -> str:
+def render(report: CheckReport, fmt: str, *, reach: Reach | None = None) -> str:
     if fmt == "json":
-        return json.dumps(report.to_json(), indent=2) + "\n"
+        data = report.to_json()
+        if reach is not None:
+            data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
+        return json.dumps(data, indent=2) + "\n"
     if fmt == "sarif":
         return json.dumps(report.to_sarif(), indent=2) + "\n"
-    return report.to_text() + "\n"
+    text = report.to_text() + "\n"
+    return text + (f"reach: {reach.edges_summary()}\n" if reach is not None else "")
 
 
 def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
