@@ -15,19 +15,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.config import Settings
 from pipeline.errors import ExitCode, IncompatibleError, PipelineError
 from pipeline.lock import Lock
 from pipeline.log import Logger
-from pipeline.orchestrate import BuildRequest, execute, released_state_path
+from pipeline.orchestrate import BuildRequest, execute
+from pipeline.stages import build, pin, render, tag
+from pipeline.stages.tag import released_state_path
+
+Outcome = Literal["released", "unchanged", "stopped", "failed"]
 
 
 @dataclass
 class ModelOutcome:
     model: str
-    status: str  # released | unchanged | stopped | failed | fallback-released ...
+    status: Outcome
     exit_code: int
     run_dir: str = ""
     atom: str = ""
@@ -83,43 +87,45 @@ def rebuild_model(
             model=model, atom_ref=broken.atom.ref, until="render", registry=registry, auto_aiter=True
         )
         result = execute(req, settings, log, env)
-        auto = result.outputs("pin").get("auto") or {}
-        brk, newest = auto.get("first_breaking"), auto.get("newest_compatible")
-        if newest:
+        pinned = result.output("pin", pin.Outputs)
+        auto = pinned.auto if pinned is not None else None
+        if auto is not None and auto.newest_compatible is not None:
+            brk = auto.first_breaking
             notes.append(
                 f"aiter {broken.aiter.sha[:10]} breaks ATOM {broken.atom.sha[:9]}"
-                + (f"; first breaking aiter commit {brk['sha'][:10]} ({brk['subject']!r})" if brk else "")
-                + f"; fell back to aiter {newest['sha'][:10]} (newest compatible)"
+                + (f"; first breaking aiter commit {brk.sha[:10]} ({brk.subject!r})" if brk else "")
+                + f"; fell back to aiter {auto.newest_compatible.sha[:10]} (newest compatible)"
             )
     if result.error is not None:
         raise result.error
     notes += obsolete_patches(settings, result.run_dir)
-    render = result.outputs("render")
-    pin = result.outputs("pin")
+    rendered = result.output("render", render.Outputs)
+    pinned = result.output("pin", pin.Outputs)
+    if rendered is None or pinned is None:
+        raise PipelineError(f"internal: the run for {model} ended without a render result.")
     outcome = ModelOutcome(
-        model, "unchanged", 0, str(result.run_dir), pin.get("atom", ""), pin.get("aiter", "")
+        model, "unchanged", 0, str(result.run_dir), pinned.lock.atom.sha, pinned.lock.aiter.sha
     )
     outcome.notes = notes
-    if released.get("inputs_digest") and released["inputs_digest"] == render.get("inputs_digest"):
+    if released.get("inputs_digest") == rendered.inputs_digest:
         outcome.tag = str(released.get("ref", ""))
-        outcome.notes.append(
-            f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
-        )
+        outcome.notes.append(f"inputs digest {rendered.inputs_digest[:12]} already released as {outcome.tag}")
         return outcome
     # Changed: the same run goes on through build, smoke and tag.
     resumed = execute(
         BuildRequest(model=model, resume=result.run_dir, until="tag", registry=registry), settings, log, env
     )
-    outcome.image = str(resumed.outputs("build").get("image", ""))
+    built = resumed.output("build", build.Outputs)
+    outcome.image = built.image if built is not None else ""
     if resumed.error is not None:
         outcome.status, outcome.exit_code = "stopped", int(resumed.error.exit_code)
         outcome.notes.append(str(resumed.error))
         return outcome
-    tag = resumed.outputs("tag")
-    if not tag:  # never call a model released unless the tag stage says so
+    tagged = resumed.output("tag", tag.Outputs)
+    if tagged is None:  # never call a model released unless the tag stage says so
         raise PipelineError(f"internal: the run for {model} ended without a tag stage result.")
     outcome.status = "released"
-    outcome.tag = str(tag.get("ref", ""))
+    outcome.tag = tagged.ref
     return outcome
 
 
