@@ -20,6 +20,7 @@ from pipeline.stages.spec import BuildSpec
 if TYPE_CHECKING:
     from pipeline.compat import CheckReport
     from pipeline.gitw import CommitInfo, GitRepo
+    from pipeline.log import Logger
     from pipeline.sources import AiterChooser
 
 NAME = "pin"
@@ -100,14 +101,18 @@ def _commit(c: CommitInfo) -> Commit:
     return Commit(sha=c.sha, date=c.iso_date, subject=c.subject)
 
 
-def base_image_for(inputs: Inputs, configured: str, previous: Lock | None) -> str:
-    """The flag; else the configured image, pinned by the digest the previous lock has for it."""
-    if inputs.base_image:
-        return inputs.base_image
-    pinned = previous.base_image if previous is not None else None
-    if pinned is not None and pinned.digest and pinned.ref.split("@", 1)[0] == configured.split("@", 1)[0]:
-        return pinned.pinned
-    return configured
+def keep_given_digest(lock: Lock, previous: Lock | None, log: Logger) -> Lock:
+    """No registry answered for the base image: keep the digest the previous lock has for that name.
+
+    The digest may have been given by hand (`pin --base-image NAME@sha256:…`), so the previous
+    reference carries it and differs from the configured NAME; the name is what must match.
+    """
+    if lock.base_image.digest or previous is None or not previous.base_image.digest:
+        return lock
+    if previous.base_image.ref.split("@", 1)[0] != lock.base_image.ref.split("@", 1)[0]:
+        return lock
+    log.warn(f"keeping the base image digest of the existing lock ({previous.base_image.digest}).")
+    return lock.model_copy(update={"base_image": previous.base_image})
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
@@ -136,7 +141,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         model=inputs.model,
         atom_ref=inputs.atom_ref,
         aiter_ref=inputs.aiter_ref,
-        base_image=base_image_for(inputs, ctx.settings.image.base_image, previous),
+        base_image=inputs.base_image or ctx.settings.image.base_image,
         log=ctx.log,
         offline=inputs.offline,
         previous=previous,
@@ -151,7 +156,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             first_breaking=found.get("first_breaking"),
             newest_compatible=found.get("newest_compatible"),
         )
-    lock = result.lock
+    lock = keep_given_digest(result.lock, previous, ctx.log)
     return Outputs(lock=lock, lock_path=inputs.out, changed=lock.save(inputs.out), auto=auto)
 
 
