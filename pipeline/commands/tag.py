@@ -69,7 +69,7 @@ def command(
     Docker config; never printed.
     """
     from pipeline.stages import tag
-    from pipeline.tag import check_passed, load_verdict
+    from pipeline.tag import check_passed, read_tag_verdict
 
     settings = app.settings(
         registry=registry,
@@ -81,7 +81,7 @@ def command(
     ctx = app.context("tag")
     # a missing or failed verdict is refused before reaching for the engine or the registry
     with app.log.stage("verdict", str(verdict_path)):
-        check_passed(load_verdict(verdict_path), image)
+        check_passed(read_tag_verdict(verdict_path), image)
     inputs = tag.Inputs(
         image=image,
         verdict=verdict_path,
