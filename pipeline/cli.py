@@ -28,6 +28,7 @@ from pipeline.stages import TABLE
 COMMANDS: dict[str, str] = {
     **{name: entry.help for name, entry in TABLE.items()},
     "rebuild": "The scheduled job: move the pins, rebuild what changed, report.",
+    "recipe": "Import upstream ATOM recipes (recipes/*.md) and report their drift.",
 }
 
 

@@ -24,6 +24,7 @@ from pipeline.stages.base import Context
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
+    from pipeline.gitw import GitRepo
 
 
 @click.command(name="check")
@@ -73,6 +74,13 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Apply this recipe's reviewed waivers (default with --lock: recipes/<model>.yaml if present).",
 )
+@click.option(
+    "--model",
+    "model",
+    metavar="M",
+    help="Gate for this model (recipes/M.yaml): findings off its code path are warnings. "
+    "Default with --lock: the lock's model.",
+)
 @click.option("--no-waivers", is_flag=True, help="Report waived findings as the errors they are.")
 @pass_app
 def command(
@@ -88,6 +96,7 @@ def command(
     patches_dir: Path | None,
     unpatched: bool,
     recipe_path: Path | None,
+    model: str | None,
     no_waivers: bool,
 ) -> None:
     """Check every ATOM call of an aiter function against aiter's signatures.
@@ -110,11 +119,13 @@ def command(
         atom_repo=atom_repo, aiter_repo=aiter_repo, atom_ref=atom_ref, aiter_ref=aiter_ref
     )
     log = app.log
+    if recipe_path is None and model is not None:  # named explicitly: a missing recipe is an error
+        recipe_path = find_recipe(validate.model(model), Path(settings.paths.recipes_dir))
     if lock_path is not None:
         inputs = _lock_inputs(app, lock_path, atom_repo, aiter_repo, patches_dir, unpatched, recipe_path)
     else:
         inputs = check.Inputs(
-            model="",
+            model=model or "",
             atom_rev=validate.ref(settings.sources.atom_ref, what="ATOM ref"),
             aiter_rev=validate.ref(settings.sources.aiter_ref, what="aiter ref"),
             atom_repo=_repo_path(settings, settings.sources.atom_repo, "ATOM"),
@@ -213,3 +224,10 @@ def _repo_path(settings: Settings, url: str, name: str) -> Path:
             hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
         )
     return Path(open_mirror(settings, url, fetch=False).path)
+
+
+def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
+    """A local repository as it is, else the mirror of the URL (no fetch)."""
+    from pipeline.gitw import GitRepo
+
+    return GitRepo(_repo_path(settings, url, name))

@@ -5,9 +5,12 @@ signature at the pinned commit (pipeline.compat). The pristine pin is checked
 too, for the record (what the patch series fixes). A recipe's reviewed waivers
 turn matching errors into warnings that stay in every report.
 
-Counts, the same everywhere: an *error* is an error-severity finding after the
-waivers; a *warning* is every other finding (waived ones included); *waived* is
-how many recipe waivers matched a finding.
+With a recipe, the check gates for that model (pipeline.compat.reach): errors in
+calls off the model's code path become warnings carrying the evidence, then the
+recipe's reviewed waivers apply. Counts, the same everywhere: an *error* is an
+error-severity finding after that; a *warning* is every other finding (off-path
+and waived ones included); *off path* and *waived* say how many errors each turned
+into warnings.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class Inputs(StageData):
     pristine: str | None = None  # the pinned ATOM commit, checked for the record when it differs
     dated_by: str | None = None  # the commit whose date says "written when" (the pin, for a patched tree)
     baseline_aiter: str | None = None
-    recipe: Path | None = None  # its reviewed waivers apply
+    recipe: Path | None = None  # gate for its model: its code path (reach), then its reviewed waivers
     waivers: bool = True
     reports_dir: Path  # check.txt/json/sarif (and check-pristine.json) are written here
     show_report: bool = False  # also print the text report when the gate fails (in a run)
@@ -53,12 +56,17 @@ class Outputs(StageData):
     waived: int
     checked: int
     unchecked: int
+    off_path: int = 0
+    architecture: str | None = None  # the model's, when its reach was computed
     pristine_errors: int | None = None  # errors of the unpatched pin, when it was checked
 
     def figure(self) -> str:
+        gated = self.errors + self.waived + self.off_path
         fixed = ""
-        if self.pristine_errors is not None and self.pristine_errors > self.errors + self.waived:
-            fixed = f"{self.pristine_errors - self.errors - self.waived} fixed by patches, "
+        if self.pristine_errors is not None and self.pristine_errors > gated:
+            fixed = f"{self.pristine_errors - gated} fixed by patches, "
+        if self.off_path:
+            fixed += f"{self.off_path} off {self.architecture or 'the model'}'s path, "
         return (
             f"{self.errors} error(s), {self.warnings} warning(s), {self.checked} calls bind "
             f"({fixed}{self.waived} waived by the recipe, {self.unchecked} unchecked)"
@@ -82,14 +90,14 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
 
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
-    return [inputs.recipe] if inputs.recipe is not None and inputs.waivers else []
+    return [inputs.recipe] if inputs.recipe is not None else []
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     import json
 
     from pipeline.compat import run_check
-    from pipeline.compat.waivers import apply_waivers
+    from pipeline.compat.reach import gate_model
     from pipeline.errors import IncompatibleError
     from pipeline.fsutil import atomic_write_json, atomic_write_text
     from pipeline.recipe import load_recipe
@@ -112,13 +120,16 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             pristine = run_check(atom, inputs.pristine, aiter, inputs.aiter_rev, cache_dir=cache)
         atomic_write_json(inputs.reports_dir / "check-pristine.json", pristine.to_json())
         pristine_errors = len(pristine.errors)
-    waived = 0
-    if inputs.recipe is not None and inputs.waivers:
-        waivers = load_recipe(inputs.recipe).compat.waive
-        report, unused = apply_waivers(report, waivers)
-        waived = len(waivers) - len(unused)
-        for w in unused:
-            ctx.log.warn(f"recipe waiver for {w.function} in {w.path} matches no finding: remove it")
+    waived = off_path = 0
+    architecture = None
+    if inputs.recipe is not None:
+        gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
+        report, waived, off_path = gate.report, gate.waived, gate.off_path
+        if gate.reach is not None:
+            architecture = gate.reach.facts.architecture
+            ctx.log.detail(gate.reach.edges_summary())
+        for msg in (*gate.warnings, *(n.message for n in gate.notes)):
+            ctx.log.warn(msg)
     text = report.to_text()
     atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
     atomic_write_text(inputs.reports_dir / "check.json", json.dumps(report.to_json(), indent=2) + "\n")
@@ -134,6 +145,8 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         waived=waived,
         checked=report.calls_checked,
         unchecked=report.calls_unchecked,
+        off_path=off_path,
+        architecture=architecture,
         pristine_errors=pristine_errors,
     )
     if out.errors:
