@@ -180,7 +180,15 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
                 status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
                 return _ended(result, rd, rec, st, e)
-            st = StageState(name, "ok", digest, outputs.model_dump(mode="json"), time.monotonic() - start)
+            st = StageState(
+                name,
+                "ok",
+                digest,
+                outputs.model_dump(mode="json"),
+                time.monotonic() - start,
+                "",
+                outputs.figure(),
+            )
             rd.record(st)
             up.set(name, outputs)
             result.outputs[name] = outputs

@@ -42,6 +42,7 @@ class StageState:
     outputs: dict[str, Any]
     seconds: float
     error: str = ""
+    figure: str = ""  # the key figure of the stage table
 
 
 class RunDir:

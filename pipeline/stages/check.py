@@ -66,7 +66,7 @@ class Outputs(StageData):
         if self.pristine_errors is not None and self.pristine_errors > gated:
             fixed = f"{self.pristine_errors - gated} fixed by patches, "
         if self.off_path:
-            fixed += f"{self.off_path} off {self.architecture or 'the model'}'s path, "
+            fixed += f"{self.off_path} off the model's path, "
         return (
             f"{self.errors} error(s), {self.warnings} warning(s), {self.checked} calls bind "
             f"({fixed}{self.waived} waived by the recipe, {self.unchecked} unchecked)"
@@ -121,18 +121,20 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         atomic_write_json(inputs.reports_dir / "check-pristine.json", pristine.to_json())
         pristine_errors = len(pristine.errors)
     waived = off_path = 0
-    architecture = None
+    reach = None
     if inputs.recipe is not None:
         gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
-        report, waived, off_path = gate.report, gate.waived, gate.off_path
-        if gate.reach is not None:
-            architecture = gate.reach.facts.architecture
-            ctx.log.detail(gate.reach.edges_summary())
+        report, waived, off_path, reach = gate.report, gate.waived, gate.off_path, gate.reach
+        if reach is not None:
+            ctx.log.detail(reach.edges_summary())
         for msg in (*gate.warnings, *(n.message for n in gate.notes)):
             ctx.log.warn(msg)
-    text = report.to_text()
+    text = report.to_text() + (f"\nreach: {reach.edges_summary()}" if reach is not None else "")
+    data = report.to_json()
+    if reach is not None:
+        data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
     atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
-    atomic_write_text(inputs.reports_dir / "check.json", json.dumps(report.to_json(), indent=2) + "\n")
+    atomic_write_text(inputs.reports_dir / "check.json", json.dumps(data, indent=2) + "\n")
     atomic_write_text(inputs.reports_dir / "check.sarif", json.dumps(report.to_sarif(), indent=2) + "\n")
     if ctx.log.github:
         for f in report.errors:
@@ -146,7 +148,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         checked=report.calls_checked,
         unchecked=report.calls_unchecked,
         off_path=off_path,
-        architecture=architecture,
+        architecture=reach.facts.architecture if reach is not None else None,
         pristine_errors=pristine_errors,
     )
     if out.errors:
