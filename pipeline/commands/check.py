@@ -18,13 +18,14 @@ from pipeline import validate
 from pipeline.app import App, pass_app
 from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
-from pipeline.lock import Lock
-from pipeline.recipe import find_recipe
 from pipeline.stages.base import Context
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
     from pipeline.gitw import GitRepo
+
+# Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
+# local refs needs none of them (start-up time, issue 12 §5).
 
 
 @click.command(name="check")
@@ -120,6 +121,8 @@ def command(
     )
     log = app.log
     if recipe_path is None and model is not None:  # named explicitly: a missing recipe is an error
+        from pipeline.recipe import find_recipe
+
         recipe_path = find_recipe(validate.model(model), Path(settings.paths.recipes_dir))
     if lock_path is not None:
         inputs = _lock_inputs(app, lock_path, atom_repo, aiter_repo, patches_dir, unpatched, recipe_path)
@@ -165,8 +168,9 @@ def _lock_inputs(
     recipe_path: Path | None,
 ) -> Any:
     """The locked commits; when the lock records applied patches, the patched tree (the patch stage's)."""
+    from pipeline.lock import Lock
+    from pipeline.recipe import find_recipe
     from pipeline.stages import check, patch
-    from pipeline.stages.base import Context
 
     settings = app.settings()
     lock = Lock.load(lock_path)
