@@ -37,6 +37,7 @@ def ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstreams:
     monkeypatch.chdir(work)
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PIPELINE_FETCH_RETRIES", "0")
+    monkeypatch.setenv("PIPELINE_RECIPES_DIR", str(ROOT / "recipes"))  # pin refuses a model without one
     return make_upstreams(tmp_path)
 
 

@@ -130,8 +130,8 @@ def test_lock_held_elsewhere_is_exit_13(tmp_path: Path) -> None:
     [
         ["--config", "c" * 300, "pin", "--model", "M"],
         ["check", "--lock", "l" * 300],
-        ["pin", "--model", "M", "--lock", "l" * 300],
-        ["pin", "--model", "M", "--atom-repo", "/" + "a" * 300],
+        ["pin", "--model", "MiniMax-M3-MXFP4", "--lock", "l" * 300],
+        ["pin", "--model", "MiniMax-M3-MXFP4", "--atom-repo", "/" + "a" * 300],
     ],
 )
 def test_a_path_over_the_limit_is_exit_2_not_a_bug(
@@ -144,6 +144,7 @@ def test_a_path_over_the_limit_is_exit_2_not_a_bug(
         if name.startswith("PIPELINE_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIPELINE_RECIPES_DIR", str(Path(__file__).resolve().parents[2] / "recipes"))
     code = main(argv)
     err = capsys.readouterr().err
     assert code in (ExitCode.USAGE, ExitCode.SOURCE), err
