@@ -226,6 +226,7 @@ class Checker:
         self._blob_at: dict[tuple[str, str], str | None] = {}
         self._on_tip: dict[str, bool] = {}
         self._first_parents: set[str] = set()
+        self._doubt: dict[tuple[int, int], tuple[RawCall, Signature, bool]] = {}
         self._oldest: dict[tuple[str, str, str, int, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
@@ -456,6 +457,16 @@ class Checker:
             self._fit[key] = best_fit(call, cands, self.written_time(call) if tied(call, cands) else None)
         return self._fit[key]
 
+    def _doubtful_memo(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
+        """`_doubtful`, once per call and definition: a search sees the same signature at many pins."""
+        key = (id(call), id(sig))
+        got = self._doubt.get(key)
+        if got is not None and got[0] is call and got[1] is sig:
+            return got[2]
+        r = self._doubtful(call, aiter_sha, sig, b)
+        self._doubt[key] = (call, sig, r)
+        return r
+
     def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
         """Could a call that binds cleanly at the pin have been written for another layout?
 
@@ -522,7 +533,7 @@ class Checker:
         b = bind(call, sig)
         defined_at = f"{sig.path}:{sig.line}"
         head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
-        if b.ok and not self._doubtful(call, aiter_sha, sig, b):
+        if b.ok and not self._doubtful_memo(call, aiter_sha, sig, b):
             return None
         fit = self.written_for(call, aiter_sha, sig)
         if fit is None:
