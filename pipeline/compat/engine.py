@@ -738,10 +738,12 @@ class Checker:
                     newer = v
                 if found and newer is not None:
                     c = newer.commit
-                    cause_info = CauseInfo(c, self.hist.parent(c.sha), f"`{name}` removed", "")
+                    to = self._moved_to(c.sha, def_name, path)
+                    change = f"`{name}` moved from {path} to {to}" if to else f"`{name}` removed"
+                    cause_info = CauseInfo(c, self.hist.parent(c.sha), change, "")
                     msg += (
-                        f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
-                        f'({_day(c)}, "{c.subject}")'
+                        f". Cause: `{def_name}` {'moved' if to else 'removed'} from {path}"
+                        f'{f" to {to}" if to else ""} by aiter {c.short} ({_day(c)}, "{c.subject}")'
                     )
                     break
             if cause_info is None and not call.guarded:
@@ -757,6 +759,14 @@ class Checker:
                 )
                 msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _moved_to(self, sha: str, name: str, old_path: str) -> str | None:
+        """Another file that commit `sha` made define `name` (the function moved there), if any."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        for path, versions in self.hist.changed_by(sha).items():
+            if path != old_path and self.hist.sig_at(path, versions, name) is not None:
+                return path
+        return None
 
     def _deleted_by(self, aiter_sha: str, paths: list[str]) -> CommitInfo | None:
         key = f"deleted:{aiter_sha}:{','.join(paths)}"
