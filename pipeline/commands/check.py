@@ -10,20 +10,23 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline.app import App, pass_app
 from pipeline.compat import CheckReport, run_check
-from pipeline.compat.reach import gate_model
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.gitw import GitRepo
-from pipeline.lock import Lock
-from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.recipe import find_recipe, load_recipe
-from pipeline.sources import is_local, mirrors_for_lock, open_mirror
+
+if TYPE_CHECKING:
+    from pipeline.compat.reach import Reach
+    from pipeline.lock import Lock
+
+# Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
+# local refs needs none of them (start-up time, issue 12 §5).
 
 
 @click.command(name="check")
@@ -117,6 +120,9 @@ def command(
     )
     log = app.log
     if lock_path is not None:
+        from pipeline.lock import Lock
+        from pipeline.patchq import PatchSeries, patched_commit
+
         lock = Lock.load(lock_path)
         atom, aiter = _repos_for_lock(settings, lock, atom_repo, aiter_repo)
         atom_rev, aiter_rev = lock.atom.sha, lock.aiter.sha
@@ -154,12 +160,20 @@ def command(
             f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
         )
         recipes_dir = Path(settings.paths.recipes_dir)
+        reach: Reach | None = None
         if recipe_path is None and model is not None:
+            from pipeline.recipe import find_recipe
+
             recipe_path = find_recipe(model, recipes_dir)  # named explicitly: a missing one is an error
         if recipe_path is None and lock_path is not None:
+            from pipeline.recipe import find_recipe
+
             with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
                 recipe_path = find_recipe(lock.model, recipes_dir)
         if recipe_path is not None:
+            from pipeline.compat.reach import gate_model
+            from pipeline.recipe import load_recipe
+
             gate = gate_model(
                 report,
                 atom,
@@ -167,7 +181,7 @@ def command(
                 cache_dir=settings.cache_dir / "compat",
                 waivers=not no_waivers,
             )
-            report = gate.report
+            report, reach = gate.report, gate.reach
             if gate.reach is not None:
                 off = sum(1 for f in report.findings if f.reach == "off-path")
                 rec.figure += f", {off} off {gate.reach.facts.architecture}'s path"
@@ -181,7 +195,7 @@ def command(
         if not report.ok:
             rec.status = "failed"
 
-    text = render(report, fmt)
+    text = render(report, fmt, reach=reach)
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")
@@ -199,16 +213,22 @@ def command(
         )
 
 
-def render(report: CheckReport, fmt: str) -> str:
+def render(report: CheckReport, fmt: str, *, reach: Reach | None = None) -> str:
     if fmt == "json":
-        return json.dumps(report.to_json(), indent=2) + "\n"
+        data = report.to_json()
+        if reach is not None:
+            data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
+        return json.dumps(data, indent=2) + "\n"
     if fmt == "sarif":
         return json.dumps(report.to_sarif(), indent=2) + "\n"
-    return report.to_text() + "\n"
+    text = report.to_text() + "\n"
+    return text + (f"reach: {reach.edges_summary()}\n" if reach is not None else "")
 
 
 def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
     """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
+    from pipeline.sources import is_local, open_mirror
+
     path = Path(url).expanduser()
     if is_local(url) and path.exists():
         return GitRepo(path)
@@ -223,6 +243,8 @@ def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
 def _repos_for_lock(
     settings: Settings, lock: Lock, atom_repo: str | None, aiter_repo: str | None
 ) -> tuple[GitRepo, GitRepo]:
+    from pipeline.sources import mirrors_for_lock
+
     if not atom_repo and not aiter_repo:
         return mirrors_for_lock(settings, lock)
     atom = open_repo(settings, atom_repo or lock.atom.url, "ATOM")
