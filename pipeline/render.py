@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import __version__, labels, toolpins
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
-from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
+from pipeline.fsutil import atomic_write_json, atomic_write_text, make_temp_dir, sha256_bytes, sha256_file
 from pipeline.lock import Lock
 
 if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the manifest
@@ -829,7 +828,7 @@ def render_context(
         reuse_root = shared_context_dir(settings, lock.model)
         reuse = read_file_index(reuse_root)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.", suffix="")  # the umask's mode, not 0700
     try:
         wheel_hashes = link_wheelhouse(settings.wheels_dir, stage / WHEELS)
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None

@@ -64,6 +64,17 @@ class History:
         # One whole-history log of the tip serves every file of every commit on its first parents.
         self._all: dict[str, list[FileVersion]] | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
+        self._by_commit: dict[str, dict[str, str]] | None = None
+
+    def changed_by(self, sha: str) -> dict[str, str]:
+        """{path: new blob} of the Python files a first-parent commit changed (from the whole log)."""
+        if self._by_commit is None:
+            self._by_commit = {}
+            for path, versions in (self._all or {}).items():
+                for v in versions:
+                    if v.blob is not None:
+                        self._by_commit.setdefault(v.commit.sha, {})[path] = v.blob
+        return self._by_commit.get(sha, {})
 
     def position(self, sha: str) -> int | None:
         """Place of a commit on the tip's first parents (0: the tip), when the whole log is in use."""
@@ -135,6 +146,8 @@ class History:
     def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
         if blob is None:
             return None
+        if "." in name:  # a method (`C().m`, `C.m`): read from the module summary
+            return self.summary(path, blob).find_sig(name)
         key = f"sig:{blob}:{name}"
         if self.facts is not None and key in self.facts.data:
             got: Signature | None = self.facts.data[key]
@@ -146,11 +159,7 @@ class History:
         fast = one if isinstance(one, Signature) else None
         if one is False:  # not a plain single top-level def: summarize the module
             self.cache.raw[blob] = raw
-            s = self.summary(path, blob)
-            for ev_name, kind, payload, _ in reversed(s.events):
-                if ev_name == name and kind in ("def", "class"):
-                    fast = payload if isinstance(payload, Signature) else None
-                    break
+            fast = self.summary(path, blob).find_sig(name)
         if self.facts is not None:
             self.facts.data[key] = fast
             self.facts.dirty = True

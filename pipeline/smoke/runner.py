@@ -840,8 +840,12 @@ def run_smoke(
     except KeyboardInterrupt:
         gone = "the server container was removed" if removed else "no server container was left running"
         with contextlib.suppress(PipelineError, OSError):
-            finish("error", f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}", checks,
-                   pf.summary())
+            finish(
+                "error",
+                f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}",
+                checks,
+                pf.summary(),
+            )
         raise
     except DiskError:
         raise  # nothing more can be written; earlier results were moved aside at the start

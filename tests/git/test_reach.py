@@ -233,8 +233,8 @@ def test_the_build_check_stage_gates_on_the_models_path(
     findings = {f["path"]: f for f in json.loads((run / "check.json").read_text())["findings"]}
     if code == 0:
         stage = json.loads((run / "stages" / "check.json").read_text())
-        assert stage["outputs"]["off_path"] == 3 and stage["outputs"]["reach"]["architecture"] == arch
-        assert "3 off the model's path" in stage["outputs"]["figure"]
+        assert stage["outputs"]["off_path"] == 3 and stage["outputs"]["architecture"] == arch
+        assert "3 off the model's path" in stage["figure"]
         assert {f["reach"] for f in findings.values()} == {"off-path"}
     else:  # Alpha's own break gates; the two off its path are warnings
         assert findings[BROKEN]["reach"] == "on-path" and findings[BROKEN]["severity"] == "error"
