@@ -118,6 +118,8 @@ def settings_for(
 
 
 def render(repos: BuildRepos, base: str, out: Path, s: Settings) -> Path:
+    """Each builder gets its own `created` time, hence its own inputs digest: neither finds the
+    other's image and skips."""
     name, digest = base.split("@")
     ctx = render_context(
         lock=repos.lock(base_ref=name, base_digest=digest),
@@ -129,6 +131,7 @@ def render(repos: BuildRepos, base: str, out: Path, s: Settings) -> Path:
         settings=s,
         out_dir=out,
         templates_dir=TEMPLATES,
+        source_date_epoch=1_780_000_000 if s.image.builder == "classic" else 1_780_000_001,
     )
     return ctx.dir
 
@@ -198,7 +201,7 @@ def main() -> int:
             # whatever each builder's cache holds (--nocache would time pip, not our pipeline)
             t_cl_cold, _ = timed(engine, ctx_cl, cl, "cl1")
             t_bk_cold, cold = timed(engine, ctx_bk, bk, "bk1")
-            row("cold build", t_bk_cold, t_cl_cold, f"BuildKit sent {cold.context_bytes / 1e6:.1f} MB")  # type: ignore[operator]
+            row("cold build", t_bk_cold, t_cl_cold, f"BuildKit sent {(cold.context_bytes or 0) / 1e6:.1f} MB")
 
             # patch-only rebuild
             repos2 = repos.repatch("-bench")
