@@ -415,6 +415,7 @@ def plan_render(
         "setuptools_scm_requirement": toolpins.SETUPTOOLS_SCM_REQUIREMENT,
         "wheels_in_image": WHEELS_IN_IMAGE,
         "aiter_requirements": aiter_requirements,
+        "wheelhouse": bool(wheel_hashes) if wheel_hashes is not None else True,
         "max_jobs": img.max_jobs,
         "prebuild_kernels": str(img.prebuild_kernels),
         "offline_build": img.offline_build,
@@ -548,6 +549,7 @@ class RenderedContext:
     labels: dict[str, str]
     image_ref: str
     parity_summary: str = ""
+    notes: tuple[str, ...] = ()  # what render decided that the user should know (printed as warnings)
 
 
 def _resolve(repo: GitRepo, sha: str, what: str) -> str:
@@ -678,24 +680,28 @@ def read_file_index(context: Path) -> FileIndex:
         return {}
 
 
-def link_wheelhouse(wheels_dir: Path, dest: Path) -> dict[str, str]:
+def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool) -> dict[str, str]:
     """Hard-link (or copy) the wheelhouse into the context; {file name: sha256}.
 
-    It must hold the pinned lm-eval wheel: without it the image could not bake the tool.
+    Without the pinned lm-eval, setuptools_scm and pip the image installs those pins from the
+    package index instead (the build needs the network, as upstream's does); `required` (an
+    offline build) refuses that.
     """
     names = sorted(p.name for p in wheels_dir.glob("*.whl")) if wheels_dir.is_dir() else []
     want = f"lm_eval-{toolpins.LM_EVAL_VERSION}-"
     scm = f"setuptools_scm-{toolpins.SETUPTOOLS_SCM_VERSION}-"
     missing = [w.rstrip("-") for w in (want, scm, "pip-") if not any(n.startswith(w) for n in names)]
-    if missing:
-        raise RenderError(
-            f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: the image installs lm-eval, "
-            "setuptools_scm and pip from it (containers may not reach PyPI).",
-            hint="Run `scripts/setup.sh wheels` (WHEELS_PYTHON=<the base image's python> for another "
-            "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
-            "[image] python_version.",
-        )
     dest.mkdir(parents=True, exist_ok=True)
+    if missing:
+        if required:
+            raise RenderError(
+                f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
+                "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
+                hint="Run `scripts/setup.sh wheels` (WHEELS_PYTHON=<the base image's python> for another "
+                "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
+                "[image] python_version.",
+            )
+        return {}
     hashes = {}
     for name in names:
         src = wheels_dir / name
@@ -821,6 +827,7 @@ def render_context(
             hint="Pass an empty or new directory with -o.",
         )
     tools, modules = recipe_tools(recipe_path)
+    notes: list[str] = []
     # Unchanged files come from the previous render here, or from the engine's build directory.
     reuse_root = out_dir
     reuse = read_file_index(out_dir)
@@ -830,7 +837,15 @@ def render_context(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.", suffix="")  # the umask's mode, not 0700
     try:
-        wheel_hashes = link_wheelhouse(settings.wheels_dir, stage / WHEELS)
+        wheel_hashes = link_wheelhouse(
+            settings.wheels_dir, stage / WHEELS, required=settings.image.offline_build
+        )
+        if not wheel_hashes:
+            notes.append(
+                f"no wheelhouse at {settings.wheels_dir}: the image installs "
+                f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
+                "index (`scripts/setup.sh wheels` makes the build independent of it)"
+            )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
         plan = plan_render(
             lock=lock,
@@ -955,6 +970,7 @@ def render_context(
         labels=plan.labels,
         image_ref=plan.image_ref,
         parity_summary=report.summary,
+        notes=tuple(notes),
     )
 
 

@@ -103,6 +103,8 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         source_date_epoch=inputs.source_date_epoch,
     )
     ctx.log.info(f"{rendered.parity_summary} (see {rendered.dir / 'parity.md'})")
+    for note in rendered.notes:
+        ctx.log.warn(note)
     return Outputs(
         context=rendered.dir,
         dockerfile=rendered.dockerfile,

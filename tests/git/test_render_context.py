@@ -131,25 +131,37 @@ def test_rerender_hard_links_unchanged_files(repos: BuildRepos, tmp_path: Path) 
     assert third.inputs_digest == first.inputs_digest
 
 
-def test_missing_wheelhouse_is_refused_before_anything_is_written(repos: BuildRepos, tmp_path: Path) -> None:
+def test_without_a_wheelhouse_offline_is_refused_online_uses_the_index(
+    repos: BuildRepos, tmp_path: Path
+) -> None:
     s = settings(tmp_path)
     empty = tmp_path / "no-wheels"
     empty.mkdir()
     s = s.model_copy(update={"paths": s.paths.model_copy(update={"wheels_dir": str(empty)})})
-    with pytest.raises(RenderError, match=r"scripts/setup\.sh wheels") as e:
-        render_context(
+
+    def go(st: Settings, out: Path) -> RenderedContext:
+        return render_context(
             lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
             atom=GitRepo(repos.atom),
             atom_tree_sha=repos.patched_sha,
             aiter=GitRepo(repos.aiter),
             submodule_repos={CK_PATH: GitRepo(repos.ck)},
             recipe_path=repos.recipe,
-            settings=s,
-            out_dir=tmp_path / "ctx",
+            settings=st,
+            out_dir=out,
             templates_dir=TEMPLATES,
         )
+
+    offline = s.model_copy(update={"image": s.image.model_copy(update={"offline_build": True})})
+    with pytest.raises(RenderError, match=r"scripts/setup\.sh wheels") as e:
+        go(offline, tmp_path / "ctx")
     assert "lm_eval-0.4.13" in str(e.value)
-    assert not (tmp_path / "ctx").exists() and not list(tmp_path.glob(".ctx.*"))
+    assert not (tmp_path / "ctx").exists() and not list(tmp_path.glob(".ctx.*"))  # nothing half-done
+    online = go(s, tmp_path / "ctx2")  # the pins then come from the index, and render says so
+    assert any("no wheelhouse" in n for n in online.notes)
+    text = online.dockerfile.read_text()
+    assert "python3 -m pip install 'lm-eval[api]==0.4.13' setuptools_scm==10.3.4 && \\" in text
+    assert "--no-index" not in text
 
 
 def test_render_is_deterministic_and_rerender_replaces(repos: BuildRepos, tmp_path: Path) -> None:
