@@ -5,9 +5,11 @@ base image (bookworm + python3) with tests/servers/ copied in:
 
 - the server is tests/servers/openai_server.py (an OpenAI-compatible stand-in for ATOM's
   server, with failure modes), run with the recipe's container options;
-- `lm_eval` and `benchmark_serving` cannot exist here (datasets, GPUs), so the image carries
-  stand-ins (tests/servers/standin_*.py) that query the server and write the *real* tools'
-  output files: lm_eval's results_<timestamp>.json, benchmark_serving's --save-result JSON;
+- `lm_eval` is the real one (the pinned lm-eval, `smoke_image` in conftest.py), running the
+  real gsm8k task config over a generated local GSM8K-format data set;
+- ATOM's `benchmark_serving` needs the ATOM tree and a tokenizer, so the image carries a
+  stand-in (tests/servers/standin_benchmark_serving.py) that writes the *real* tool's
+  --save-result JSON (its shape is checked against ATOM's script: tests/git/test_benchfmt.py);
 - the GPU preflight reads a fake KFD topology (tests/fixtures/sysfs.py); the test recipe
   needs no device nodes.
 
@@ -21,19 +23,16 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pipeline import labels
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import Engine
@@ -43,7 +42,14 @@ from pipeline.log import Logger
 from pipeline.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
 from pipeline.smoke.preflight import run_preflight
-from tests.docker.conftest import CASE_LABEL, SESSION_ID, TEST_LABEL, DockerCleanup
+from tests.docker.conftest import (
+    CASE_LABEL,
+    INPUTS_LABEL_VALUE,
+    LOCK_LABEL_VALUE,
+    SESSION_ID,
+    TEST_LABEL,
+    DockerCleanup,
+)
 from tests.fixtures.sysfs import make_sysfs, nodes_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,34 +59,6 @@ SEED_LINE = (
     "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]' "
     "for argument 'index_cache' but instead found type 'int'."
 )
-LOCK_LABEL_VALUE = "0" * 63 + "1"
-INPUTS_LABEL_VALUE = "0" * 63 + "2"
-
-
-@pytest.fixture(scope="module")
-def smoke_image(engine: Engine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The test server image: base image + tests/servers + an `lm_eval` stand-in on PATH."""
-    ctx = tmp_path_factory.mktemp("smoke-image")
-    for f in SERVERS.glob("*.py"):
-        shutil.copy(f, ctx / f.name)
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base_image}\n"
-        "COPY *.py /opt/smoke/\n"
-        "RUN printf '#!/bin/sh\\nexec python3 /opt/smoke/standin_lm_eval.py \"$@\"\\n'"
-        " > /usr/local/bin/lm_eval && chmod +x /usr/local/bin/lm_eval\n"
-    )
-    tag = f"atom-pipeline-test/smoke-server-{SESSION_ID}:1"
-    engine.build(
-        ctx,
-        tag=tag,
-        labels={
-            TEST_LABEL: SESSION_ID,
-            labels.LOCK_SHA256: LOCK_LABEL_VALUE,
-            labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE,
-        },
-    )
-    yield tag
-    engine.remove_image(tag, force=True)
 
 
 def variant(tmp_path: Path, mode: str = "healthy", *, replace: dict[str, str] | None = None) -> Path:
