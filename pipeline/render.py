@@ -577,6 +577,19 @@ def render_context(
             hint="Run `pipeline patch` again so the lock records the applied patches.",
         )
     aiter_tree = _resolve(aiter, lock.aiter.sha, "locked aiter")
+    # The serving benchmark's --save-result format, read from the tree we build (never executed).
+    from pipeline.smoke import benchfmt
+
+    try:
+        benchfmt.check_tree(
+            lambda path: atom.read_blob(atom_tree_sha, path), recipe_path, where=f"ATOM {atom_tree_sha[:10]}"
+        )
+    except benchfmt.FormatError as e:
+        raise RenderError(
+            str(e),
+            hint="Pin an ATOM whose benchmark_serving.py writes these keys, or update the serving-benchmark "
+            "gate (pipeline/smoke/checks.py) and the recipe to what this ATOM writes.",
+        ) from None
 
     # aiter's submodules: the aiter commit pins them, the lock must agree.
     gitlinks = dict(aiter.submodules(lock.aiter.sha))

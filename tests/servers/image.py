@@ -56,9 +56,7 @@ def write_context(ctx: Path, base_image: str) -> Path:
     return ctx
 
 
-def build_smoke_image(
-    engine: Any, base_image: str, ctx: Path, *, tag: str, labels: Mapping[str, str]
-) -> str:
+def build_smoke_image(engine: Any, base_image: str, ctx: Path, *, tag: str, labels: Mapping[str, str]) -> str:
     write_context(ctx, base_image)
     engine.build(ctx, tag=tag, labels=dict(labels))
     return tag
