@@ -1,20 +1,133 @@
-"""Small file-system helpers shared by the stages."""
+"""Small file-system helpers shared by the stages.
+
+- Reading: `read_text`/`read_bytes` turn every way a file can be unreadable
+  (missing, a directory, not UTF-8, permission, a name too long) into one of
+  our errors naming the file, never a traceback.
+- Writing: `atomic_write_text` never leaves half a file, and the file gets
+  the mode any other tool would give it (the umask for a new file, the old
+  mode on a rewrite); `make_temp_dir` likewise for directories.
+- Locking: `hold_lock` is the one cross-process lock (a `filelock.FileLock`
+  with our wait message and exit 13).
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import PipelineError, RunLocked, UsageError
+
+if TYPE_CHECKING:
+    import filelock
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def unreadable(path: Path, what: str, e: OSError | UnicodeDecodeError) -> str:
+    """One sentence saying why `path` (a `what`: "lock file", "recipe", ...) cannot be read."""
+    if isinstance(e, UnicodeDecodeError):
+        return (
+            f"{what} {path} is not UTF-8 text (byte {e.start} is {e.object[e.start : e.start + 1]!r}); "
+            "it must be saved as UTF-8."
+        )
+    if isinstance(e, FileNotFoundError):
+        return f"{what} {path} does not exist."
+    if isinstance(e, IsADirectoryError):
+        return f"{what} {path} is a directory, not a file."
+    if isinstance(e, NotADirectoryError):
+        return f"{what} {path} is not reachable: a part of its path is a file, not a directory."
+    if isinstance(e, PermissionError):
+        return f"{what} {path} cannot be read: permission denied."
+    if e.errno == errno.ENAMETOOLONG:
+        return f"{what} path {shorten(str(path))} is too long for the file system."
+    return f"{what} {path} cannot be read: {e.strerror or e}."
+
+
+def read_bytes(
+    path: Path, *, what: str, error: type[PipelineError] = UsageError, hint: str | None = None
+) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise error(unreadable(Path(path), what, e), hint=hint) from None
+
+
+def read_text(
+    path: Path, *, what: str, error: type[PipelineError] = UsageError, hint: str | None = None
+) -> str:
+    """The UTF-8 text of `path`, or `error` naming the file and what is wrong with it."""
+    data = read_bytes(path, what=what, error=error, hint=hint)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(unreadable(Path(path), what, e), hint=hint) from None
+
+
+def path_problem(path: Path) -> str | None:
+    """Why `path` cannot even be asked about (a name or path over the system's limit), else None."""
+    text = str(path)
+    try:
+        max_name = os.pathconf("/", "PC_NAME_MAX")
+        max_path = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        max_name, max_path = 255, 4096
+    if len(os.fsencode(text)) >= max_path:
+        return f"the path is {len(text)} characters long, over the system's limit of {max_path}"
+    for part in Path(text).parts:
+        if len(os.fsencode(part)) > max_name:
+            return f"its component {shorten(part)} is over the system's limit of {max_name} bytes per name"
+    return None
+
+
+def shorten(value: str, keep: int = 60) -> str:
+    """`value` for a message: cut to `keep` characters, saying how long it was."""
+    if len(value) <= keep:
+        return repr(value)
+    return f"{value[:keep]!r}… ({len(value)} characters)"
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    try:  # thread-safe where available (Linux >= 4.7)
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode `open(path, "w")` would give a new file here (0666 less the umask)."""
+    return 0o666 & ~_umask()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and `os.replace` (never half a file)."""
+    """Write via a temp file in the same directory and `os.replace` (never half a file).
+
+    A new file gets the umask's mode; a rewritten file keeps its mode (mkstemp alone would
+    make every file 0600).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = new_file_mode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -27,6 +140,13 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """`tempfile.mkdtemp` in `parent`, with the mode `mkdir` would give (for dirs renamed into place)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path.chmod(0o777 & ~_umask())
+    return path
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -37,3 +157,59 @@ def sha256_file(path: Path) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# -- locking ---------------------------------------------------------------------------
+
+
+def acquire_lock(
+    lock_file: Path,
+    *,
+    wait: float,
+    busy: str,
+    hint: str,
+    on_wait: Callable[[], None] | None = None,
+) -> filelock.BaseFileLock:
+    """Take the cross-process lock `lock_file`, waiting up to `wait` seconds, else `RunLocked` (exit 13).
+
+    `busy` says who holds it (the error's message); `on_wait` is called once when we have to wait.
+    """
+    import filelock  # not at import time: the CLI starts faster
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        if on_wait is not None:
+            on_wait()
+        try:
+            lock.acquire(timeout=wait)
+        except filelock.Timeout:
+            raise RunLocked(busy, hint=hint) from None
+    return lock
+
+
+@contextmanager
+def hold_lock(
+    lock_file: Path,
+    *,
+    wait: float,
+    busy: str,
+    hint: str,
+    on_wait: Callable[[], None] | None = None,
+) -> Iterator[filelock.BaseFileLock]:
+    lock = acquire_lock(lock_file, wait=wait, busy=busy, hint=hint, on_wait=on_wait)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def remove_held_lock(lock: filelock.BaseFileLock) -> None:
+    """Delete a lock file we hold (before releasing it), when what it guarded is gone.
+
+    Safe with filelock >= 4: a waiter that opened the old file notices it was unlinked and
+    retries on the path.
+    """
+    Path(lock.lock_file).unlink(missing_ok=True)

@@ -1,15 +1,22 @@
 """Git, wrapped once.
 
-Everything that talks to git goes through `GitRepo`. GitPython's exceptions
-become our `SourceError` (or `InfraError` for unreachable remotes), keeping
-git's stderr as evidence. Reads of file contents come straight from git
-objects: no checkout is needed to analyse a commit.
+Every git command the tool runs goes through `run_git`: one environment (no
+prompts, English messages, no inherited `GIT_DIR`), stdout and stderr both
+captured (stderr is kept as evidence in our errors), optional streaming of
+`--progress` lines, and the child killed if we are interrupted. `GitRepo`
+runs its commands through it; GitPython is used only to read objects (commits,
+trees, blobs through its persistent `cat-file --batch`), so no checkout is
+needed to analyse a commit.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import re
+import selectors
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +25,27 @@ import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from pipeline.errors import InfraError, SourceError
+
+ProgressFn = Callable[[str], None]
+
+# The environment of every git command (on top of ours).
+GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",  # never wait for a password on a terminal
+    "LC_ALL": "C",  # English messages, so failures can be classified
+    "GIT_ASKPASS": "",
+    "SSH_ASKPASS": "",
+}
+
+
+def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GIT_ENV)
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
+    if extra:
+        env.update(extra)
+    return env
+
 
 # Phrases git prints when a remote cannot be reached at all (as opposed to a
 # remote that answers "no such ref").
@@ -63,10 +91,143 @@ class GitResult:
     status: int
     stdout: str
     stderr: str
+    args: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.status == 0
+
+    @property
+    def command(self) -> str:
+        return " ".join(("git", *self.args))
+
+
+_PROGRESS = re.compile(r"\d+% \(")
+
+
+class _ProgressLines:
+    """Turn git's `--progress` stderr into lines for `progress`, throttled.
+
+    A line is emitted when the phase changes, at most every 2 s within a
+    phase, and the final line of each phase. Progress lines are not kept as
+    evidence; every other stderr line is.
+    """
+
+    def __init__(self, progress: ProgressFn | None) -> None:
+        self.progress = progress
+        self.kept: list[str] = []
+        self.phase = ""
+        self.last_emit = 0.0
+        self.pending = ""
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        parts = re.split(rb"[\r\n]", self.buf)
+        self.buf = parts.pop()
+        for raw in parts:
+            self._line(raw.decode("utf-8", "replace").strip())
+
+    def _line(self, line: str) -> None:
+        if not line:
+            return
+        this_phase = line.split(":", 1)[0]
+        is_progress = bool(_PROGRESS.search(line))
+        if not is_progress:
+            self.kept.append(line)
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if this_phase != self.phase:
+            if self.pending:
+                self.progress(self.pending)
+            self.phase, self.pending, self.last_emit = this_phase, "", now
+            self.progress(line)
+        elif line.endswith("done.") or not is_progress or now - self.last_emit >= 2.0:
+            self.progress(line)
+            self.pending, self.last_emit = "", now
+        else:
+            self.pending = line
+
+    def close(self) -> str:
+        if self.buf.strip():
+            self.kept.append(self.buf.decode("utf-8", "replace").strip())
+        if self.progress is not None and self.pending:
+            self.progress(self.pending)
+        return "\n".join(self.kept)
+
+
+def run_git(
+    args: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    progress: ProgressFn | None = None,
+) -> GitResult:
+    """Run `git <args>`; never raises for git's own failure (see `GitResult.ok`).
+
+    stdout and stderr are both read as they come (no pipe can fill up). With
+    `progress`, stderr is parsed as `--progress` output and streamed to it;
+    without, stderr is kept whole. On any exception (Ctrl-C, a kill of our
+    process group's parent) the child is killed and reaped before re-raising.
+    """
+    argv = ["git", *args]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=git_env(env),
+        )
+    except OSError as e:  # git itself missing, or cwd gone
+        return GitResult(127, "", f"fatal: cannot run git: {e}", tuple(args))
+    assert proc.stdout is not None and proc.stderr is not None
+    out: list[bytes] = []
+    err_raw: list[bytes] = []
+    lines = _ProgressLines(progress) if progress is not None else None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, "out")
+            sel.register(proc.stderr, selectors.EVENT_READ, "err")
+            open_streams = 2
+            while open_streams:
+                for key, _ in sel.select():
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                    elif key.data == "out":
+                        out.append(chunk)
+                    elif lines is not None:
+                        lines.feed(chunk)
+                    else:
+                        err_raw.append(chunk)
+        status = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    stderr = lines.close() if lines is not None else b"".join(err_raw).decode("utf-8", "replace")
+    return GitResult(status, b"".join(out).decode("utf-8", "replace"), stderr, tuple(args))
+
+
+def git_error(res: GitResult, where: str) -> SourceError | InfraError:
+    """Our error for a failed `res`, with git's stderr as evidence."""
+    stderr = res.stderr.strip()
+    if is_unreachable(stderr):
+        return InfraError(
+            f"git could not reach a remote while running `{res.command}`: {_sentence(_first_line(stderr))}",
+            hint="Check the URL and the network, or use a local mirror path.",
+            evidence=stderr,
+        )
+    return SourceError(
+        f"`{res.command}` failed in {where}: {_sentence(_first_line(stderr))}", evidence=stderr
+    )
 
 
 class GitRepo:
@@ -86,28 +247,12 @@ class GitRepo:
         self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
 
     # -- plumbing -----------------------------------------------------------
-    def git(self, *args: str, env: dict[str, str] | None = None) -> str:
-        """Run `git <args>` in this repository and return stdout (stripped)."""
-        try:
-            # --git-dir always: mirrors may lack a `config` file, which
-            # makes git's own discovery fail.
-            out: str = self.repo.git.execute(
-                ["git", f"--git-dir={self.repo.git_dir}", *args],
-                env=env,
-                with_extended_output=False,
-                strip_newline_in_stdout=True,
-            )
-            return out
-        except GitCommandError as e:
-            stderr = (e.stderr or "").strip()
-            cmd = " ".join(str(a) for a in e.command) if isinstance(e.command, list) else str(e.command)
-            if is_unreachable(stderr):
-                raise InfraError(
-                    f"git could not reach a remote while running `{cmd}`: {_first_line(stderr)}",
-                    hint="Check the URL and the network, or use a local mirror path.",
-                    evidence=stderr,
-                ) from e
-            raise SourceError(f"`{cmd}` failed in {self.path}: {_first_line(stderr)}", evidence=stderr) from e
+    def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
+        """Run `git <args>` in this repository and return stdout (one trailing newline dropped)."""
+        res = self.run(*args, env=env)
+        if not res.ok:
+            raise git_error(res, str(self.path))
+        return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 
     # -- objects ------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:
@@ -175,13 +320,10 @@ class GitRepo:
             yield sha, self.repo.odb.stream(bytes.fromhex(sha)).read()
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
-        try:
-            self.git("merge-base", "--is-ancestor", ancestor, descendant)
-            return True
-        except SourceError as e:
-            if isinstance(e.__cause__, GitCommandError) and e.__cause__.status == 1:
-                return False
-            raise
+        res = self.run("merge-base", "--is-ancestor", ancestor, descendant)
+        if res.status in (0, 1):
+            return res.ok
+        raise git_error(res, str(self.path))
 
     def log(self, rev: str, paths: Sequence[str] = (), *, first_parent: bool = False) -> list[CommitInfo]:
         """Commits reachable from `rev` (newest first), optionally touching `paths`."""
@@ -202,7 +344,11 @@ class GitRepo:
         return [r for r in out.splitlines() if r]
 
     def run(
-        self, *args: str, env: Mapping[str, str] | None = None, work_tree: Path | None = None
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        work_tree: Path | None = None,
+        progress: ProgressFn | None = None,
     ) -> GitResult:
         """Run `git <args>`; return status/stdout/stderr without raising on failure.
 
@@ -211,19 +357,9 @@ class GitRepo:
         git finds the git dir from its `.git` file.
         """
         if work_tree is None:
-            runner = self.repo.git
-            cmd = ["git", f"--git-dir={self.repo.git_dir}", *args]
-        else:
-            runner = git.Git(str(work_tree))
-            cmd = ["git", *args]
-        status, out, err = runner.execute(
-            cmd,
-            env=dict(env) if env else None,
-            with_extended_output=True,
-            with_exceptions=False,
-            strip_newline_in_stdout=False,
-        )
-        return GitResult(int(status or 0), str(out), str(err))
+            # --git-dir always: mirrors may lack a `config` file, which makes git's own discovery fail.
+            return run_git([f"--git-dir={self.repo.git_dir}", *args], env=env, progress=progress)
+        return run_git(list(args), cwd=work_tree, env=env, progress=progress)
 
 
 def _first_line(text: str) -> str:
@@ -232,3 +368,7 @@ def _first_line(text: str) -> str:
         if line:
             return line
     return "(no output)"
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith((".", "!", "?")) else text + "."

@@ -102,7 +102,7 @@ def command() -> None:
     \b
     pipeline patch list                       the series and each patch's range
     pipeline patch check                      status of each patch for the locked commits
-    pipeline patch apply                      commits on pipeline/patched/<atom7>-<series7>
+    pipeline patch apply                      commits at refs/pipeline/patched/<atom7>-<series7>
     pipeline patch import --repo WT           the series as commits on a branch, to edit
     pipeline patch export --repo WT           those commits back into patch files + series
     pipeline patch new --repo WT              one commit appended as the next patch

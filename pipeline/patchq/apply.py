@@ -5,8 +5,10 @@ scratch index whose new objects go to a temporary object directory (the
 repository's objects are only read, as alternates).
 
 `apply_series` makes one commit per patch in a fresh linked work tree of the
-pinned ATOM commit, then points the throwaway branch
-`pipeline/patched/<atom7>-<series7>` at the result. All or nothing: on any
+pinned ATOM commit (detached), then points the ref
+`refs/pipeline/patched/<atom7>-<series7>` at the result. That ref is outside
+`refs/heads/`, which the mirror's fetch prunes to upstream's branches: a later
+`pin` never deletes it, nor leaves the work tree on a vanished branch. All or nothing: on any
 failure the work tree is removed and every ref is restored, then checked to
 be exactly as before. Commits are deterministic (author and committer taken
 from the patch), so the same inputs give the same patched SHA.
@@ -29,7 +31,8 @@ from pipeline.patchq.conditions import aiter_conditions, atom_in_range
 from pipeline.patchq.model import Patch, PatchSeries, series_digest
 
 Status = Literal["applies", "not-needed", "already-upstream", "conflict"]
-BRANCH_PREFIX = "pipeline/patched"
+# The tool's own refs in the ATOM mirror: never under refs/heads/ (pruned by every fetch).
+REF_PREFIX = "refs/pipeline/patched"
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ def is_dirty(repo: GitRepo, work_tree: Path) -> str:
     res = repo.run("status", "--porcelain", "--ignore-submodules=none", work_tree=work_tree)
     if not res.ok:
         raise PatchError(f"cannot read the status of {work_tree}: {res.stderr.strip()}", evidence=res.stderr)
-    return res.stdout.strip()
+    return res.stdout.rstrip()  # not strip(): " M path" keeps its leading status column
 
 
 def commit_patch(repo: GitRepo, work_tree: Path, patch: Patch) -> str:
@@ -390,7 +393,7 @@ def _failing_hunk_from_stderr(patch: Patch, stderr: str) -> str:
 
 def branch_name(atom_sha: str, pins: tuple[PatchPin, ...]) -> str:
     digest = series_digest([(p.name, p.sha256) for p in pins if p.status == "applied"])
-    return f"{BRANCH_PREFIX}/{atom_sha[:7]}-{digest[:7]}"
+    return f"{REF_PREFIX}/{atom_sha[:7]}-{digest[:7]}"
 
 
 @contextmanager
@@ -425,7 +428,7 @@ def pins_for(checks: list[PatchCheck]) -> tuple[tuple[PatchPin, ...], list[str]]
 def apply_series(
     series: PatchSeries, atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str, *, workdir: Path
 ) -> AppliedSeries:
-    """Apply the needed patches as commits on `pipeline/patched/<atom7>-<series7>`.
+    """Apply the needed patches as commits; `refs/pipeline/patched/<atom7>-<series7>` names the result.
 
     The linked work tree is `workdir/atom-<atom7>-<series7>`. Patches that are
     not needed or already upstream are recorded (status + note), not applied.
@@ -462,7 +465,10 @@ def apply_series(
             work_tree.rmdir()  # empty (checked above)
         _must(atom.run("worktree", "move", str(fresh), str(work_tree)), "move the work tree into place")
         cleanup[:] = [work_tree]  # the rollback removes it from here on
-        _must(atom.run("checkout", "-q", "-B", branch, work_tree=work_tree), f"create branch {branch}")
+        _must(
+            atom.run("update-ref", "-m", "pipeline: patch apply", branch, head),
+            f"point {branch} at the result",
+        )
     return AppliedSeries(head, pins, notes, work_tree, branch)
 
 
@@ -483,6 +489,7 @@ def _refuse_unusable(atom: GitRepo, work_tree: Path) -> None:
                 hint="Remove it or pass another --workdir.",
             )
         return
+    _reattach_lost_head(atom, work_tree)
     try:
         dirty = is_dirty(atom, work_tree)
     except PipelineError:
@@ -492,6 +499,34 @@ def _refuse_unusable(atom: GitRepo, work_tree: Path) -> None:
             f"the patched work tree {work_tree} has local changes ({dirty_summary(dirty)}); "
             "refusing to replace it.",
             evidence=dirty,
-            hint="Commit them as a patch (`pipeline patch new`), or remove the work tree "
-            "(`git worktree remove --force`).",
+            hint=f"To keep them, commit them there (`git -C {work_tree} add -A`, then `commit`) and add "
+            f"that commit to the series (`pipeline patch new --repo {work_tree}`); to drop them, "
+            f"remove the work tree (`git -C {atom.path} worktree remove --force {work_tree}`).",
         )
+
+
+def _reattach_lost_head(atom: GitRepo, work_tree: Path) -> None:
+    """A work tree left on a branch that a fetch pruned (versions before refs/pipeline/): detach it
+    at its last commit, from its own HEAD reflog, so that its status means something again.
+
+    Without this its HEAD is unborn, and `git status` reports every file as a local change.
+    """
+    if atom.run("rev-parse", "--verify", "-q", "HEAD", work_tree=work_tree).ok:
+        return
+    gitdir = worktree_gitdir(work_tree)
+    last = ""
+    reflog = gitdir / "logs" / "HEAD" if gitdir is not None else None
+    if reflog is not None and reflog.is_file():
+        lines = reflog.read_bytes().decode("utf-8", "replace").splitlines()
+        last = lines[-1].split(" ", 2)[1] if lines and lines[-1].count(" ") >= 2 else ""
+    if last and atom.rev_parse(last) == last:
+        _must(
+            atom.run("update-ref", "--no-deref", "HEAD", last, work_tree=work_tree),
+            f"re-attach {work_tree} at its last commit {last[:9]}",
+        )
+        return
+    raise PatchError(
+        f"the patched work tree {work_tree} is on a branch that no longer exists and its last commit "
+        "is unknown, so whether it holds local changes cannot be told; refusing to replace it.",
+        hint=f"Look at it, then remove it: `git -C {atom.path} worktree remove --force {work_tree}`.",
+    )

@@ -148,8 +148,8 @@ def test_apply_makes_one_deterministic_commit_per_patch(
     a = GitRepo(atom.mirror)
     res = apply_series(series, a, atom.c2, GitRepo(aiter.repo), aiter.a1, workdir=tmp_path / "work")
     assert res.worktree is not None and res.branch is not None
-    assert res.branch.startswith(f"pipeline/patched/{atom.c2[:7]}-")
-    assert a.rev_parse(f"refs/heads/{res.branch}") == res.head_sha
+    assert res.branch.startswith(f"refs/pipeline/patched/{atom.c2[:7]}-")  # not pruned by a fetch
+    assert a.rev_parse(res.branch) == res.head_sha
     assert git(atom.mirror, "rev-parse", f"{res.head_sha}^") == atom.c2
     assert a.read_blob(res.head_sha, MODEL) == FIXED_FILE.encode()
     assert (res.worktree / MODEL).read_text() == FIXED_FILE

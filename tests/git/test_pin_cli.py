@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sources
+from pipeline import retry, sources
 from pipeline.cli import main
 from pipeline.errors import ExitCode
 from pipeline.lock import Lock, PatchPin
@@ -21,9 +21,9 @@ REAL_DEFAULT_RESOLVER = sources.default_digest_resolver
 
 @pytest.fixture
 def ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstreams:
-    monkeypatch.setattr(sources, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.01)
     monkeypatch.setattr(
-        sources, "default_digest_resolver", lambda ref, env=None: None
+        sources.pinning, "default_digest_resolver", lambda ref, env=None: None
     )  # no registry in tests
     for name in list(__import__("os").environ):
         if name.startswith("PIPELINE_") or name.startswith("GITHUB_"):
@@ -211,7 +211,7 @@ def test_base_image_digest_through_the_registry_module(
         seen.append((ref, isinstance(env, dict) and "PIPELINE_CACHE_DIR" in env))
         return DIGEST
 
-    monkeypatch.setattr(sources, "default_digest_resolver", REAL_DEFAULT_RESOLVER)
+    monkeypatch.setattr(sources.pinning, "default_digest_resolver", REAL_DEFAULT_RESOLVER)
     monkeypatch.setattr(pipeline.registry, "resolve_digest", fake_resolve)
     args = pin_args(ups)
     args[args.index("--base-image") + 1] = "rocm/pytorch:tag"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sources
+from pipeline import retry, sources
 from pipeline.config import Settings, load_settings
 from pipeline.errors import InfraError, SourceError
 from pipeline.gitw import GitRepo
@@ -21,7 +21,7 @@ from tests.fixtures.upstream_repos import FixtureRepo, Upstreams, free_port, git
 
 @pytest.fixture(autouse=True)
 def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sources, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.01)
 
 
 @pytest.fixture
@@ -246,9 +246,10 @@ def test_local_path_that_is_not_a_repository_fails_without_retries(tmp_path: Pat
     plain.mkdir()
     (plain / "file.txt").write_text("not a repo")
     log, buf = make_log()
-    with pytest.raises(SourceError, match="cannot read the repository") as ei:
+    with pytest.raises(SourceError, match="is a directory but not a git repository") as ei:
         open_mirror(make_settings(tmp_path), str(plain), log=log)
     assert not isinstance(ei.value, InfraError)
+    assert "does not exist" not in str(ei.value)  # it exists: say what it is instead
     assert "retrying" not in buf.getvalue()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sources
+from pipeline import retry
 from pipeline.config import Settings, load_settings
 from pipeline.errors import SourceError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo
@@ -21,7 +21,7 @@ DIGEST = "sha256:" + "e" * 64
 
 @pytest.fixture(autouse=True)
 def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sources, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.01)
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sources
+from pipeline import retry, sources
 from pipeline.config import load_settings
 from pipeline.errors import InfraError, SourceError, TagError, UsageError
+from pipeline.gitw import GitResult
 from pipeline.lock import BaseImagePin
 from pipeline.log import Logger
 from pipeline.sources import (
-    _classify,
-    _GitResult,
-    _with_retries,
     is_local,
     mirror_name,
     mirror_path,
@@ -25,6 +23,7 @@ from pipeline.sources import (
     strip_credentials,
     validate_model,
 )
+from pipeline.sources.mirrors import _classify, _with_retries
 
 DIGEST = "sha256:" + "1" * 64
 
@@ -141,12 +140,12 @@ def test_classify_unreachable_auth_and_other() -> None:
 
 def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr(sources.time, "sleep", sleeps.append)
+    monkeypatch.setattr(retry.time, "sleep", sleeps.append)
     calls: list[int] = []
 
-    def unreachable() -> _GitResult:
+    def unreachable() -> GitResult:
         calls.append(1)
-        return _GitResult(128, "fatal: unable to access 'x': Connection refused")
+        return GitResult(128, '', "fatal: unable to access 'x': Connection refused")
 
     log, buf = log_buf()
     with pytest.raises(InfraError, match="gave up after 4 attempts"):
@@ -156,15 +155,15 @@ def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPa
 
     calls.clear()
 
-    def not_found() -> _GitResult:
+    def not_found() -> GitResult:
         calls.append(1)
-        return _GitResult(128, "fatal: repository 'x' not found")
+        return GitResult(128, '', "fatal: repository 'x' not found")
 
     with pytest.raises(SourceError):
         _with_retries(not_found, url="https://u", action="fetching", retries=3, log=None)
     assert len(calls) == 1  # no retry for an answer
 
-    answers = iter([_GitResult(128, "Connection timed out"), _GitResult(0, "")])
+    answers = iter([GitResult(128, '', "Connection timed out"), GitResult(0, '', "")])
     _with_retries(lambda: next(answers), url="https://u", action="fetching", retries=1, log=None, backoff=0)
 
 
@@ -208,7 +207,7 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
 
 def test_long_fetch_progress_reaches_quiet_output(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(sources.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sources.mirrors.time, "monotonic", lambda: clock[0])
     log, buf = log_buf()  # verbosity 0: detail lines are not shown
     progress = sources.LongFetchProgress(log, "https://h/aiter.git", after=5, every=10)
     progress("Receiving objects:   1% (1/100)")

@@ -1,0 +1,87 @@
+"""Sources: bare mirrors of ATOM, aiter (and its submodules) and ref resolution.
+
+Every repository we read is first mirrored under `settings.mirrors_dir`
+(`<readable-name>-<hash>.git`, bare), then fetched incrementally. Later stages
+read only from these mirrors, at the full SHAs written in the lock file, so
+they never need the network. Any git URL or a local path can be a source: with
+local paths (and `--offline`, or no network at all) nothing is ever fetched
+from elsewhere.
+
+One module per job (all of git itself goes through `pipeline.gitw.run_git`):
+
+- `urls`: local path vs URL, credentials stripped, mirror names, submodule URLs
+- `mirrors`: the mirror's lock, atomic creation, fetch with retries, `refs/pins/*`
+- `refs`: branch / tag / SHA / `HEAD` resolution, nearest refs for typos
+- `submodules`: aiter's submodules at a commit, mirrored best effort
+- `pinning`: `pin` (both sources, submodules, base image digest) and `pin --auto`
+
+`from pipeline.sources import X` keeps working for every name below.
+"""
+
+from __future__ import annotations
+
+from pipeline.sources.mirrors import (
+    FETCHED_MARKER,
+    MIRROR_LOCK_TIMEOUT,
+    PIN_REF_PREFIX,
+    LongFetchProgress,
+    fetch_commit,
+    keep_pinned,
+    last_fetched,
+    lock_path,
+    mirrors_for_lock,
+    open_mirror,
+)
+from pipeline.sources.pinning import (
+    AiterChooser,
+    DigestResolver,
+    PinResult,
+    auto_aiter_chooser,
+    commit_json,
+    default_digest_resolver,
+    pin,
+    pin_base_image,
+)
+from pipeline.sources.refs import nearest_refs, resolve_ref
+from pipeline.sources.submodules import read_submodules, submodule_mirror
+from pipeline.sources.urls import (
+    is_local,
+    mirror_name,
+    mirror_path,
+    normalise_url,
+    resolve_relative_url,
+    strip_credentials,
+    validate_model,
+)
+
+__all__ = [
+    "FETCHED_MARKER",
+    "MIRROR_LOCK_TIMEOUT",
+    "PIN_REF_PREFIX",
+    "AiterChooser",
+    "DigestResolver",
+    "LongFetchProgress",
+    "PinResult",
+    "auto_aiter_chooser",
+    "commit_json",
+    "default_digest_resolver",
+    "fetch_commit",
+    "is_local",
+    "keep_pinned",
+    "last_fetched",
+    "lock_path",
+    "mirror_name",
+    "mirror_path",
+    "mirrors_for_lock",
+    "nearest_refs",
+    "normalise_url",
+    "open_mirror",
+    "pin",
+    "pin_base_image",
+    "read_submodules",
+    "resolve_ref",
+    "resolve_relative_url",
+    "strip_credentials",
+    "submodule_mirror",
+    "validate_model",
+]

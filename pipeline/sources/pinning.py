@@ -1,0 +1,244 @@
+"""Pinning: both sources resolved to full SHAs in their mirrors, aiter's submodules, the base image digest."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Settings
+from pipeline.errors import IncompatibleError, InfraError, SourceError, TagError, UsageError
+from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
+from pipeline.log import Logger
+from pipeline.sources.mirrors import fetch_commit, keep_pinned, open_mirror
+from pipeline.sources.refs import resolve_ref
+from pipeline.sources.submodules import _mirror_submodule, read_submodules
+from pipeline.sources.urls import normalise_url, validate_model
+
+DigestResolver = Callable[[str], "str | None"]
+# Chooses the aiter commit to pin from (atom mirror, atom commit, aiter mirror, aiter commit
+# resolved from the requested ref); used by `pipeline pin --auto`.
+AiterChooser = Callable[[GitRepo, CommitInfo, GitRepo, CommitInfo], CommitInfo]
+
+
+def default_digest_resolver(ref: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The registry's digest for `ref` (Docker config credentials from `env`), None if none answers."""
+    from pipeline.registry import resolve_digest
+
+    return resolve_digest(ref, timeout=10.0, env=env)
+
+
+def pin_base_image(
+    ref: str,
+    *,
+    log: Logger,
+    resolver: DigestResolver | None = None,
+    previous: BaseImagePin | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BaseImagePin:
+    """Keep `ref` as given; add its digest when a registry answers.
+
+    No registry answering is a warning (the digest of an earlier lock for the
+    same reference is kept). A registry that answers "no such image" or
+    refuses access is an error: pinning must not hide it.
+    """
+    ref = ref.strip()
+    if not ref:
+        raise UsageError("the base image reference is empty.", hint="Pass --base-image or set base_image.")
+    m = re.search(r"@(sha256:[0-9a-f]{64})$", ref)
+    if m:
+        return BaseImagePin(ref=ref, digest=m.group(1))
+    digest: str | None
+    try:
+        digest = resolver(ref) if resolver is not None else default_digest_resolver(ref, env)
+    except InfraError as e:
+        log.detail(f"digest lookup for {ref} failed: {e}")
+        digest = None
+    except TagError as e:  # the registry answered and refused: a source problem for pin
+        raise SourceError(f"base image {ref}: {e.message}", hint=e.hint, evidence=e.evidence) from e
+    if digest:
+        return BaseImagePin(ref=ref, digest=digest)
+    if previous is not None and previous.ref == ref and previous.digest:
+        log.warn(
+            f"no registry answered for base image {ref}; keeping the digest from the existing lock "
+            f"({previous.digest})."
+        )
+        return previous
+    log.warn(f"no registry answered for base image {ref}; kept as given (no digest pinned).")
+    return BaseImagePin(ref=ref, digest="")
+
+
+@dataclass(frozen=True)
+class PinResult:
+    lock: Lock
+    atom_repo: GitRepo
+    aiter_repo: GitRepo
+    # aiter commit the requested ref resolved to (differs from the pin with --auto)
+    aiter_requested: CommitInfo
+
+
+def _source_pin(url: str, ref: str, info: CommitInfo, submodules: tuple[Submodule, ...] = ()) -> SourcePin:
+    return SourcePin(
+        url=url, ref=ref, sha=info.sha, date=info.iso_date, subject=info.subject, submodules=submodules
+    )
+
+
+def _resolve_in_mirror(
+    repo: GitRepo, ref: str, *, url: str, name: str, fetch: bool, log: Logger
+) -> CommitInfo:
+    try:
+        return resolve_ref(repo, ref, url=url, name=name)
+    except SourceError:
+        # A full SHA on no branch (e.g. a PR commit) can still be fetched by SHA.
+        if (
+            fetch
+            and re.fullmatch(r"[0-9a-fA-F]{40}", ref)
+            and fetch_commit(repo, ref.lower(), url=url, log=log)
+        ):
+            return resolve_ref(repo, ref, url=url, name=name)
+        raise
+
+
+def pin(
+    settings: Settings,
+    *,
+    model: str,
+    atom_ref: str,
+    aiter_ref: str,
+    base_image: str,
+    log: Logger,
+    offline: bool = False,
+    previous: Lock | None = None,
+    digest_resolver: DigestResolver | None = None,
+    choose_aiter: AiterChooser | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PinResult:
+    """Resolve both sources to full SHAs (mirroring as needed).
+
+    Returns the Lock, the two mirrors and the aiter commit that was asked for (for reports).
+    """
+    validate_model(model)
+    atom_url = normalise_url(settings.sources.atom_repo)
+    aiter_url = normalise_url(settings.sources.aiter_repo)
+    fetch = not offline
+
+    atom_repo = open_mirror(settings, atom_url, fetch=fetch, log=log)
+    atom = _resolve_in_mirror(atom_repo, atom_ref, url=atom_url, name="ATOM", fetch=fetch, log=log)
+    aiter_repo = open_mirror(settings, aiter_url, fetch=fetch, log=log)
+    aiter_req = _resolve_in_mirror(aiter_repo, aiter_ref, url=aiter_url, name="aiter", fetch=fetch, log=log)
+
+    aiter = aiter_req
+    aiter_ref_recorded = aiter_ref
+    if choose_aiter is not None:
+        aiter = choose_aiter(atom_repo, atom, aiter_repo, aiter_req)
+        aiter_ref_recorded = f"auto:{aiter_ref}"
+
+    subs = read_submodules(aiter_repo, aiter.sha, parent_url=aiter_url)
+    if subs and settings.sources.mirror_submodules and not offline:
+        for sub in subs:
+            _mirror_submodule(settings, sub, log)
+
+    keep_pinned(atom_repo, atom.sha)
+    keep_pinned(aiter_repo, aiter.sha)
+
+    base = pin_base_image(
+        base_image,
+        log=log,
+        resolver=digest_resolver,
+        previous=previous.base_image if previous is not None else None,
+        env=env,
+    )
+    lock = Lock(
+        model=model,
+        sources=Sources(
+            atom=_source_pin(atom_url, atom_ref, atom),
+            aiter=_source_pin(aiter_url, aiter_ref_recorded, aiter, subs),
+        ),
+        base_image=base,
+    )
+    if (
+        previous is not None
+        and previous.atom.sha == lock.atom.sha
+        and previous.aiter.sha == lock.aiter.sha
+        and previous.patches
+    ):
+        lock = lock.with_patches(previous.patches)
+    return PinResult(lock=lock, atom_repo=atom_repo, aiter_repo=aiter_repo, aiter_requested=aiter_req)
+
+
+def auto_aiter_chooser(
+    cache_dir: Path,
+    log: Logger,
+    report: dict[str, Any],
+    patches_dir: Path | None = None,
+    recipe_path: Path | None = None,
+) -> AiterChooser:
+    """`pin --auto`: choose the newest aiter compatible with ATOM (plus the patch series).
+
+    `report` receives what the search found (commits examined, first breaking, newest).
+    With `recipe_path`, the recipe's reviewed waivers apply as they do in the check stage.
+    """
+    from pipeline.patchq import PatchSeries
+
+    compat = importlib.import_module("pipeline.compat")
+
+    # The search runs on the tree we would build: ATOM plus the patch series.
+    series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
+    adjust = None
+    if recipe_path is not None and recipe_path.is_file():
+        from pipeline.compat.waivers import apply_waivers
+        from pipeline.recipe import load_recipe
+
+        waivers = load_recipe(recipe_path).compat.waive
+        if waivers:
+
+            def adjust(r: Any) -> Any:
+                return apply_waivers(r, waivers)[0]
+
+    def choose(
+        atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
+    ) -> CommitInfo:
+        log.info(
+            f"searching aiter up to {aiter_head.short} for the newest commit compatible "
+            f"with ATOM {atom.short}"
+        )
+        res = compat.search_compatible(
+            atom_repo,
+            atom.sha,
+            aiter_repo,
+            aiter_head.sha,
+            cache_dir=cache_dir / "compat",
+            patches=series,
+            adjust=adjust,
+        )
+        first_breaking: CommitInfo | None = res.first_breaking
+        newest: CommitInfo | None = res.newest_compatible
+        report["commits_examined"] = res.commits_examined
+        report["first_breaking"] = commit_json(first_breaking) if first_breaking else None
+        report["newest_compatible"] = commit_json(newest) if newest else None
+        if first_breaking is not None:
+            log.info(f"first breaking aiter commit: {first_breaking.short} {first_breaking.subject}")
+        if newest is None:
+            raise IncompatibleError(
+                f"no aiter commit up to {aiter_head.sha} is compatible with ATOM {atom.sha}"
+                + (" even with the patch series" if series is not None else " without patches")
+                + (
+                    f" (first breaking: {first_breaking.sha} {first_breaking.subject!r})"
+                    if first_breaking
+                    else ""
+                )
+                + ".",
+                hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
+                "or choose another ATOM commit.",
+            )
+        return newest
+
+    return choose
+
+
+def commit_json(c: CommitInfo) -> dict[str, str]:
+    return {"sha": c.sha, "date": c.iso_date, "subject": c.subject}
