@@ -31,8 +31,8 @@ from pipeline.config import Settings
 from pipeline.errors import InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
-from pipeline.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, Recipe, expand
-from pipeline.smoke.checks import evaluate_benchmark, evaluate_chat, evaluate_gsm8k
+from pipeline.recipe import Recipe, expand
+from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in
 from pipeline.smoke.preflight import (
     Preflight,
@@ -46,7 +46,6 @@ from pipeline.smoke.reports import write_reports
 from pipeline.smoke.verdict import CheckResult, ImageRef, RecipeRef, Status, Verdict
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
-IN_CONTAINER_OUT = "/tmp/atom-smoke"
 READY_CHECK = "server-ready"
 
 
@@ -356,46 +355,6 @@ class _Run:
             evidence=evidence,
         )
 
-    def run_chat(self, check: ChatCheck) -> CheckResult:
-        body = json.dumps(
-            {
-                "model": self.recipe.model.id,
-                "messages": [{"role": "user", "content": check.prompt}],
-                "max_tokens": check.max_tokens,
-                "temperature": check.temperature,
-            }
-        )
-        url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
-        start = time.monotonic()
-        argv = [self.recipe.server.python, "-c", self.probe, "http", "POST", url, str(check.timeout_s), body]
-        out = self._supervised(argv, check.timeout_s + 30, "chat completion")
-        seconds = time.monotonic() - start
-        if isinstance(out, str):
-            return CheckResult.fail(check.name, out, seconds=seconds, limits={"timeout_s": check.timeout_s})
-        code, text = out
-        try:
-            res = json.loads(text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return CheckResult.fail(
-                check.name,
-                f"chat probe exited {code} without a result",
-                evidence=self.log.redact(text[-2000:]),
-                seconds=seconds,
-            )
-        self._save(f"{check.name}-response.json", str(res.get("body", "")))
-        if not res.get("status"):
-            return CheckResult.fail(
-                check.name,
-                f"chat completion failed: {res.get('error')}",
-                seconds=seconds,
-                limits={"timeout_s": check.timeout_s},
-            )
-        result = evaluate_chat(
-            check, int(res["status"]), str(res.get("body", "")), float(res.get("seconds", seconds))
-        )
-        result.seconds = seconds
-        return result
-
     def _tool(self, name: str, argv: Sequence[str], timeout: float) -> tuple[int, str] | CheckResult:
         """Run a check's tool; its output is saved as `<name>.log`."""
         self.log.detail(f"{name}: {shlex.join(argv)}")
@@ -409,141 +368,28 @@ class _Run:
         self._save(f"{name}.log", f"$ {shlex.join(argv)}\n{text}")
         return code, text
 
-    def run_gsm8k(self, check: Gsm8kCheck) -> CheckResult:
-        limit = self.opts.gsm8k_limit or (check.quick_limit if self.opts.quick else check.limit)
-        start = time.monotonic()
-        if check.setup:
-            setup = self._tool(f"{check.name}-setup", check.setup, 1800)
-            if isinstance(setup, CheckResult):
-                return setup
-            if setup[0] != 0:
-                return CheckResult.fail(
-                    check.name,
-                    f"setup {shlex.join(check.setup)} exited {setup[0]}",
-                    evidence=self.log.redact(setup[1][-3000:]),
-                )
-        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
-        argv = [
-            *expand(check.command, {"model": self.recipe.model.id, "port": self.port}),
-            "--output_path",
-            out_dir,
-        ]
-        if limit is not None:
-            argv += ["--limit", str(limit)]
-        ran = self._tool(check.name, argv, check.timeout_s)
-        if isinstance(ran, CheckResult):
-            return ran
-        code, text = ran
-        seconds = time.monotonic() - start
-        if code != 0:
-            return CheckResult.fail(
-                check.name, f"lm_eval exited {code}", seconds=seconds, evidence=self.log.redact(text[-3000:])
-            )
-        found = self._probe("newest", out_dir, "results_*.json")
-        if not found.get("path"):
-            return CheckResult.fail(
-                check.name,
-                f"lm_eval exited 0 but wrote no results_*.json under {out_dir}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        self._save(f"{check.name}-results.json", str(found["text"]))
-        result = evaluate_gsm8k(check, str(found["text"]), limit=limit)
-        result.seconds = seconds
-        result.figures["results_file"] = str(found["path"])
-        return result
+    # What the checks' plug-ins use (pipeline.smoke.checks.CheckContext).
+    probe_json = _probe
+    supervised = _supervised
+    exec = _exec
+    save = _save
+    tool = _tool
 
-    def bench_rows(self, check: BenchmarkCheck) -> tuple[int, ...]:
-        if self.opts.bench_concurrencies:
-            return self.opts.bench_concurrencies
-        if self.opts.quick:
-            return check.quick_concurrencies or check.concurrencies[:1]
-        return check.concurrencies
-
-    def run_benchmark(self, check: BenchmarkCheck, conc: int) -> CheckResult:
-        name = f"{check.name}[c{conc}]"
-        row = check.row(conc)
-        if row is None:
-            return CheckResult.fail(
-                name,
-                f"the recipe has no reference row for ISL {check.isl}/OSL {check.osl} concurrency {conc}",
-            )
-        tolerance = check.tolerance if self.opts.bench_tolerance is None else self.opts.bench_tolerance
-        num_prompts = conc * check.num_prompts_per_concurrency
-        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
-        filename = f"bench-isl{check.isl}-osl{check.osl}-c{conc}.json"
-        start = time.monotonic()
-        code, text = self._exec(["mkdir", "-p", out_dir])
-        if code != 0:
-            return CheckResult.fail(name, f"cannot create {out_dir} in the container: {text.strip()}")
-        argv = [
-            *expand(
-                check.command,
-                {
-                    "model": self.recipe.model.id,
-                    "port": self.port,
-                    "isl": check.isl,
-                    "osl": check.osl,
-                    "concurrency": conc,
-                    "num_prompts": num_prompts,
-                },
-            ),
-            f"--result-dir={out_dir}",
-            f"--result-filename={filename}",
-        ]
-        ran = self._tool(f"{check.name}-c{conc}", argv, check.timeout_s)
-        if isinstance(ran, CheckResult):
-            ran.name = name
-            return ran
-        code, text = ran
-        seconds = time.monotonic() - start
-        if code != 0:
-            return CheckResult.fail(
-                name,
-                f"benchmark_serving exited {code}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        found = self._probe("read", f"{out_dir}/{filename}")
-        if not found.get("path"):
-            return CheckResult.fail(
-                name,
-                f"benchmark_serving exited 0 but wrote no {out_dir}/{filename}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        self._save(f"{check.name}-c{conc}.json", str(found["text"]))
-        result = evaluate_benchmark(
-            check, row, str(found["text"]), tolerance=tolerance, num_prompts=num_prompts, name=name
-        )
-        result.seconds = seconds
-        return result
-
-    def planned(self) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for check in self.recipe.checks:
-            if isinstance(check, BenchmarkCheck):
-                out += [(f"{check.name}[c{c}]", (check, c)) for c in self.bench_rows(check)]
-            else:
-                out.append((check.name, check))
-        return out
+    def planned(self) -> list[SmokeCheck]:
+        return plan(self.recipe, self.opts)
 
     def run_checks(self, results: list[CheckResult]) -> None:
         """Run the planned checks, appending to `results` (kept as evidence if the engine fails)."""
         stop_reason = ""
-        for name, item in self.planned():
+        for item in self.planned():
+            name = item.name
             if stop_reason:
                 results.append(CheckResult.skipped(name, stop_reason))
                 continue
             t0 = time.monotonic()
             with self.log.stage(name) as rec:
                 try:
-                    if isinstance(item, ChatCheck):
-                        res = self.run_chat(item)
-                    elif isinstance(item, Gsm8kCheck):
-                        res = self.run_gsm8k(item)
-                    else:
-                        res = self.run_benchmark(*item)
+                    res = item.run(self)
                 except _ServerGone as gone:
                     res = self._crash_result(name, gone, t0, {}, phase=name)
                 rec.figure = res.message[:120]
@@ -707,9 +553,8 @@ def run_smoke(
             if ready.passed:
                 run.run_checks(checks)
             else:
-                checks += [
-                    CheckResult.skipped(n, "not run: the server never became ready") for n, _ in run.planned()
-                ]
+                never = "not run: the server never became ready"
+                checks += [CheckResult.skipped(c.name, never) for c in run.planned()]
         finally:
             crash_seen = getattr(run, "_crash_seen_at", None)
             failed = next((c for c in checks if c.status in ("failed", "error")), None)
