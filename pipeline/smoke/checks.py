@@ -236,6 +236,8 @@ def evaluate_benchmark(
         "completed": completed,
         "num_prompts": num_prompts,
         "duration_s": _num(data.get("duration")),
+        "p99_ttft_ms": _num(data.get("p99_ttft_ms")),  # for the plot; the gate reads the means
+        "p99_tpot_ms": _num(data.get("p99_tpot_ms")),
     }
     min_thr = row.output_throughput * (1 - tolerance)
     max_ttft = row.mean_ttft_ms * (1 + tolerance)
@@ -319,6 +321,10 @@ class SmokeCheck(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def counts(self) -> tuple[str, int] | None:
+        """(request path, how many) the check sends the server, for live progress; None: time only."""
+
     def run(self, ctx: CheckContext) -> CheckResult: ...
 
 
@@ -331,6 +337,10 @@ class ChatGate:
     @property
     def name(self) -> str:
         return self.check.name
+
+    @property
+    def counts(self) -> None:
+        return None
 
     def run(self, ctx: CheckContext) -> CheckResult:
         check = self.check
@@ -384,6 +394,13 @@ class Gsm8kGate:
     @property
     def name(self) -> str:
         return self.check.name
+
+    @property
+    def counts(self) -> tuple[str, int]:
+        """One request per document (5-shot multi-turn is one chat request)."""
+        chat = any("chat-completions" in a for a in self.check.command)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        return path, self.limit or self.check.reference.samples
 
     def run(self, ctx: CheckContext) -> CheckResult:
         check, limit = self.check, self.limit
@@ -441,6 +458,10 @@ class BenchmarkGate:
     @property
     def name(self) -> str:
         return f"{self.check.name}[c{self.concurrency}]"
+
+    @property
+    def counts(self) -> tuple[str, int]:
+        return "/v1/completions", self.concurrency * self.check.num_prompts_per_concurrency
 
     def run(self, ctx: CheckContext) -> CheckResult:
         check, conc, name = self.check, self.concurrency, self.name

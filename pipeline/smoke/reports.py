@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.fsutil import atomic_write_text
+from pipeline.smoke.plot import PLOT_FILE
 from pipeline.smoke.verdict import JUNIT_FILE, SUMMARY_FILE, VERDICT_FILE, Verdict
 
 _MARK = {"passed": "✓ passed", "failed": "✕ failed", "skipped": "↷ skipped", "error": "✕ error"}
@@ -103,7 +104,10 @@ def junit_xml(v: Verdict) -> str:
 
 def write_reports(v: Verdict, run_dir: Path, redact: Callable[[str], str]) -> Path:
     """Write the three files; returns the verdict path. The verdict is written last."""
-    atomic_write_text(run_dir / SUMMARY_FILE, redact(summary_markdown(v)))
+    summary = summary_markdown(v)
+    if (run_dir / PLOT_FILE).is_file():
+        summary += f"Benchmark against the recipe: [{PLOT_FILE}]({PLOT_FILE}) (in the run directory)\n"
+    atomic_write_text(run_dir / SUMMARY_FILE, redact(summary))
     atomic_write_text(run_dir / JUNIT_FILE, redact(junit_xml(v)))
     path = run_dir / VERDICT_FILE
     atomic_write_text(path, redact(json.dumps(v.to_json(), indent=2, sort_keys=True)) + "\n")

@@ -13,6 +13,7 @@ container, also on Ctrl-C/SIGTERM (which the CLI turns into KeyboardInterrupt).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -21,7 +22,7 @@ import secrets as _secrets
 import shlex
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ from pipeline.config import Settings
 from pipeline.errors import InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
+from pipeline.progress import Progress, Task
 from pipeline.recipe import Recipe, expand
+from pipeline.smoke import plot
 from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in
 from pipeline.smoke.preflight import (
@@ -111,6 +114,13 @@ class _Run:
         self.timings: dict[str, float] = {}
         self.port = recipe.server.port
         self.probe = probe_source()
+        # live progress: the task on screen, the server's last log line, its requests by path
+        self.progress = Progress.for_stream(log.stream, env, redact=log.redact)
+        self.task: Task | None = None
+        self.counting: tuple[str, int] | None = None  # (request path, count when the check began)
+        self.last_line = ""
+        self.last_line_at = 0.0
+        self.requests: dict[str, int] = {}
 
     # -- container plumbing ------------------------------------------------------------
 
@@ -205,6 +215,7 @@ class _Run:
             if left <= 0:
                 return f"{what} did not finish within {timeout:.0f} s"
             t.join(min(0.05, left))  # look at the server's state 20 times a second
+            self._tick()
         if "error" in box:
             gone = self._server_gone()
             if gone is not None:
@@ -281,7 +292,7 @@ class _Run:
             lambda: container.logs(stream=True, follow=True),
             self.run_dir / "server.log",
             redact=self.log.redact,
-            on_line=lambda line: self.log.debug(f"server| {line}"),
+            on_line=self._on_server_line,
             ignore=self.recipe.server.ignore_exceptions,
         ).start()
 
@@ -309,6 +320,7 @@ class _Run:
                     return self._crash_result(READY_CHECK, after, start, limits, phase="startup")
                 raise
             elapsed = time.monotonic() - start
+            self._tick(elapsed)
             if res.get("status") == 200:
                 self.ready = True
                 self.timings["ready_s"] = round(elapsed, 3)
@@ -375,6 +387,40 @@ class _Run:
     save = _save
     tool = _tool
 
+    def _on_server_line(self, line: str) -> None:
+        self.log.debug(f"server| {line}")
+        if line.strip():
+            self.last_line, self.last_line_at = line, time.monotonic()
+        for path in ("/v1/chat/completions", "/v1/completions"):  # the access log counts requests
+            if f"POST {path} " in line:
+                self.requests[path] = self.requests.get(path, 0) + 1
+
+    @contextlib.contextmanager
+    def _progress_for(self, item: SmokeCheck) -> Iterator[None]:
+        counts = item.counts
+        total, unit = (counts[1], "requests") if counts else (None, "s")
+        with self.progress.task(item.name, total=total, unit=unit) as task:
+            self.task = task
+            self.counting = (counts[0], self.requests.get(counts[0], 0)) if counts else None
+            try:
+                yield
+            finally:
+                self.task, self.counting = None, None
+
+    def _tick(self, elapsed: float | None = None) -> None:
+        """Show where the current task is: requests served, or seconds, and the server's last line."""
+        t = self.task
+        if t is None:
+            return
+        # the age of the server's last line tells a hung server (silent) from a slow one
+        age = time.monotonic() - self.last_line_at
+        status = f"server {age:.0f} s ago: {self.last_line}" if self.last_line else ""
+        if self.counting is not None:
+            path, base = self.counting
+            t.update(self.requests.get(path, 0) - base, status=status)
+        else:
+            t.update(time.monotonic() - t.started if elapsed is None else elapsed, status=status)
+
     def planned(self) -> list[SmokeCheck]:
         return plan(self.recipe, self.opts)
 
@@ -387,7 +433,7 @@ class _Run:
                 results.append(CheckResult.skipped(name, stop_reason))
                 continue
             t0 = time.monotonic()
-            with self.log.stage(name) as rec:
+            with self.log.stage(name) as rec, self._progress_for(item):
                 try:
                     res = item.run(self)
                 except _ServerGone as gone:
@@ -502,6 +548,7 @@ def run_smoke(
             hardware=hw,
             **base,
         )
+        plot.write_for(v, recipe, run_dir, log)  # benchmark.svg, before summary.md links it
         write_reports(v, run_dir, log.redact)
         return v
 
@@ -544,7 +591,10 @@ def run_smoke(
         try:
             with log.stage("server", " ".join(recipe.server.command[:3])) as rec:
                 run.start_server(container_env, volumes)
-                ready = run.wait_ready()
+                limit = opts.ready_timeout_s or recipe.server.ready_timeout_s
+                with run.progress.task("server start", total=limit, unit="s") as run.task:
+                    ready = run.wait_ready()
+                run.task = None
                 checks.append(ready)
                 rec.figure = ready.message[:120]
                 if not ready.passed:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,6 +155,10 @@ def test_healthy_server_passes_every_gate(
     assert results["results"]["gsm8k"]["exact_match,flexible-extract"] == 1.0
     assert "output_throughput" in json.loads((run_dir / "serving-benchmark-c4.json").read_text())
     assert "Starting server" in (run_dir / "server.log").read_text()
+    # the plot (the `plot` extra): our row, passed, and the link from summary.md
+    svg = (run_dir / "benchmark.svg").read_text()
+    assert 'id="row-c4-passed-output_throughput"' in svg and "failed rows" not in svg
+    assert "[benchmark.svg](benchmark.svg)" in (run_dir / "summary.md").read_text()
     no_container_left(engine, docker_cleanup)
 
 
@@ -262,6 +267,11 @@ def test_slow_answers_fail_the_benchmark_gate(
     assert bench.figures["mean_tpot_ms"] > bench.limits["max_mean_tpot_ms"]
     assert [c.status for c in verdict.checks[:-1]] == ["passed", "passed", "passed"]
     assert "FAILED" in (run_dir / "summary.md").read_text()
+    svg = (run_dir / "benchmark.svg").read_text()  # the failing row, marked failing in every panel
+    assert {'id="row-c4-failed-mean_tpot_ms"', 'id="row-c4-failed-mean_ttft_ms"'} <= set(
+        re.findall(r'id="row-c\d+-\w+-\w+"', svg)
+    )
+    assert "failed rows: c4" in svg
     no_container_left(engine, docker_cleanup)
 
 
