@@ -19,7 +19,7 @@ import click
 
 from pipeline import __version__
 from pipeline.app import App
-from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError
+from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, disk_error
 
 # name -> module under pipeline.commands that defines `command`
 COMMANDS: dict[str, str] = {
@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "smoke": "smoke",
     "tag": "tag",
     "rebuild": "rebuild",
+    "recipe": "recipe",
 }
 
 
@@ -113,10 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         e.show()
         return int(ExitCode.USAGE)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        return _report(Interrupted("interrupted; everything this run started was cleaned up."))
+        # what the stages guarantee: containers removed; images built stay (they are the build cache)
+        return _report(Interrupted("interrupted; every container this run started was removed."))
     except PipelineError as e:
         return _report(e)
-    except Exception:  # a bug: keep the traceback in the log, short note on screen
+    except Exception as e:  # a bug: keep the traceback in the log, short note on screen
+        disk = disk_error(e) if isinstance(e, OSError) else None
+        if disk is not None:  # a full or read-only disk is not a bug: its own error and exit code
+            return _report(disk)
         tb = traceback.format_exc()
         if _CURRENT:
             _CURRENT[-1].log.debug(tb)

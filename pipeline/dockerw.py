@@ -44,15 +44,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import logging
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import docker
 import docker.errors
@@ -60,7 +60,8 @@ import requests
 
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 
-log = logging.getLogger("pipeline.docker")
+if TYPE_CHECKING:
+    from pipeline.log import Logger
 
 MASK = "***"
 
@@ -95,6 +96,32 @@ class ImageInfo:
             digests=list(data.get("RepoDigests") or []),
             labels=dict(config.get("Labels") or {}),
             created=str(data.get("Created", "")),
+        )
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the engine says about one container (any state)."""
+
+    id: str
+    name: str
+    image_id: str  # the image the container was created from (sha256:...)
+    status: str  # created / running / exited / ...
+    labels: dict[str, str]
+    network_mode: str
+    pid: int  # its init process on the engine's host (0 when not running)
+
+    @classmethod
+    def from_inspect(cls, data: Mapping[str, Any]) -> ContainerInfo:
+        state = data.get("State") or {}
+        return cls(
+            id=str(data["Id"]),
+            name=str(data.get("Name", "")).lstrip("/"),
+            image_id=str(data.get("Image", "")),
+            status=str(state.get("Status", "")),
+            labels=dict((data.get("Config") or {}).get("Labels") or {}),
+            network_mode=str((data.get("HostConfig") or {}).get("NetworkMode", "")),
+            pid=int(state.get("Pid") or 0),
         )
 
 
@@ -223,6 +250,7 @@ _RUN_FLAGS = {
     "ports": "--publish",
     "labels": "--label",
     "shm_size": "--shm-size",
+    "pid_mode": "--pid",
 }
 
 
@@ -270,6 +298,68 @@ def format_run_command(
     elif command:
         parts += list(command)
     return shlex.join(parts)
+
+
+# --------------------------------------------------------------------------- protocols
+
+
+class ContainerAPI(Protocol):
+    """What the stages use of a running container (`ContainerHandle`; fakes in the unit tier)."""
+
+    id: str
+    name: str
+
+    def __enter__(self) -> ContainerAPI: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+    @overload
+    def logs(self, *, stream: Literal[False] = False, follow: bool = False) -> str: ...
+    @overload
+    def logs(self, *, stream: Literal[True], follow: bool = True) -> Iterator[str]: ...
+    def exec(
+        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+    ) -> tuple[int, str]: ...
+    def exit_code(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def info(self) -> ContainerInfo: ...
+    def remove(self) -> None: ...
+
+
+class EngineAPI(Protocol):
+    """The one engine interface smoke, tag and the orchestrator take (`Engine` implements it)."""
+
+    docker_host: str | None
+
+    def image(self, ref: str) -> ImageInfo | None: ...
+    def tag(self, image: str, repo: str, tag: str) -> None: ...
+    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None: ...
+    def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str: ...
+    def run(
+        self,
+        image: str,
+        command: Sequence[str] | str | None = None,
+        *,
+        name: str | None = None,
+        environment: Mapping[str, str] | None = None,
+        devices: Sequence[str] | None = None,
+        group_add: Sequence[str] | None = None,
+        ipc_mode: str | None = None,
+        cap_add: Sequence[str] | None = None,
+        security_opt: Sequence[str] | None = None,
+        network_mode: str | None = None,
+        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
+        ports: Mapping[str, int | str | None] | None = None,
+        labels: Mapping[str, str] | None = None,
+        shm_size: str | None = None,
+        pid_mode: str | None = None,
+        read_only: bool = False,
+        detach: bool = True,
+    ) -> ContainerAPI: ...
+    def containers(self, key: str, value: str | None = None) -> list[ContainerInfo]: ...
+    def container(self, ref: str) -> ContainerInfo | None: ...
+    def running_containers(self) -> list[ContainerInfo]: ...
+    def remove_container(self, ref: str, *, name: str | None = None, timeout: float = 60.0) -> None: ...
 
 
 # --------------------------------------------------------------------------- containers
@@ -321,6 +411,11 @@ class ContainerHandle:
                 return "removed"
         return str(self._c.status)
 
+    def info(self) -> ContainerInfo:
+        """The engine's view of this container (image ID, state, labels)."""
+        with _translated(f"inspect container {self.name}"):
+            return ContainerInfo.from_inspect(self._engine.api.inspect_container(self.id))
+
     def exit_code(self) -> int | None:
         """The exit code once the container stopped, else None."""
         with _translated(f"inspect container {self.name}"):
@@ -358,9 +453,8 @@ class ContainerHandle:
             self._c.stop(timeout=timeout)
 
     def remove(self) -> None:
-        """Force-remove (kills if running).  Idempotent."""
-        with _translated(f"remove container {self.name}"), contextlib.suppress(docker.errors.NotFound):
-            self._engine.api.remove_container(self.id, force=True, v=True)
+        """Force-remove (kills if running).  Idempotent; see `Engine.remove_container`."""
+        self._engine.remove_container(self.id, name=self.name)
 
 
 # --------------------------------------------------------------------------- engine
@@ -369,17 +463,23 @@ class ContainerHandle:
 class Engine:
     """One connection to one Docker engine."""
 
-    def __init__(self, client: Any, docker_host: str | None) -> None:
+    def __init__(self, client: Any, docker_host: str | None, log: Logger | None = None) -> None:
         self.client = client
         self.api = client.api
         self.docker_host = docker_host
+        self.log = log  # the run's Logger (None: quiet)
 
     def __repr__(self) -> str:
         return f"Engine({self.docker_host or 'default'!r})"
 
     @classmethod
     def connect(
-        cls, docker_host: str | None = None, *, env: Mapping[str, str] | None = None, timeout: int = 120
+        cls,
+        docker_host: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: int = 120,
+        log: Logger | None = None,
     ) -> Engine:
         """Connect to ``docker_host`` (None: ``DOCKER_HOST`` in ``env``, default os.environ, else the socket).
 
@@ -400,7 +500,7 @@ class Engine:
                 hint=_START_HINT,
                 evidence=str(exc),
             ) from None
-        return cls(client, host)
+        return cls(client, host, log)
 
     def close(self) -> None:
         self.client.close()
@@ -504,6 +604,50 @@ class Engine:
         label = key if value is None else f"{key}={value}"
         with _translated(f"list containers labelled {label}"):
             return [str(c["Id"]) for c in self.api.containers(all=True, filters={"label": label})]
+
+    def containers(self, key: str, value: str | None = None) -> list[ContainerInfo]:
+        """All containers (any state) carrying the label, inspected."""
+        out = []
+        for cid in self.containers_with_label(key, value):
+            info = self.container(cid)
+            if info is not None:
+                out.append(info)
+        return out
+
+    def container(self, ref: str) -> ContainerInfo | None:
+        with _translated(f"inspect container {ref[:12]}"):
+            try:
+                return ContainerInfo.from_inspect(self.api.inspect_container(ref))
+            except docker.errors.NotFound:
+                return None
+
+    def running_containers(self) -> list[ContainerInfo]:
+        """Every running container on the engine (to name the holder of a port)."""
+        with _translated("list running containers"):
+            ids = [str(c["Id"]) for c in self.api.containers()]
+        return [i for i in (self.container(c) for c in ids) if i is not None]
+
+    def remove_container(self, ref: str, *, name: str | None = None, timeout: float = 60.0) -> None:
+        """Force-remove (kills if running); idempotent.
+
+        A removal already in progress (HTTP 409, e.g. a second Ctrl-C retrying it) is waited for,
+        not reported as a failure: the container is gone when this returns.
+        """
+        what = name or ref[:12]
+        deadline = time.monotonic() + timeout
+        while True:
+            with _translated(f"remove container {what}"):
+                try:
+                    self.api.remove_container(ref, force=True, v=True)
+                    return
+                except docker.errors.NotFound:
+                    return
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 409 or time.monotonic() > deadline:
+                        raise
+            if self.container(ref) is None:
+                return
+            time.sleep(0.1)
 
     def tag(self, image: str, repo: str, tag: str) -> None:
         with _translated(f"tag {image} as {repo}:{tag}", TagError):
@@ -637,6 +781,8 @@ class Engine:
         ports: Mapping[str, int | str | None] | None = None,
         labels: Mapping[str, str] | None = None,
         shm_size: str | None = None,
+        pid_mode: str | None = None,
+        read_only: bool = False,
         detach: bool = True,
     ) -> ContainerHandle:
         """Create and start a container; the handle (use it as a context manager to always remove it).
@@ -656,9 +802,12 @@ class Engine:
             "ports": dict(ports) if ports else None,
             "labels": dict(labels) if labels else None,
             "shm_size": shm_size,
+            "pid_mode": pid_mode,
+            "read_only": read_only or None,
         }
         options = {k: v for k, v in options.items() if v is not None}
-        log.debug("%s", format_run_command(image, command, environment=environment, **options))
+        if self.log is not None:
+            self.log.debug(format_run_command(image, command, environment=environment, **options))
         secrets = [v for v in (environment or {}).values() if v]
         with _translated(f"create a container from {image}", secrets=secrets):
             container = self.client.containers.create(

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     TAG = 10  # tagging or pushing refused or failed
     INFRA = 11  # Docker engine, registry or network unreachable
     LOCKED = 13  # another run holds the run directory or tag lock
+    DISK = 14  # no room (ENOSPC, EDQUOT) or no write access (EROFS, EACCES) where a run writes
     INTERRUPTED = 130  # Ctrl-C / SIGTERM
 
 
@@ -41,7 +42,8 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.TAG: "tag or push refused or failed",
     ExitCode.INFRA: "infrastructure unreachable: Docker engine, registry, network",
     ExitCode.LOCKED: "another run holds the lock on this run directory or tag",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); everything started was cleaned up",
+    ExitCode.DISK: "disk full or read-only where the run writes (run directory, cache, locks)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); every container the run started was removed",
 }
 
 
@@ -118,3 +120,33 @@ class RunLocked(PipelineError):
 
 class Interrupted(PipelineError):
     exit_code = ExitCode.INTERRUPTED
+
+
+class DiskError(PipelineError):
+    """A write failed for lack of room or of write access; the message names the path."""
+
+    exit_code = ExitCode.DISK
+
+
+_DISK_ERRNOS = {
+    "ENOSPC": "is full",
+    "EDQUOT": "is over its quota",
+    "EROFS": "is read-only",
+    "EACCES": "is not writable",
+}
+
+
+def disk_error(exc: OSError, what: str = "write") -> DiskError | None:
+    """The DiskError for an OSError of a full or read-only file system, else None."""
+    import errno as _errno
+
+    name = _errno.errorcode.get(exc.errno or 0, "")
+    why = _DISK_ERRNOS.get(name)
+    if why is None:
+        return None
+    where = exc.filename or "the run directory"
+    return DiskError(
+        f"could not {what} {where}: the file system {why} ({name}). Nothing was published.",
+        hint="Free space or make the directory writable (or point [paths] runs_dir / cache_dir and "
+        "PIPELINE_RUNS_DIR / PIPELINE_CACHE_DIR elsewhere), then run the command again.",
+    )

@@ -26,3 +26,13 @@ RECIPE_SHA256 = f"{OURS}.recipe.sha256"
 LOCK_SHA256 = f"{OURS}.lock.sha256"  # Lock.digest() of the lock the image was built from
 INPUTS_DIGEST = f"{OURS}.inputs.digest"  # sha256 over everything that determines the image
 TOOL_VERSION = f"{OURS}.tool.version"
+
+# Containers a run starts (smoke server, probes): who owns them, so a later run can tell a
+# leftover of a dead run (remove it) from another live run's server (never touch it).
+RUN = f"{OURS}.run"  # the run's id
+OWNER_HOST = f"{OURS}.owner.host"  # hostname of the machine the owning `pipeline` runs on
+OWNER_PID = f"{OURS}.owner.pid"
+OWNER_STARTED = f"{OURS}.owner.started"  # the owner's start time (clock ticks since boot, /proc/<pid>/stat)
+OWNER_BOOT = f"{OURS}.owner.boot"  # /proc/sys/kernel/random/boot_id of that machine
+OWNER_PIDNS = f"{OURS}.owner.pidns"  # the owner's PID namespace (pids compare only within one)
+SERVER_PORT = f"{OURS}.smoke.port"

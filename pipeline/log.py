@@ -12,6 +12,7 @@ anywhere (console, log file, summary), and `::add-mask::` is sent on Actions.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -41,6 +42,7 @@ class Logger:
     stages: list[StageRecord] = field(default_factory=list)
     _secrets: set[str] = field(default_factory=set)
     _fh: IO[str] | None = None
+    file_error: OSError | None = None  # why the log file stopped being written
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, verbosity: int = 0, stream: IO[str] | None = None) -> Logger:
@@ -74,13 +76,21 @@ class Logger:
 
     def close(self) -> None:
         if self._fh:
-            self._fh.close()
+            with contextlib.suppress(OSError):  # the last flush on a full disk
+                self._fh.close()
             self._fh = None
 
     def _write_file(self, line: str) -> None:
         if self._fh:
-            self._fh.write(time.strftime("%H:%M:%S ") + self.redact(line) + "\n")
-            self._fh.flush()
+            try:
+                self._fh.write(time.strftime("%H:%M:%S ") + self.redact(line) + "\n")
+                self._fh.flush()
+            except OSError as e:  # a full disk must not turn every log line into a crash
+                self.file_error = e
+                fh, self._fh = self._fh, None
+                with contextlib.suppress(OSError):
+                    fh.close()
+                self._emit(f"warning: stopped writing {self.log_file}: {e.strerror}")
 
     def _emit(self, line: str, *, raw: bool = False) -> None:
         self.stream.write((line if raw else self.redact(line)) + "\n")

@@ -103,6 +103,8 @@ def build_statement(inp: RecordInputs) -> dict[str, Any]:
             "passed": verdict.get("passed"),
             "reason": verdict.get("reason", ""),
             "checks": list(verdict.get("checks") or []),
+            # who answered the probes: the container and the image it ran (proven by the smoke run)
+            "server": verdict.get("server"),
             "started": verdict.get("started"),
             "finished": verdict.get("finished"),
             "tool_version": verdict.get("tool_version"),

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,8 +52,8 @@ from pipeline.registry import (
     parse_image_ref,
     tag_problem,
 )
+from pipeline.smoke.verdict import Verdict, VerdictFile, read_verdict
 
-VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
 TEMPLATE_FIELDS = ("model", "date", "atom7", "aiter7", "patchset", "inputs7")
 RERUN = "Re-run `pipeline smoke` for this image (it writes a fresh verdict), then `pipeline tag` again."
 
@@ -71,80 +71,25 @@ class EngineLike(Protocol):
 # --------------------------------------------------------------------------- verdict
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The fields of a smoke verdict the tag stage binds to (plus the raw document)."""
+def read_tag_verdict(path: Path) -> VerdictFile:
+    """The smoke verdict (`pipeline.smoke.verdict`, the one model); a TagError refusal when unreadable.
 
-    path: Path
-    sha256: str
-    status: str
-    passed: bool
-    reason: str
-    image_ref: str
-    image_id: str
-    image_digest: str
-    recipe_name: str
-    recipe_path: str
-    recipe_sha256: str
-    lock_sha256: str
-    inputs_digest: str
-    finished: str
-    raw: Mapping[str, Any] = field(repr=False)
-
-
-def load_verdict(path: Path) -> Verdict:
-    """Read `verdict.json` (or the run directory holding one); TagError saying "missing" or "unreadable".
-
-    Same document as `pipeline.smoke.verdict.Verdict`; read here with the tag stage's own
-    refusal messages (a missing verdict is a refusal to tag, not a configuration error).
+    A missing or foreign document is a refusal to tag, not a configuration error.
     """
-    if path.is_dir():
-        path = path / "verdict.json"
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TagError(
-            f"refusing to tag: there is no smoke verdict at {path} (missing verdict).",
+        return read_verdict(
+            path,
+            error=TagError,
             hint="Run `pipeline smoke` for this image first, or pass --verdict with the right path.",
-        ) from None
-    except OSError as e:
-        raise TagError(f"refusing to tag: cannot read the smoke verdict {path}: {e.strerror}.") from None
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
-        if data.get("schema") != VERDICT_SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}, expected {VERDICT_SCHEMA!r}")
-        image = data["image"]
-        recipe = data["recipe"]
-        return Verdict(
-            path=path,
-            sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-            status=str(data["status"]),
-            passed=data["passed"] is True,
-            reason=str(data.get("reason") or ""),
-            image_ref=str(image.get("ref") or ""),
-            image_id=str(image["id"] or ""),
-            image_digest=str(image.get("digest") or ""),
-            recipe_name=str(recipe.get("name") or ""),
-            recipe_path=str(recipe.get("path") or ""),
-            recipe_sha256=str(recipe["sha256"] or ""),
-            lock_sha256=str(data["lock_sha256"] or ""),
-            inputs_digest=str(data.get("inputs_digest") or ""),
-            finished=str(data.get("finished") or ""),
-            raw=data,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        detail = e.args[0] if isinstance(e, ValueError) and e.args else f"missing field {e}"
-        raise TagError(
-            f"refusing to tag: {path} is not a smoke verdict this pipeline can read ({detail}).",
-            hint=RERUN,
-        ) from None
+    except TagError as e:
+        raise TagError(f"refusing to tag: {e.message}", hint=e.hint or RERUN) from None
 
 
-def check_passed(verdict: Verdict, image: str) -> None:
+def check_passed(vf: VerdictFile, image: str) -> None:
     """Refuse a verdict that did not pass (needs no engine: checked first)."""
-    where = f"the smoke verdict {verdict.path}"
+    where = f"the smoke verdict {vf.path}"
+    verdict = vf.verdict
     if verdict.status != "passed" or not verdict.passed:
         why = {
             "failed": "the smoke test failed",
@@ -162,7 +107,7 @@ def check_passed(verdict: Verdict, image: str) -> None:
 class Binding:
     """A verdict checked against the image, recipe and lock it must belong to."""
 
-    verdict: Verdict
+    verdict: VerdictFile
     image: ImageInfo
     lock: Lock
     lock_path: Path
@@ -170,7 +115,7 @@ class Binding:
 
 
 def check_binding(
-    verdict: Verdict,
+    vf: VerdictFile,
     info: ImageInfo | None,
     *,
     image: str,
@@ -178,26 +123,28 @@ def check_binding(
     recipe_path: Path | None,
     locks_dir: Path,
 ) -> Binding:
-    """Refuse a failed, foreign or stale verdict, each with its own message."""
-    where = f"the smoke verdict {verdict.path}"
-    check_passed(verdict, image)
+    """Refuse a failed, foreign, unproven or stale verdict, each with its own message."""
+    where = f"the smoke verdict {vf.path}"
+    verdict = vf.verdict
+    check_passed(vf, image)
     if info is None:
         raise TagError(
             f"refusing to tag: the image {image} does not exist in the Docker engine.",
             hint="Build it (`pipeline build`) or pass --image with the reference the verdict names"
-            + (f" ({verdict.image_ref})." if verdict.image_ref else "."),
+            + (f" ({verdict.image.ref})." if verdict.image.ref else "."),
         )
-    if verdict.image_id != info.id:
+    if verdict.image.id != info.id:
         raise TagError(
             f"refusing to tag {image}: {where} is for another image (foreign verdict): it names image ID "
-            f"{_short(verdict.image_id)} ({verdict.image_ref or 'no ref'}), "
+            f"{_short(verdict.image.id)} ({verdict.image.ref or 'no ref'}), "
             f"but {image} is {_short(info.id)}.",
             hint="Pass the verdict of this image, or " + RERUN[0].lower() + RERUN[1:],
         )
+    check_server_evidence(vf, info, image)
     lbl = info.labels
     for key, expected, what in (
         (labels.LOCK_SHA256, verdict.lock_sha256, "lock"),
-        (labels.RECIPE_SHA256, verdict.recipe_sha256, "recipe"),
+        (labels.RECIPE_SHA256, verdict.recipe.sha256, "recipe"),
         (labels.INPUTS_DIGEST, verdict.inputs_digest, "inputs digest"),
     ):
         got = lbl.get(key)
@@ -214,7 +161,7 @@ def check_binding(
                 hint=RERUN,
             )
     # recipe: the file on disk now must be the one the smoke test used
-    recipe = recipe_path or (Path(verdict.recipe_path) if verdict.recipe_path else None)
+    recipe = recipe_path or (Path(verdict.recipe.path) if verdict.recipe.path else None)
     if recipe is None:
         raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
     if not recipe.is_file():
@@ -223,10 +170,10 @@ def check_binding(
             hint="Pass --recipe with the recipe the image was smoke-tested with.",
         )
     recipe_sha = sha256_file(recipe)
-    if recipe_sha != verdict.recipe_sha256:
+    if recipe_sha != verdict.recipe.sha256:
         raise TagError(
             f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
-            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe_sha256)}.",
+            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe.sha256)}.",
             hint=RERUN,
         )
     # lock: the lock file now must be the one the image was built from
@@ -243,7 +190,25 @@ def check_binding(
             f"{_short(verdict.lock_sha256)}.",
             hint="Rebuild from the current lock (`pipeline build`) and smoke-test it, or restore the lock.",
         )
-    return Binding(verdict, info, lock, lock_path, recipe)
+    return Binding(vf, info, lock, lock_path, recipe)
+
+
+def check_server_evidence(vf: VerdictFile, info: ImageInfo, image: str) -> None:
+    """The verdict must prove that the server answering its probes ran this very image."""
+    server = vf.verdict.server
+    if server is None or not server.proven_by or not server.container_id:
+        raise TagError(
+            f"refusing to tag {image}: the smoke verdict {vf.path} does not prove which server answered "
+            "its probes (no server identity evidence: made by an older pipeline, or never proven).",
+            hint=RERUN,
+        )
+    if server.image_id != info.id:
+        raise TagError(
+            f"refusing to tag {image}: the server that answered the smoke test ran image "
+            f"{_short(server.image_id)} (container {server.container_name}, {server.container_id[:12]}), "
+            f"not {image} ({_short(info.id)}): the verdict's evidence does not bind to this image.",
+            hint=RERUN,
+        )
 
 
 def _short(digest: str) -> str:
@@ -417,7 +382,7 @@ def tag_verified(
             "nothing was pushed.",
             hint="Install cosign, or run without --cosign.",
         )
-    verdict = load_verdict(verdict_path)
+    verdict = read_tag_verdict(verdict_path)
     verdict_path = verdict.path
     info = engine.image(image)
     binding = check_binding(
@@ -432,7 +397,7 @@ def tag_verified(
     log.detail(f"verdict {verdict_path} is bound to {image} ({_short(img.id)}), its recipe and lock")
 
     target = target_repository(settings, registry, repository)
-    fields = tag_fields(binding.lock, verdict, verdict.inputs_digest)
+    fields = tag_fields(binding.lock, verdict.verdict, verdict.verdict.inputs_digest)
     immutable, moving = plan_tags(settings, fields)
     log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
 
@@ -486,9 +451,10 @@ def tag_verified(
                     f"{_short(img.id)}; the moving tags were not touched.",
                     hint="Check the registry and run `pipeline tag` again.",
                 )
-        if verdict.image_digest and verdict.image_digest != digest:
+        tested_digest = verdict.verdict.image.digest
+        if tested_digest and tested_digest != digest:
             raise TagError(
-                f"refusing to move tags: the verdict was made for {target.name}@{verdict.image_digest} "
+                f"refusing to move tags: the verdict was made for {target.name}@{tested_digest} "
                 f"but {immutable} is {digest} (foreign verdict); the moving tags were not touched.",
                 hint=RERUN,
             )
@@ -504,11 +470,11 @@ def tag_verified(
                 moving_tags=moving,
                 lock=binding.lock,
                 lock_path=binding.lock_path,
-                recipe_name=verdict.recipe_name or binding.recipe_path.name,
+                recipe_name=verdict.verdict.recipe.name or binding.recipe_path.name,
                 recipe_path=binding.recipe_path,
-                recipe_sha256=verdict.recipe_sha256,
-                inputs_digest=verdict.inputs_digest,
-                verdict=verdict.raw,
+                recipe_sha256=verdict.verdict.recipe.sha256,
+                inputs_digest=verdict.verdict.inputs_digest,
+                verdict=verdict.verdict.to_json(),
                 verdict_path=verdict_path,
                 verdict_sha256=verdict.sha256,
                 started=started,

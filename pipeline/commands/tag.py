@@ -69,13 +69,13 @@ def command(
     Docker config; never printed.
     """
     from pipeline.dockerw import Engine
-    from pipeline.tag import check_passed, load_verdict, tag_verified
+    from pipeline.tag import check_passed, read_tag_verdict, tag_verified
 
     settings = app.settings(registry=registry, repository=repository, cosign=cosign, push_latest=push_latest)
     app.open_run("tag")
     # a missing or failed verdict is refused before reaching for the engine or the registry
     with app.log.stage("verdict", str(verdict_path)):
-        check_passed(load_verdict(verdict_path), image)
+        check_passed(read_tag_verdict(verdict_path), image)
     engine = Engine.connect(docker_host or settings.smoke.docker_host or None, env=app.env)
     try:
         with app.log.stage("tag", image) as rec:

@@ -15,6 +15,7 @@ source mentions the name looked up).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,6 +52,9 @@ class Signature:
     path: str
     line: int
     params: tuple[Param, ...]
+    # A compiled or registered op (`@compile_ops`, `torch.library.custom_op`, ...), or a plain
+    # wrapper of one defined beside it: its schema enforces the annotations. Plain Python does not.
+    compiled: bool = False
 
     def bound_params(self) -> tuple[Param, ...]:
         return self.params
@@ -81,7 +85,7 @@ class ModSummary:
     error: str | None = None
 
 
-def _sig_from_def(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool) -> Signature:
+def sig_from_def(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool) -> Signature:
     a = fn.args
     params: list[Param] = []
     pos = [*a.posonlyargs, *a.args]
@@ -99,7 +103,31 @@ def _sig_from_def(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_fi
         params.append(Param(a.kwarg.arg, "varkw", True, _ann(a.kwarg.annotation)))
     if drop_first and params and params[0].kind in ("posonly", "pos"):
         params = params[1:]
-    return Signature(fn.name, path, fn.lineno, tuple(params))
+    return Signature(fn.name, path, fn.lineno, tuple(params), _is_op(fn))
+
+
+# Decorators that turn a Python def into a torch op with a schema (aiter's JIT and torch.library).
+_OP_DECORATORS = {"compile_ops", "torch_compile_guard", "custom_op", "register_custom_op", "impl"}
+
+
+def _is_op(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    for d in fn.decorator_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name in _OP_DECORATORS:
+            return True
+    return False
+
+
+def _mark_op_wrappers(s: ModSummary) -> None:
+    """`def f(...)` beside its op `@compile_ops def _f_hip(...)` forwards to it: it is op-backed."""
+    ops = [p.name for _, k, p, _ in s.events if k == "def" and isinstance(p, Signature) and p.compiled]
+    if not ops:
+        return
+    for i, (name, kind, payload, line) in enumerate(s.events):
+        wraps = isinstance(payload, Signature) and any(o != name and name in o for o in ops)
+        if kind == "def" and isinstance(payload, Signature) and not payload.compiled and wraps:
+            s.events[i] = (name, kind, dataclasses.replace(payload, compiled=True), line)
 
 
 def _is_none(node: ast.expr | None) -> bool:
@@ -121,7 +149,7 @@ def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 def _class_init(cls: ast.ClassDef, path: str) -> Signature | None:
     for node in cls.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "__init__":
-            sig = _sig_from_def(node, path, drop_first=True)
+            sig = sig_from_def(node, path, drop_first=True)
             return Signature(cls.name, path, cls.lineno, sig.params)
     return None
 
@@ -158,7 +186,7 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     if st.name == "__getattr__":
                         hook = True
                     continue
-                s.events.append((st.name, "def", _sig_from_def(st, path, False), st.lineno))
+                s.events.append((st.name, "def", sig_from_def(st, path, False), st.lineno))
             elif isinstance(st, ast.ClassDef):
                 s.events.append((st.name, "class", _class_init(st, path), st.lineno))
             elif isinstance(st, ast.ImportFrom):
@@ -232,6 +260,7 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     s.dynamic = True
 
     visit(tree.body)
+    _mark_op_wrappers(s)
     if hook:
         s.dynamic = True
         for m in str_maps:

@@ -15,6 +15,7 @@ class Problem:
     kind: str  # too-many-positional / missing-argument / unexpected-keyword / duplicate-argument /
     #            positional-only-as-keyword / type-mismatch
     message: str
+    key: str = ""  # what identifies the problem across signature versions ("fails the same way")
 
 
 @dataclass(slots=True)
@@ -174,6 +175,7 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 "too-many-positional",
                 f"{n} positional arguments given but `{sig.name}` takes at most "
                 f"{len(positional)} positionally",
+                "too-many-positional",
             )
         )
     by_name = {p.name: p for p in params if p.kind in ("pos", "kwonly", "posonly")}
@@ -184,7 +186,11 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 b.keywords[name] = varkw
                 continue
             b.problems.append(
-                Problem("positional-only-as-keyword", f"`{name}` is positional-only in `{sig.name}`")
+                Problem(
+                    "positional-only-as-keyword",
+                    f"`{name}` is positional-only in `{sig.name}`",
+                    f"posonly:{name}",
+                )
             )
             b.keywords[name] = None
             continue
@@ -192,7 +198,9 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
             if varkw is not None:
                 b.keywords[name] = varkw
                 continue
-            b.problems.append(Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`"))
+            b.problems.append(
+                Problem("unexpected-keyword", f"`{sig.name}` has no parameter `{name}`", f"unexpected:{name}")
+            )
             b.keywords[name] = None
             continue
         if name in assigned:
@@ -200,6 +208,7 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                 Problem(
                     "duplicate-argument",
                     f"`{name}` is given twice: by {assigned[name]} and by keyword",
+                    f"duplicate:{name}",
                 )
             )
         assigned[name] = "keyword"
@@ -212,17 +221,31 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
         ]
         if missing:
             names = ", ".join(f"`{m}`" for m in missing)
-            b.problems.append(Problem("missing-argument", f"missing required argument(s) {names}"))
+            b.problems.append(
+                Problem(
+                    "missing-argument",
+                    f"missing required argument(s) {names}",
+                    f"missing:{','.join(missing)}",
+                )
+            )
     # Evident types.
     for i, (a, p) in enumerate(zip(call.args, b.positional, strict=True)):
         if p is not None and p.kind != "vararg" and not type_ok(a.etype, p):
-            b.problems.append(Problem("type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`"))
+            b.problems.append(
+                Problem(
+                    "type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`", f"type:{i + 1}:{p.name}"
+                )
+            )
     for name, a in call.kwargs:
         p = b.keywords.get(name)
         if p is not None and p.kind != "varkw" and not type_ok(a.etype, p):
             t = f" ({a.etype})" if a.etype else ""
             b.problems.append(
-                Problem("type-mismatch", f"keyword `{name}={a.text}`{t} does not fit `{p.show()}`")
+                Problem(
+                    "type-mismatch",
+                    f"keyword `{name}={a.text}`{t} does not fit `{p.show()}`",
+                    f"type:{name}:{name}",
+                )
             )
     return b
 

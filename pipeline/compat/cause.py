@@ -9,15 +9,17 @@ commit after it in the file's history is the cause.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pipeline.compat.aiterapi import ModSummary, Signature, summarize_module
+from pipeline.compat.aiterapi import ModSummary, Signature, sig_from_def, summarize_module
 from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
-from pipeline.compat.pysource import SummaryCache, module_of
+from pipeline.compat.pysource import SummaryCache, _header_end, module_of
 from pipeline.gitw import CommitInfo, GitRepo
 
 
@@ -52,6 +54,15 @@ class History:
         self.facts = facts
         self._logs: dict[tuple[str, str], list[FileVersion]] = {}
         self._parents: dict[str, str | None] = {}
+        # One whole-history log of the tip serves every file of every commit on its first parents.
+        self._all: dict[str, list[FileVersion]] | None = None
+        self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
+
+    def use_first_parent(self, tip: str, commits: list[tuple[int, str]], prefix: str) -> None:
+        """Answer `file_log` for commits on `tip`'s first parents from one `git log --raw` of `prefix`."""
+        if self._all is None:
+            self._all = self.first_parent_log(tip, prefix)
+            self._order = {sha: i for i, (_, sha) in enumerate(commits)}
 
     def parent(self, sha: str) -> str | None:
         """First parent (known from the file logs read so far, else asked)."""
@@ -65,6 +76,11 @@ class History:
         key = (rev, path)
         got = self._logs.get(key)
         if got is not None:
+            return got
+        if self._all is not None and rev in self._order:
+            k = self._order[rev]
+            got = [v for v in self._all.get(path, []) if self._order.get(v.commit.sha, -1) >= k]
+            self._logs[key] = got
             return got
         fkey = f"log:{rev}:{path}"
         cached = self.facts.data.get(fkey) if self.facts is not None else None
@@ -108,11 +124,99 @@ class History:
     def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
         if blob is None:
             return None
-        s = self.summary(path, blob)
-        for ev_name, kind, payload, _ in reversed(s.events):
-            if ev_name == name and kind in ("def", "class"):
-                return payload if isinstance(payload, Signature) else None
+        key = f"sig:{blob}:{name}"
+        if self.facts is not None and key in self.facts.data:
+            got: Signature | None = self.facts.data[key]
+            return got
+        raw = self.cache.raw.get(blob)
+        if raw is None:
+            raw = next(iter(self.repo.read_blobs([blob])))[1]
+        one = _one_def(raw, path, name)
+        fast = one if isinstance(one, Signature) else None
+        if one is False:  # not a plain single top-level def: summarize the module
+            self.cache.raw[blob] = raw
+            s = self.summary(path, blob)
+            for ev_name, kind, payload, _ in reversed(s.events):
+                if ev_name == name and kind in ("def", "class"):
+                    fast = payload if isinstance(payload, Signature) else None
+                    break
+        if self.facts is not None:
+            self.facts.data[key] = fast
+            self.facts.dirty = True
+        return fast
+
+    def first_parent_log(self, rev: str, prefix: str) -> dict[str, list[FileVersion]]:
+        """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`."""
+        fkey = f"all-logs:{rev}:{prefix}"
+        cached = self.facts.data.get(fkey) if self.facts is not None else None
+        if cached is not None:
+            logs_c: dict[str, list[FileVersion]] = cached[0]
+            self._parents.update(cached[1])
+            return logs_c
+        out = self.repo.git(
+            "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-renames", "--no-abbrev",
+            "--first-parent", "-m", rev, "--", prefix,
+        )  # fmt: skip
+        logs: dict[str, list[FileVersion]] = {}
+        parents: dict[str, str | None] = {}
+        for chunk in out.split("\x01"):
+            if not chunk.strip():
+                continue
+            header, _, rest = chunk.partition("\n")
+            sha, par, ts, author, subject = header.split("\x00", 4)
+            parents[sha] = par.split()[0] if par.split() else None
+            info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
+            for line in rest.splitlines():
+                if line.startswith(":") and "\t" in line:
+                    meta, _, fpath = line.partition("\t")
+                    if not fpath.endswith(".py"):
+                        continue
+                    blob = meta.split()[3]
+                    logs.setdefault(fpath, []).append(FileVersion(info, None if set(blob) == {"0"} else blob))
+        self._parents.update(parents)
+        if self.facts is not None:
+            self.facts.data[fkey] = (logs, parents)
+            self.facts.dirty = True
+        return logs
+
+
+_OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")
+
+
+def _one_def(raw: bytes, path: str, name: str) -> Signature | bool | None:
+    """The signature of the only top-level `def name(` in `raw`, parsed from its header alone.
+
+    None: no such def (nor a class or assignment of that name); False: anything
+    less plain (several bindings, a class), for which the caller parses the module.
+    """
+    nb = name.encode()
+    if nb not in raw:
         return None
+    pat = re.compile(rb"^(?:async[ \t]+)?def[ \t]+" + re.escape(nb) + rb"[ \t]*\(", re.M)
+    hits = list(pat.finditer(raw))
+    other = re.search(rb"^(?:class[ \t]+" + re.escape(nb) + rb"\b|" + re.escape(nb) + rb"[ \t]*=)", raw, re.M)
+    if len(hits) != 1 or other is not None:
+        return False if hits or other is not None else None
+    start = hits[0].start()
+    lines = raw[start:].split(b"\n", 200)
+    j, col = _header_end(lines, 0)
+    if j < 0:
+        return False
+    header = b"\n".join(lines[:j]) + b"\n" + lines[j][: col + 1] + b" ..."
+    # The decorators directly above it (a compiled op's schema enforces its annotations).
+    above = raw[max(0, start - 2000) : start].rsplit(b"\n\n", 1)[-1]
+    compiled = any(k in above for k in _OP_WORDS)
+    try:
+        fn = ast.parse(header).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return False
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    line_no = raw[:start].count(b"\n") + 1
+    sig = sig_from_def(fn, path, False)
+    # (A wrapper of an op defined beside it is marked by the module summary the index reads; a
+    # history version only needs the layout.)
+    return Signature(sig.name, path, line_no, sig.params, compiled)
 
 
 def find_cause(

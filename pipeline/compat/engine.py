@@ -27,6 +27,7 @@ from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
 from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
+from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
@@ -34,6 +35,8 @@ from pipeline.gitw import CommitInfo, GitRepo
 
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
+ROOT_INIT = "aiter/__init__.py"
+MAX_VERSIONS = 400  # of one file's history read for the signatures a call may have been written for
 
 
 @dataclass
@@ -208,9 +211,12 @@ class Checker:
         self.hist = History(aiter, caches.aiter, caches.facts)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
-        self._blame: dict[tuple[str, int, int], str | None] = {}
         self._as_of: dict[int, str | None] = {}
-        self._fit: dict[tuple[str, int, int], tuple[str, Signature, Binding] | None] = {}
+        self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
+        self._runs: dict[tuple[str, str, str, int], list[Candidate]] = {}
+        self._blob_at: dict[tuple[str, str], str | None] = {}
+        self._on_tip: dict[str, bool] = {}
+        self._oldest: dict[tuple[str, str, str, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
@@ -228,56 +234,55 @@ class Checker:
         if aiter_sha not in keep:
             self._index.pop(aiter_sha, None)
 
-    # -- baselines -----------------------------------------------------------
-    def call_baseline(self, call: RawCall) -> str | None:
-        """The aiter the call was written against: explicit, or aiter as of the call's blame date."""
-        if self.explicit_baseline:
-            return self.explicit_baseline
-        key = (call.path, call.line, call.end_line or call.line)
-        if key in self._blame:
-            return self._blame[key]
-        times = self._blame_file(call.path)
+    # -- when the call was written -------------------------------------------
+    def written_time(self, call: RawCall) -> int | None:
+        """Committer time of the last change to the call's lines (`git blame` of just those lines)."""
         lo, hi = call.line, call.end_line or call.line
-        stamps = [times[i] for i in range(lo, hi + 1) if i in times]
-        sha: str | None = None
-        if stamps:
-            ts = max(stamps)
-            if ts not in self._as_of:
-                self._as_of[ts] = self.first_parent.as_of(ts)
-            sha = self._as_of[ts]
-        self._blame[key] = sha
-        return sha
-
-    def _blame_file(self, path: str) -> dict[int, int]:
-        """{line: committer time} for the lines of every aiter call in `path` (one `git blame`)."""
-        key = f"blame:{self.atom_sha}:{path}"
-        got: dict[int, int] | None = self.caches.facts.data.get(key)
-        if got is not None:
+        key = f"blame:{self.atom_sha}:{call.path}:{lo}-{hi}"
+        if key in self.caches.facts.data:
+            got: int | None = self.caches.facts.data[key]
             return got
-        ranges = sorted(
-            {(c.line, c.end_line or c.line) for fc in self.files if fc.path == path for c in fc.calls}
-        )
-        args = ["blame", "--porcelain"]
-        for lo, hi in ranges:
-            args += ["-L", f"{lo},{hi}"]
-        got = {}
         try:
-            out = self.atom.git(*args, self.atom_sha, "--", path)
+            out = self.atom.git("blame", "--porcelain", "-L", f"{lo},{hi}", self.atom_sha, "--", call.path)
         except SourceError:
             out = ""
-        commit_time: dict[str, int] = {}
-        current: tuple[str, int] | None = None
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and len(parts[0]) == 40 and all(ch in "0123456789abcdef" for ch in parts[0]):
-                current = (parts[0], int(parts[2]))
-            elif line.startswith("committer-time ") and current is not None:
-                commit_time[current[0]] = int(parts[1])
-            if line.startswith("\t") and current is not None and current[0] in commit_time:
-                got[current[1]] = commit_time[current[0]]
+        stamps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committer-time ")]
+        got = max(stamps) if stamps else None
         self.caches.facts.data[key] = got
         self.caches.facts.dirty = True
         return got
+
+    def call_baseline(self, call: RawCall) -> str | None:
+        """aiter as of the date the call's lines were last changed (or the explicit baseline)."""
+        if self.explicit_baseline:
+            return self.explicit_baseline
+        ts = self.written_time(call)
+        return self._aiter_as_of(ts) if ts is not None else None
+
+    def _aiter_as_of(self, ts: int) -> str | None:
+        if ts not in self._as_of:
+            self._as_of[ts] = self.first_parent.as_of(ts)
+        return self._as_of[ts]
+
+    def file_added(self, path: str) -> int | None:
+        """When the ATOM file first appeared (author time): no call in it is older."""
+        key = f"added:{self.atom_sha}"
+        got: dict[str, int] | None = self.caches.facts.data.get(key)
+        if got is None:
+            out = self.atom.git(
+                "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
+                self.atom_sha, "--", f"{ATOM_PREFIX}/",
+            )  # fmt: skip
+            got = {}
+            for chunk in out.split("\x01"):
+                head, _, names = chunk.partition("\n")
+                if not head.strip():
+                    continue
+                for p in names.split():
+                    got[p] = min(got.get(p, 1 << 62), int(head))
+            self.caches.facts.data[key] = got
+            self.caches.facts.dirty = True
+        return got.get(path)
 
     # -- the check -----------------------------------------------------------
     def check(self, aiter_sha: str, *, with_causes: bool = True) -> CheckReport:
@@ -339,35 +344,139 @@ class Checker:
         t = target_of(self.index(aiter_sha), call)
         return t.sig if t.kind in ("func", "class") else None
 
-    def fitting_baseline(self, call: RawCall) -> tuple[str, Signature, Binding] | None:
-        """The aiter this call was written against: the first baseline under which it binds cleanly.
+    def _sig_in_file(self, aiter_sha: str, path: str, name: str) -> Signature | None:
+        """`name` as defined in `path` at an aiter commit (no index: one tree lookup, cached summary)."""
+        key = (aiter_sha, path)
+        if key not in self._blob_at:
+            try:
+                self._blob_at[key] = str((self.aiter.repo.commit(aiter_sha).tree / path).hexsha)
+            except (KeyError, ValueError):
+                self._blob_at[key] = None
+        return self.hist.sig_at(path, self._blob_at[key], name)
 
-        In order: the explicit baseline (previous lock) or aiter as of the ATOM
-        commit's date; then aiter as of the date the call's lines were last
-        changed (`git blame`), for an ATOM that lagged behind aiter.
+    def _history_rev(self, aiter_sha: str) -> str:
+        """Histories are read from the tip when it contains the pin (newer versions are candidates too)."""
+        if aiter_sha not in self._on_tip:
+            self._on_tip[aiter_sha] = aiter_sha == self.tip or self.aiter.is_ancestor(aiter_sha, self.tip)
+        return self.tip if self._on_tip[aiter_sha] else aiter_sha
+
+    def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
+        """Runs of one layout in the history of the callee's file, newest first, back to `born`."""
+        key = (aiter_sha, sig.path, sig.name, born)
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = []
+            prev: Signature | None = None
+            self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+            for v in self.hist.file_log(self._history_rev(aiter_sha), sig.path)[:MAX_VERSIONS]:
+                s = self.hist.sig_at(sig.path, v.blob, sig.name)
+                if s is None:
+                    break  # not defined in this file before: moved here or added
+                t = int(v.commit.date.timestamp())
+                if prev is not None and layout(s) == layout(prev):
+                    last = runs[-1]
+                    runs[-1] = Candidate(last.sha, last.sig, t, last.until, "history")
+                else:
+                    until = runs[-1].since if runs else None
+                    runs.append(Candidate(v.commit.sha, s, t, until, "history"))
+                prev = s
+                if t < born:
+                    break  # in effect when the ATOM file was created
+            self._runs[key] = runs
+        return runs
+
+    def candidates(self, call: RawCall, aiter_sha: str, sig: Signature) -> list[Candidate]:
+        """The distinct signatures the callee has had: its file's history, and where it resolved before.
+
+        The history is read back to the version in effect when the ATOM file was
+        created: no call in it was written for an older one.
         """
-        key = (call.path, call.line, call.col)
-        if key in self._fit:
-            return self._fit[key]
-        found: tuple[str, Signature, Binding] | None = None
-        tried: set[str] = set()
-        for which in ("date", "blame"):
-            if which == "date":
-                sha = self.date_baseline
-            else:
-                sha = None if self.explicit_baseline else self.call_baseline(call)
-            if sha is None or sha in tried:
+        born = self.file_added(call.path) or 0
+        runs = self._history(aiter_sha, sig, born)
+        out = list(runs)
+        if not any(layout(c.sig) == layout(sig) for c in out):
+            out.append(Candidate(aiter_sha, sig, 0, None, "pin"))
+        # Where the call resolved at the other anchors: another file (a move, a re-export), or older.
+        oldest = min((c.since for c in runs), default=None)
+        anchors: list[tuple[str | None, str]] = [(self.explicit_baseline, "explicit")]
+        if self.date_baseline != aiter_sha:
+            anchors.append((self.date_baseline, "date"))
+        written = self.written_time(call)
+        if written is not None and (oldest is None or written < oldest):
+            anchors.append((self._aiter_as_of(written), "blame"))
+        for sha, source in anchors:
+            s = self._sig_at(sha, call) if sha is not None else None
+            if sha is None or s is None:
                 continue
-            tried.add(sha)
-            s = self._sig_at(sha, call)
+            if (s.path, s.name) == (sig.path, sig.name) and any(layout(c.sig) == layout(s) for c in out):
+                continue
+            t = int(self.aiter.commit_info(sha).date.timestamp())
+            out.append(Candidate(sha, s, t, t + 1, source))
+        return out
+
+    def written_for(self, call: RawCall, aiter_sha: str, sig: Signature) -> Fit | None:
+        """The signature this call was written for (see `pipeline.compat.evidence`)."""
+        key = (call.path, call.line, call.col, aiter_sha)
+        if key not in self._fit:
+            cands = self.candidates(call, aiter_sha, sig)
+            self._fit[key] = best_fit(call, cands, self.written_time(call))
+        return self._fit[key]
+
+    def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
+        """Could a call that binds cleanly at the pin have been written for another layout?
+
+        Cheap screens first: an argument named like another parameter; the
+        explicit or ATOM-date baseline having another layout; the callee's
+        layout when the ATOM file was created differing from the pin's.
+        """
+        if agreement(call, sig, b).disagree:
+            return True
+
+        def matters(s: Signature | None) -> bool:
+            """Another definition, or a layout under which this call binds to other slots."""
             if s is None:
-                continue
-            bb = bind(call, s)
-            if bb.ok:
-                found = (sha, s, bb)
-                break
-        self._fit[key] = found
-        return found
+                return True
+            if (s.path, s.name) != (sig.path, sig.name):
+                return True
+            return layout(s) != layout(sig) and bind(call, s).ok and bool(shifted_args(s, sig, call))
+
+        for base in (self.explicit_baseline, self.date_baseline):
+            if base is not None and base != aiter_sha:
+                s = self._sig_at(base, call)
+                if s is not None and matters(s):
+                    return True
+        if self.explicit_baseline is not None:
+            return False
+        born = self.file_added(call.path)
+        if born is None:
+            return False
+        return matters(self._oldest_since(aiter_sha, sig, born))
+
+    def _oldest_since(self, aiter_sha: str, sig: Signature, born: int) -> Signature | None:
+        """The callee as its file defined it when the ATOM file was created, or when first defined after.
+
+        Two ends compared, not every version: the file's versions are bisected for
+        the oldest one still defining the function (a change undone later is missed).
+        """
+        key = (aiter_sha, sig.path, sig.name, born)
+        if key in self._oldest:
+            return self._oldest[key]
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        versions = self.hist.file_log(self._history_rev(aiter_sha), sig.path)
+        # versions newest first; keep those after the ATOM file's creation and the one in effect then
+        k = next((i for i, v in enumerate(versions) if v.commit.date.timestamp() < born), len(versions) - 1)
+        versions = versions[: k + 1]
+        lo, hi = 0, len(versions) - 1  # versions[0] defines it (the pin); find the oldest that still does
+        got: Signature | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            s = self.hist.sig_at(sig.path, versions[mid].blob, sig.name)
+            if s is not None:
+                got, lo = s, mid + 1
+            else:
+                hi = mid - 1
+        self._oldest[key] = got
+        return got
 
     def _check_call(
         self,
@@ -379,68 +488,83 @@ class Checker:
         b = bind(call, sig)
         defined_at = f"{sig.path}:{sig.line}"
         head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
+        if b.ok and not self._doubtful(call, aiter_sha, sig, b):
+            return None
+        fit = self.written_for(call, aiter_sha, sig)
+        if fit is None:
+            return None
+        base, base_sig = fit.cand.sha, fit.cand.sig
         if not b.ok:
-            kind = b.problems[0].kind
             details = tuple(p.message for p in b.problems)
-            fit = self.fitting_baseline(call)
-            if fit is None:
-                against = self.explicit_baseline or self.call_baseline(call) or self.date_baseline
-                if against is not None and self._sig_at(against, call) is not None:
-                    return Finding(
-                        call.path, call.line, call.col, call.qualname, "warning", kind,
-                        head + "; ".join(details) + f". Pre-existing: the call fails the same way with aiter "
-                        f"{against[:10]}, the aiter it was written against, so no aiter pin fixes it "
-                        "(an ATOM bug, probably on a path not run).",
-                        details, None, defined_at, preexisting=True, written_against=against,
-                    )  # fmt: skip
-            base = fit[0] if fit else None
+            before = problem_keys(fit.binding)
+            new = [p for p in b.problems if p.key not in before]
+            if not fit.clean and not new:
+                same = "; ".join(p.message for p in fit.binding.problems)
+                return Finding(
+                    call.path, call.line, call.col, call.qualname, "warning", b.problems[0].kind,
+                    head + "; ".join(details) + f". Pre-existing: the call fails the same way ({same}) with "
+                    f"aiter {base[:10]}, the signature it was written for, so no aiter pin fixes it "
+                    "(an ATOM bug, probably on a path not run).",
+                    details, None, defined_at, preexisting=True, written_against=base,
+                )  # fmt: skip
+            kind = new[0].kind
+
+            def clean(s: Signature) -> bool:
+                sb = bind(call, s)
+                return problem_keys(sb) <= before and not shifted_args(base_sig, s, call)
+
             cause = None
             if with_causes:
-                cause = self._cause_back(call, sig, aiter_sha, lambda s: bind(call, s).ok)
-                if cause is None and fit is not None:
-                    cause = self._cause_forward(call, aiter_sha, fit[0], fit[1], lambda s: bind(call, s).ok)
+                cause = self._cause_back(call, sig, aiter_sha, clean, fit)
+                if cause is None:
+                    cause = self._cause_forward(call, aiter_sha, base, base_sig, clean)
             if cause is not None and cause.shifted:
                 kind = "positional-shift"
-            msg = head + (cause.sentence() if cause is not None else "; ".join(details))
+            msg = head + (cause.sentence() if cause is not None else "; ".join(p.message for p in new))
+            if not fit.clean:
+                was = "; ".join(p.message for p in fit.binding.problems)
+                msg += (
+                    f". New at this pin: the call was already broken with aiter {base[:10]}, the signature "
+                    f"it was written for ({was}), but not this way"
+                )
+            severity = "error"
+            if all(p.kind == "type-mismatch" for p in new) and not sig.compiled and kind == "type-mismatch":
+                severity = "warning"
+                msg += (
+                    f". `{sig.name}` is plain Python, which does not enforce its annotations: "
+                    "a warning, not an error"
+                )
             return Finding(
-                call.path, call.line, call.col, call.qualname, "error", kind, msg,
+                call.path, call.line, call.col, call.qualname, severity, kind, msg,
                 details, _cause_info(cause), defined_at, written_against=base,
             )  # fmt: skip
         # Binds without error: do the arguments land where the author meant them to?
-        if self.date_baseline is None or self.date_baseline == aiter_sha:
-            if self.explicit_baseline is not None:
-                return None
-            # Pinned at the ATOM date: only a lagging ATOM (blame baseline) can show a shift.
-            st = None
-        else:
-            st = self._sig_at(self.date_baseline, call)
-            if st is not None and bind(call, st).ok and not shifted_args(st, sig, call):
-                return None  # lands as under the ATOM-date (or explicit) baseline
-        fit = self.fitting_baseline(call)
-        if fit is None:
+        if layout(base_sig) == layout(sig) and (base_sig.path, base_sig.name) == (sig.path, sig.name):
             return None
-        base, base_sig, bb = fit
-        if not shifted_args(base_sig, sig, call):
+        if not fit.clean:
+            return None  # it fits the pin better than anything it could have been written for
+        shifted_at = shifted_args(base_sig, sig, call)
+        if not shifted_at:
             return None  # the same slots (a parameter renamed in place keeps its slot)
 
-        def clean(s: Signature) -> bool:
+        def clean_shift(s: Signature) -> bool:
             return bind(call, s).ok and not shifted_args(base_sig, s, call)
 
         cause = None
         if with_causes:
-            cause = self._cause_back(call, sig, aiter_sha, clean) or self._cause_forward(
-                call, aiter_sha, base, base_sig, clean
+            cause = self._cause_back(call, sig, aiter_sha, clean_shift, fit) or self._cause_forward(
+                call, aiter_sha, base, base_sig, clean_shift
             )
         shifted: list[str] = []
-        for i in shifted_args(base_sig, sig, call):
-            a, op, np_ = call.args[i - 1], bb.positional[i - 1], b.positional[i - 1]
+        for i in shifted_at:
+            a, op, np_ = call.args[i - 1], fit.binding.positional[i - 1], b.positional[i - 1]
             shifted.append(
                 f"argument {i} `{a.text}` was written for `{op.name if op else '?'}`, "
                 f"now lands on `{np_.name if np_ else '*args'}`"
             )
         msg = (
             f"`{call.qualname}` call binds without error but its positional arguments land on other "
-            f"parameters than under aiter {base[:10]} (the aiter it was written against): "
+            f"parameters than under aiter {base[:10]} (the signature it was written for): "
         )
         if cause is not None:
             msg += cause.sentence()
@@ -453,9 +577,52 @@ class Checker:
         )  # fmt: skip
 
     def _cause_back(
-        self, call: RawCall, sig: Signature, aiter_sha: str, clean: Callable[[Signature], bool]
+        self, call: RawCall, sig: Signature, aiter_sha: str, clean: Callable[[Signature], bool], fit: Fit
     ) -> Cause | None:
-        return find_cause(self.hist, aiter_sha, sig, sig.path, sig.name, call, clean)
+        got = find_cause(self.hist, aiter_sha, sig, sig.path, sig.name, call, clean)
+        if got is not None:
+            return got
+        old = fit.cand.sig
+        if (old.path, old.name) != (sig.path, sig.name) and clean(old):
+            return self._cause_moved(call, aiter_sha, sig, fit)
+        return None
+
+    def _cause_moved(self, call: RawCall, aiter_sha: str, sig: Signature, fit: Fit) -> Cause | None:
+        """The call resolves to another definition than the one it was written for: when and why."""
+        old = fit.cand.sig
+        if not self.aiter.is_ancestor(fit.cand.sha, aiter_sha):
+            return None
+        commits = self.aiter.git("rev-list", "--first-parent", f"{fit.cand.sha}..{aiter_sha}").split()
+        commits.reverse()  # oldest first; the last one is the pin
+
+        def moved(sha: str) -> bool:
+            s = self._sig_at(sha, call)
+            return s is not None and (s.path, s.name) == (sig.path, sig.name)
+
+        lo, hi = 0, len(commits) - 1  # the first commit resolving to the pin's definition
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if moved(commits[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        for sha in commits[max(lo - 1, 0) : lo]:
+            if sha in self._index and sha not in (aiter_sha, self.date_baseline, self.tip):
+                self._index.pop(sha, None)
+        c = self.aiter.commit_info(commits[lo])
+        parent = self.hist.parent(c.sha)
+        still = self._sig_in_file(aiter_sha, old.path, old.name) is not None
+        if still:
+            change = (
+                f"`{call.qualname}` now resolves to {sig.path} instead of {old.path} "
+                f"(star import order in {self.index(aiter_sha).mods.get(call.ref[0], ROOT_INIT)})"
+            )
+        else:
+            change = f"`{sig.name}` moved from {old.path} to {sig.path}"
+        new_at = self._sig_at(c.sha, call) or sig
+        _, effect = explain(old, new_at, call, sig.name)
+        shifted = bool(shifted_args(old, new_at, call))
+        return Cause(c, parent, change, effect, old, new_at, shifted)
 
     def _cause_forward(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 14  # bump when a summary's shape or its extraction rules change
+SCHEMA = 15  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pipeline.errors import DiskError, disk_error
+
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 # Optional log prefixes of multi-process servers: "[rank0]: ", "(EngineCore pid=12) ", "(Worker_TP0) ".
 _PREFIX = r"(?:\[[^\]\n]{1,64}\]:?[ \t]*|\([^)\n]{1,64}\)[ \t]*)*"
@@ -115,6 +117,7 @@ class LogWatcher:
         self.ended = False
         self.ended_at: float | None = None
         self.error: str | None = None  # the stream itself failed
+        self.write_error: DiskError | None = None  # server.log could not be written (full disk)
         self.lines = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="smoke-log-watcher", daemon=True)
@@ -134,10 +137,15 @@ class LogWatcher:
         with self._lock:
             return "\n".join(list(self.tail)[-n:])
 
-    def _line(self, raw: str, fh: IO[str]) -> None:
+    def _line(self, raw: str, fh: IO[str] | None) -> None:
         line = self._redact(raw)
-        fh.write(line + "\n")
-        fh.flush()
+        if fh is not None and self.write_error is None:
+            try:
+                fh.write(line + "\n")
+                fh.flush()
+            except OSError as e:  # keep following the server (in memory); the runner stops the run
+                self.write_error = disk_error(e) or DiskError(f"cannot write {self.log_path}: {e}.")
+                self.changed.set()
         with self._lock:
             self.tail.append(line)
             self.lines += 1
@@ -150,20 +158,29 @@ class LogWatcher:
             self.changed.set()
 
     def _run(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a", encoding="utf-8") as fh:
-            partial = ""
-            try:
-                for chunk in self._stream():
-                    partial += chunk
-                    *complete, partial = partial.split("\n")
-                    for raw in complete:
-                        self._line(raw.rstrip("\r"), fh)
-            except Exception as e:  # the engine went away; the runner decides what that means
-                self.error = f"{type(e).__name__}: {e}"
-            finally:
-                if partial:
-                    self._line(partial.rstrip("\r"), fh)
-                self.ended = True
-                self.ended_at = time.monotonic()
-                self.changed.set()
+        fh: IO[str] | None = None
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            fh = self.log_path.open("a", encoding="utf-8")
+        except OSError as e:
+            self.write_error = disk_error(e) or DiskError(f"cannot write {self.log_path}: {e}.")
+        partial = ""
+        try:
+            for chunk in self._stream():
+                partial += chunk
+                *complete, partial = partial.split("\n")
+                for raw in complete:
+                    self._line(raw.rstrip("\r"), fh)
+        except Exception as e:  # the engine went away; the runner decides what that means
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if partial:
+                self._line(partial.rstrip("\r"), fh)
+            if fh is not None:
+                try:
+                    fh.close()
+                except OSError as e:
+                    self.write_error = self.write_error or disk_error(e)
+            self.ended = True
+            self.ended_at = time.monotonic()
+            self.changed.set()

@@ -10,6 +10,10 @@ published ports and no shared file system. Every command prints one JSON line.
     read PATH                         -> {"path", "text"}
     preflight NODES_DIR HF_CACHE MODEL_ID [DEVICE ...]
         -> {"nodes", "nodes_error", "devices", "hf_cache_exists", "model_cached"}
+    listeners PORT                    -> {"port", "listeners": [{"inode", "address"}],
+                                          "holders": [{"pid", "inode", "cmdline", "cgroup"}], "unreadable"}
+        the TCP sockets listening on PORT in this network namespace (/proc/net/tcp, tcp6) and the
+        processes of this PID namespace holding them (/proc/<pid>/fd -> socket:[inode])
 
 The local preflight imports `read_nodes` and `model_in_cache` from here, so the
 host and the in-container readings are the same code.
@@ -99,6 +103,74 @@ def _http(method: str, url: str, timeout: float, body: str | None) -> dict[str, 
         }
 
 
+def _address(hexaddr: str) -> str:
+    """/proc/net/tcp's little-endian hex address as text (IPv4 dotted, IPv6 colon groups)."""
+    raw = bytes.fromhex(hexaddr)
+    words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]
+    flat = b"".join(words)
+    if len(flat) == 4:
+        return ".".join(str(b) for b in flat)
+    return ":".join(flat[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+def listeners(port: int) -> dict[str, Any]:
+    """Who listens on TCP `port` here: socket inodes, and the processes (we can see) holding them."""
+    found: dict[str, str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) < 10 or cols[3] != "0A":  # 0A: LISTEN
+                continue
+            addr, _, hexport = cols[1].rpartition(":")
+            if int(hexport, 16) == port and cols[9] != "0":
+                found[cols[9]] = f"{_address(addr)}:{port}"
+    holders: list[dict[str, Any]] = []
+    unreadable = 0
+    me = os.getpid()
+    for entry in os.listdir("/proc") if found else []:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            unreadable += 1
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            inode = target[8:-1] if target.startswith("socket:[") else ""
+            if inode in found:
+                holders.append(
+                    {
+                        "pid": int(entry),
+                        "inode": inode,
+                        "cmdline": _slurp(f"/proc/{entry}/cmdline").replace("\0", " ").strip()[:300],
+                        "cgroup": _slurp(f"/proc/{entry}/cgroup")[:2000],
+                    }
+                )
+    return {
+        "port": port,
+        "listeners": [{"inode": i, "address": a} for i, a in sorted(found.items())],
+        "holders": holders,
+        "unreadable": unreadable,
+    }
+
+
+def _slurp(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _read(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -137,6 +209,8 @@ def main(argv: list[str]) -> int:
             "hf_cache_exists": os.path.isdir(argv[3]),
             "model_cached": model_in_cache(argv[3], argv[4]),
         }
+    elif cmd == "listeners":
+        result = listeners(int(argv[2]))
     else:
         result = {"error": f"unknown probe command {cmd!r}"}
     sys.stdout.write(json.dumps(result) + "\n")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import DiskError, disk_error
 from pipeline.fsutil import atomic_write_text
 from pipeline.smoke.plot import PLOT_FILE
 from pipeline.smoke.verdict import JUNIT_FILE, SUMMARY_FILE, VERDICT_FILE, Verdict
@@ -103,12 +104,22 @@ def junit_xml(v: Verdict) -> str:
 
 
 def write_reports(v: Verdict, run_dir: Path, redact: Callable[[str], str]) -> Path:
-    """Write the three files; returns the verdict path. The verdict is written last."""
-    summary = summary_markdown(v)
-    if (run_dir / PLOT_FILE).is_file():
-        summary += f"Benchmark against the recipe: [{PLOT_FILE}]({PLOT_FILE}) (in the run directory)\n"
-    atomic_write_text(run_dir / SUMMARY_FILE, redact(summary))
-    atomic_write_text(run_dir / JUNIT_FILE, redact(junit_xml(v)))
+    """Write the verdict first, then the summaries made from it; returns the verdict path.
+
+    A summary never exists without its verdict: an earlier summary is removed before the
+    verdict is written, so a full disk leaves no "PASSED" beside a missing verdict.
+    DiskError (exit 14) when a file cannot be written.
+    """
     path = run_dir / VERDICT_FILE
-    atomic_write_text(path, redact(json.dumps(v.to_json(), indent=2, sort_keys=True)) + "\n")
+    try:
+        for name in (SUMMARY_FILE, JUNIT_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+        atomic_write_text(path, redact(json.dumps(v.to_json(), indent=2, sort_keys=True)) + "\n")
+        summary = summary_markdown(v)
+        if (run_dir / PLOT_FILE).is_file():
+            summary += f"Benchmark against the recipe: [{PLOT_FILE}]({PLOT_FILE}) (in the run directory)\n"
+        atomic_write_text(run_dir / SUMMARY_FILE, redact(summary))
+        atomic_write_text(run_dir / JUNIT_FILE, redact(junit_xml(v)))
+    except OSError as e:
+        raise (disk_error(e) or DiskError(f"cannot write the smoke reports in {run_dir}: {e}.")) from None
     return path

@@ -1,14 +1,17 @@
 """Run a recipe's smoke test against an image on a Docker engine.
 
-    preflight -> start server container -> stream its log -> wait for /health
-    -> chat -> gsm8k (lm_eval) -> serving benchmark -> verdict
+    run directory ready -> leftovers swept -> preflight -> port free (host networking)
+    -> start server container -> stream its log -> wait for /health -> prove the listener is
+    ours -> chat -> gsm8k (lm_eval) -> serving benchmark -> prove it again -> verdict
 
 The server container runs exactly the recipe's command, environment and
 options. The checks run *inside* it (``docker exec``), as the recipe runs them,
 and reach the server at 127.0.0.1, so a remote engine needs no open ports. The
 runner stops at the first failing gate (unless `run_all`), fails fast on a
 server crash with the exception line as the reason, and always removes the
-container, also on Ctrl-C/SIGTERM (which the CLI turns into KeyboardInterrupt).
+container, also on Ctrl-C/SIGTERM (which the CLI turns into KeyboardInterrupt), before it
+writes anything: a full disk cannot keep a server running. See `pipeline.smoke.identity` for
+how a run knows that the server answering is the one it started.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
-from pipeline.errors import InfraError, NoHardware, PipelineError, UsageError
+from pipeline.dockerw import ContainerAPI, EngineAPI, ImageInfo
+from pipeline.errors import DiskError, InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
 from pipeline.progress import Progress, Task
@@ -37,6 +41,13 @@ from pipeline.recipe import Recipe, expand
 from pipeline.smoke import plot
 from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in
+from pipeline.smoke.identity import (
+    Owner,
+    check_port_free,
+    name_foreign_holders,
+    prove_identity,
+    sweep_leftovers,
+)
 from pipeline.smoke.preflight import (
     Preflight,
     PreflightVia,
@@ -46,7 +57,8 @@ from pipeline.smoke.preflight import (
     run_preflight,
 )
 from pipeline.smoke.reports import write_reports
-from pipeline.smoke.verdict import CheckResult, ImageRef, RecipeRef, Status, Verdict
+from pipeline.smoke.rundir import prepare_run_dir
+from pipeline.smoke.verdict import CheckResult, RecipeRef, ServerEvidence, Status, TestedImage, Verdict
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
 READY_CHECK = "server-ready"
@@ -79,8 +91,8 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _digest(info: Any) -> str:
-    for d in getattr(info, "digests", []) or []:
+def _digest(info: ImageInfo) -> str:
+    for d in info.digests or []:
         if "@" in d:
             return str(d.split("@", 1)[1])
     return ""
@@ -89,7 +101,7 @@ def _digest(info: Any) -> str:
 class _Run:
     def __init__(
         self,
-        engine: Any,
+        engine: EngineAPI,
         *,
         image: str,
         recipe: Recipe,
@@ -108,7 +120,17 @@ class _Run:
         self.log = log
         self.opts = opts
         self.run_id = _secrets.token_hex(4)
-        self.container: Any = None
+        self.owner = Owner.current()
+        # on every container this run starts: found again by a later run if we are killed
+        self.labels = {
+            SMOKE_LABEL: self.run_id,
+            **self.owner.labels(self.run_id),
+            labels.SERVER_PORT: str(recipe.server.port),
+            **dict(opts.labels),
+        }
+        self.container: ContainerAPI | None = None
+        self.image_id = ""
+        self.server: ServerEvidence | None = None
         self.watcher: LogWatcher | None = None
         self.ready = False
         self.timings: dict[str, float] = {}
@@ -157,12 +179,20 @@ class _Run:
         w = self.watcher
         if w is None:
             return None
+        if w.write_error is not None:
+            raise w.write_error  # no evidence can be kept: stop now (the container is removed)
         if w.fatal and (not self.ready or self.recipe.server.fatal_traceback == "always"):
             return _ServerGone(w.fatal, "traceback")
         if w.ended:
             code = self._exit_code()
             if code is None and w.error is None:
                 return None  # log stream ended but container still running: keep going
+            if code is None:  # the stream broke while the server still runs: not a crash of it
+                raise InfraError(
+                    f"lost the log stream of the running server container ({w.error}); "
+                    "the smoke test cannot watch the server any more.",
+                    hint="Check the Docker engine's health and run the smoke test again.",
+                )
             full = self._server_log_text()
             line = last_exception_in(full, self.recipe.server.ignore_exceptions)
             if line is None:
@@ -245,12 +275,7 @@ class _Run:
         r = self.recipe
         command = expand(r.server.command, {"model": r.model.id, "port": self.port})
         c = r.container
-        run_labels = {
-            SMOKE_LABEL: self.run_id,
-            labels.MODEL: r.name,
-            labels.RECIPE: f"{r.name}.yaml",
-            **dict(self.opts.labels),
-        }
+        run_labels = {labels.MODEL: r.name, labels.RECIPE: f"{r.name}.yaml", **self.labels}
         name = f"atom-smoke-{re.sub(r'[^a-z0-9.-]', '-', r.name.lower())}-{self.run_id}"
         # Echo the equivalent docker run line with variable *names* only.
         shown = ["docker", "run", "--name", name]
@@ -343,6 +368,41 @@ class _Run:
                     evidence=self.watcher.tail_text(),
                 )
             self._wait(min(r.poll_interval_s, max(limit - elapsed, 0.05)))
+
+    def prove(self, when: str) -> ServerEvidence:
+        """The listener on the port is this container's (else NotOurServer, naming the holder)."""
+        assert self.container is not None
+        r = self.recipe
+        try:
+            self.server = prove_identity(
+                self.container,
+                port=self.port,
+                python=r.server.python,
+                probe=self.probe,
+                image_id=self.image_id,
+                network_mode=r.container.network_mode or "",
+                when=when,
+                earlier=self.server,
+            )
+        except InfraError as err:
+            if r.container.network_mode == "host":
+                named = name_foreign_holders(
+                    self.engine,
+                    image=self.image,
+                    port=self.port,
+                    python=r.server.python,
+                    probe=self.probe,
+                    labels_=self.labels,
+                    me=self.owner,
+                )
+                if named:
+                    err.message += f" Holding port {self.port} on the engine's host: {named}."
+            raise
+        self.log.detail(
+            f"the server answering on port {self.port} is container {self.server.container_name} "
+            f"(pids {', '.join(map(str, self.server.pids))}), image {self.server.image_id[:19]} ({when})"
+        )
+        return self.server
 
     def _crash_result(
         self, name: str, gone: _ServerGone, start: float, limits: dict[str, Any], *, phase: str
@@ -453,13 +513,27 @@ class _Run:
                 )
 
 
-def _remove(container: Any) -> None:
-    """Remove the container; a second Ctrl-C/SIGTERM during removal does not leave it behind."""
-    try:
-        container.remove()
-    except KeyboardInterrupt:
-        container.remove()
-        raise
+def _remove(container: ContainerAPI) -> bool:
+    """Remove the container; further Ctrl-C/SIGTERMs during removal do not leave it behind.
+
+    Returns whether it is gone; an interrupt that arrived meanwhile is raised afterwards.
+    """
+    interrupted = False
+    gone = False
+    for _ in range(5):
+        try:
+            container.remove()
+            gone = True
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+        except PipelineError:
+            if interrupted:
+                continue
+            raise
+    if interrupted:
+        raise KeyboardInterrupt
+    return gone
 
 
 def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[str, str]:
@@ -473,7 +547,7 @@ def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[
 
 
 def run_smoke(
-    engine: Any,
+    engine: EngineAPI,
     *,
     image: str,
     recipe: Recipe,
@@ -490,14 +564,18 @@ def run_smoke(
 
     Gate failures are in the verdict (never raised). Raises `NoHardware` when the
     engine lacks the GPUs/devices/model (a verdict with status "no-hardware" is
-    written first), `InfraError` when the engine fails (verdict "error"), and lets
-    KeyboardInterrupt through after removing the container (verdict "error").
+    written first), `InfraError` when the engine fails or another server holds or
+    answers on the port (verdict "error"), `DiskError` when the run directory has
+    no room or is read-only, and lets KeyboardInterrupt through after removing the
+    container (verdict "error").
     """
     opts = options or SmokeOptions()
     if run_all and not opts.run_all:
         opts = dataclasses.replace(opts, run_all=True)
     started = _now()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    moved_aside = prepare_run_dir(run_dir)
+    if moved_aside is not None:
+        log.warn(f"{run_dir} held an earlier smoke run; moved it aside to {moved_aside}")
     docker_host = getattr(engine, "docker_host", None) or settings.smoke.docker_host or None
     engine_desc = f"the Docker engine at {docker_host}" if docker_host else "the local Docker engine"
 
@@ -507,9 +585,15 @@ def run_smoke(
             f"{engine_desc[0].upper()}{engine_desc[1:]} has no image {image!r}.",
             hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
         )
-    image_labels = dict(getattr(info, "labels", {}) or {})
-    base = {
-        "image": ImageRef(ref=image, id=str(info.id), digest=_digest(info)),
+    container_env = _container_env(recipe, env, log)  # masks secrets before anything is logged
+    run = _Run(
+        engine, image=image, recipe=recipe, settings=settings, env=env, run_dir=run_dir, log=log, opts=opts
+    )
+    run.image_id = str(info.id)
+    leftovers = sweep_leftovers(engine, run.owner, log)  # before anything of ours runs
+    image_labels = dict(info.labels or {})
+    base: dict[str, Any] = {
+        "image": TestedImage(ref=image, id=str(info.id), digest=_digest(info)),
         "recipe": RecipeRef(name=recipe.name, path=str(recipe_path), sha256=sha256_file(recipe_path)),
         "lock_sha256": image_labels.get(labels.LOCK_SHA256, ""),
         "inputs_digest": image_labels.get(labels.INPUTS_DIGEST, ""),
@@ -517,16 +601,13 @@ def run_smoke(
         "tool_version": __version__,
         "engine": docker_host or "local",
         "started": started,
+        "leftovers": [x.as_json() for x in leftovers],
     }
     if image_labels.get(labels.RECIPE_SHA256) and image_labels[labels.RECIPE_SHA256] != base["recipe"].sha256:
         log.warn(
             f"{image} was built for a recipe with sha256 {image_labels[labels.RECIPE_SHA256][:12]}…, "
             f"not {recipe_path} ({base['recipe'].sha256[:12]}…); the verdict records the recipe used here."
         )
-    container_env = _container_env(recipe, env, log)  # masks secrets before anything is logged
-    run = _Run(
-        engine, image=image, recipe=recipe, settings=settings, env=env, run_dir=run_dir, log=log, opts=opts
-    )
     options_rec = {
         "run_all": opts.run_all,
         "quick": opts.quick,
@@ -536,8 +617,8 @@ def run_smoke(
         "ready_timeout_s": opts.ready_timeout_s or recipe.server.ready_timeout_s,
     }
 
-    def finish(status: Status, reason: str, checks: list[CheckResult], hw: dict[str, Any]) -> Verdict:
-        v = Verdict(
+    def verdict_of(status: Status, reason: str, checks: list[CheckResult], hw: dict[str, Any]) -> Verdict:
+        return Verdict(
             status=status,
             passed=status == "passed",
             reason=log.redact(reason),
@@ -546,8 +627,12 @@ def run_smoke(
             options=options_rec,
             timings=run.timings,
             hardware=hw,
+            server=run.server,
             **base,
         )
+
+    def finish(status: Status, reason: str, checks: list[CheckResult], hw: dict[str, Any]) -> Verdict:
+        v = verdict_of(status, reason, checks, hw)
         plot.write_for(v, recipe, run_dir, log)  # benchmark.svg, before summary.md links it
         write_reports(v, run_dir, log.redact)
         return v
@@ -569,7 +654,7 @@ def run_smoke(
                 env=env,
                 docker_host=docker_host,
                 via=opts.preflight_via,
-                labels=opts.labels,
+                labels=run.labels,
             )
         except NoHardware as e:
             finish("no-hardware", e.message, [], {"kfd_topology": nodes_dir})
@@ -582,11 +667,30 @@ def run_smoke(
         how = "cached" if pf.model_cached else "via token"
         rec.figure = f"{len(pf.gpus)} {recipe.hardware.gfx} GPU(s), model {how}"
 
+    if recipe.container.network_mode == "host":
+        with log.stage("port", f"{run.port} on the engine's host") as rec:
+            try:
+                check_port_free(
+                    engine,
+                    image=image,
+                    port=run.port,
+                    python=recipe.server.python,
+                    probe=run.probe,
+                    labels_=run.labels,
+                    me=run.owner,
+                )
+            except PipelineError as e:
+                rec.status = "failed"
+                finish("error", f"{type(e).__name__}: {e.message}", [], pf.summary())
+                raise
+            rec.figure = "free"
+
     volumes: dict[str, dict[str, str]] = {}
     if pf.hf_cache and (pf.hf_cache_exists or not engine_is_local(docker_host)):
         volumes[pf.hf_cache] = {"bind": recipe.container.hf_cache_mount, "mode": "rw"}
 
     checks: list[CheckResult] = []
+    removed = False
     try:
         try:
             with log.stage("server", " ".join(recipe.server.command[:3])) as rec:
@@ -601,37 +705,41 @@ def run_smoke(
                     rec.status = "failed"
                     log.info(f"  ✕ {READY_CHECK}: {ready.message}")
             if ready.passed:
+                run.prove("after readiness, before any gate")
                 run.run_checks(checks)
+                if not any(c.figures.get("detected_by") for c in checks):
+                    run.prove("after the last gate")
             else:
                 never = "not run: the server never became ready"
                 checks += [CheckResult.skipped(c.name, never) for c in run.planned()]
         finally:
-            crash_seen = getattr(run, "_crash_seen_at", None)
-            failed = next((c for c in checks if c.status in ("failed", "error")), None)
-            if checks and crash_seen is not None:
-                run.timings["detect_to_verdict_s"] = round(time.monotonic() - crash_seen, 3)
-            verdict: Verdict | None = None
-            if checks and len(checks) == 1 + len(run.planned()):
-                status: Status = "failed" if failed else "passed"
-                reason = failed.message if failed else f"all {len(checks)} checks passed"
-                verdict = finish(status, reason, checks, pf.summary())
+            # 1. the container goes first: nothing below (a full disk, a second signal) may keep it
             if run.container is not None:
                 log.detail(f"removing server container {run.container.name}")
-                _remove(run.container)
+                removed = _remove(run.container)
             if run.watcher is not None:
                 run.watcher.join(5)
+        # 2. the verdict, then (in write_reports) the summaries made from it
+        crash_seen = getattr(run, "_crash_seen_at", None)
+        failed = next((c for c in checks if c.status in ("failed", "error")), None)
+        if crash_seen is not None:
+            run.timings["detect_to_verdict_s"] = round(time.monotonic() - crash_seen, 3)
+        if len(checks) != 1 + len(run.planned()):  # pragma: no cover - every path above fills the checks
+            raise InfraError("internal: the smoke run ended without a result for every check")
+        if run.watcher is not None and run.watcher.write_error:
+            raise run.watcher.write_error
+        status: Status = "failed" if failed else "passed"
+        reason = failed.message if failed else f"all {len(checks)} checks passed"
+        return finish(status, reason, checks, pf.summary())
     except KeyboardInterrupt:
-        finish(
-            "error",
-            "interrupted (Ctrl-C or SIGTERM) before the smoke test finished; "
-            "the server container was removed",
-            checks,
-            pf.summary(),
-        )
+        gone = "the server container was removed" if removed else "no server container was left running"
+        with contextlib.suppress(PipelineError, OSError):
+            finish("error", f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}", checks,
+                   pf.summary())
         raise
+    except DiskError:
+        raise  # nothing more can be written; earlier results were moved aside at the start
     except PipelineError as e:
-        finish("error", f"{type(e).__name__}: {e.message}", checks, pf.summary())
+        with contextlib.suppress(PipelineError, OSError):
+            finish("error", f"{type(e).__name__}: {e.message}", checks, pf.summary())
         raise
-    if verdict is None:  # pragma: no cover - every path above fills the checks
-        raise InfraError("internal: the smoke run ended without a verdict")
-    return verdict

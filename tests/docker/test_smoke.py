@@ -34,10 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import labels
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import Engine
-from pipeline.errors import ExitCode, NoHardware
+from pipeline.errors import ExitCode, InfraError, NoHardware
 from pipeline.fsutil import sha256_file
 from pipeline.log import Logger
 from pipeline.recipe import load_recipe
@@ -444,4 +445,238 @@ def test_crash_during_the_benchmark_stops_with_its_exception_line(
     assert [c.status for c in verdict.checks] == ["passed", "passed", "passed", "failed"]
     bench = verdict.checks[-1]
     assert bench.figures["detected_by"] == "traceback" and bench.message == verdict.reason
+    no_container_left(engine, docker_cleanup)
+
+
+# ---------------------------------------------------------------------------- who answered (issue 13.1)
+
+
+def host_variant(tmp_path: Path, mode: str, port: int, *, ready_timeout: int = 20) -> Path:
+    """The test recipe with host networking on `port`, as the real MiniMax recipes serve."""
+    return variant(
+        tmp_path,
+        mode,
+        replace={
+            "network_mode: bridge": "network_mode: host",
+            "port: 8000": f"port: {port}",
+            "ready_timeout_s: 20": f"ready_timeout_s: {ready_timeout}",
+        },
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def smoke_cli(
+    image: str, recipe: Path, run_dir: Path, tmp_path: Path, cleanup: DockerCleanup, *extra: str
+) -> subprocess.Popen[str]:
+    hf = hf_cache_with_model(tmp_path / f"hf-{uuid.uuid4().hex[:6]}")
+    sysfs = make_sysfs(tmp_path / f"sys-{uuid.uuid4().hex[:6]}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env["PYTHONPATH"] = str(REPO)
+    labels_args = [x for k, v in cleanup.labels.items() for x in ("--label", f"{k}={v}")]
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "pipeline", "smoke", "--image", image, "--recipe", str(recipe),
+            "--run-dir", str(run_dir), "--hf-cache", str(hf), "--kfd-topology", str(nodes_dir(sysfs)),
+            *labels_args, *extra,
+        ],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def leaked_server(
+    engine: Engine, image: str, port: int, cleanup: DockerCleanup, owner_labels: dict[str, str]
+) -> str:
+    """A healthy test server on the host's `port`, as a killed run leaves it; its container id."""
+    c = engine.run(
+        image,
+        ["python3", "/opt/smoke/openai_server.py", "--model", "smoke-test/tiny-chat", "--port", str(port)],
+        name=f"atom-smoke-leaked-{uuid.uuid4().hex[:8]}",
+        environment={"SMOKE_TEST_MODE": "healthy", "SMOKE_TEST_WARMUP_S": "0.2"},
+        network_mode="host",
+        labels={**cleanup.labels, **owner_labels},
+    )
+    deadline = time.monotonic() + 30
+    while not answers(port):
+        assert time.monotonic() < deadline, "the leaked server never answered"
+        time.sleep(0.1)
+    return c.id
+
+
+def test_sigkilled_runs_server_is_removed_and_never_answers_the_next_run(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    """The sequence that published a broken image: kill -9 a run after readiness, smoke a broken
+    image on the same port with host networking. Before the fix the leaked server answered and the
+    broken image passed in 2 s; now the leftover is removed first and the crash is the verdict."""
+    port = free_port()
+    first = smoke_cli(
+        smoke_image, host_variant(tmp_path, "healthy", port), tmp_path / "run1", tmp_path, docker_cleanup
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(port):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first run's server never became ready"
+            time.sleep(0.1)
+        first.kill()  # SIGKILL: no cleanup can run
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    leaked = [
+        c for c in engine.containers(CASE_LABEL, docker_cleanup.case_id) if c.status == "running"
+    ]
+    assert len(leaked) == 1 and answers(port)  # the leak the issue saw
+    assert leaked[0].labels[labels.OWNER_PID] == str(first.pid)
+
+    broken = host_variant(tmp_path, "crash", port, ready_timeout=600)
+    start = time.monotonic()
+    second = smoke_cli(smoke_image, broken, tmp_path / "run2", tmp_path, docker_cleanup)
+    _out, err = second.communicate(timeout=300)
+    elapsed = time.monotonic() - start
+    assert second.returncode == ExitCode.SMOKE_FAILED, err
+    assert "removed leftover container" in err and leaked[0].name in err
+    verdict = load_verdict(tmp_path / "run2")
+    assert verdict.status == "failed" and verdict.reason == SEED_LINE
+    assert verdict.server is None  # no server of this run ever answered
+    assert [(x["id"], x["removed"], x["owner"]) for x in verdict.leftovers] == [(leaked[0].id, True, "gone")]
+    assert engine.container(leaked[0].id) is None and not answers(port)
+    no_container_left(engine, docker_cleanup)
+    print(f"broken image after a leaked server: exit {second.returncode} in {elapsed:.1f} s")
+
+
+def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alone(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    """Another run (another helper, CI, a second terminal) owns the server: reported, never touched."""
+    from pipeline.smoke.identity import Owner
+
+    port = free_port()
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        me = Owner.current()
+        owner = Owner(me.host, other.pid, _start_time(other.pid), me.boot, me.pidns)
+        cid = leaked_server(engine, smoke_image, port, docker_cleanup, owner.labels("0therrun"))
+        proc = smoke_cli(
+            smoke_image, host_variant(tmp_path, "crash", port), tmp_path / "run", tmp_path, docker_cleanup
+        )
+        _out, err = proc.communicate(timeout=300)
+        assert proc.returncode == ExitCode.INFRA, err
+        assert f"port {port} on the engine's host is already taken" in err
+        assert "of smoke run 0therrun" in err and f"pid {other.pid}" in err and "still running" in err
+        assert "left alone" in err
+        info = engine.container(cid)
+        assert info is not None and info.status == "running"  # not ours to remove
+        verdict = load_verdict(tmp_path / "run")
+        assert verdict.status == "error" and not verdict.passed and verdict.checks == []
+        assert [x["removed"] for x in verdict.leftovers] == [False]
+        # only the leaked one is left: the refused run started no server
+        running = engine.containers(CASE_LABEL, docker_cleanup.case_id)
+        assert [c.id for c in running] == [cid]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _start_time(pid: int) -> str:
+    from pipeline.smoke.identity import process_start
+
+    return process_start(pid)
+
+
+def test_port_held_by_a_host_process_refuses_naming_it(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    port = free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import socket
+
+        deadline = time.monotonic() + 20
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(InfraError) as exc:
+            smoke(engine, smoke_image, host_variant(tmp_path, "healthy", port), tmp_path, docker_cleanup)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert exc.value.exit_code == ExitCode.INFRA
+    assert f"process {holder.pid}" in str(exc.value) and "http.server" in str(exc.value)
+    assert load_verdict(tmp_path / "run").status == "error"
+    no_container_left(engine, docker_cleanup)
+
+
+def test_a_foreign_listener_is_caught_after_readiness_before_any_gate(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Layer 2 alone: the port check is skipped (as if the port were taken just after it), the
+    broken server is still warming up, and a leaked server answers /health. The listener proof
+    refuses the run before any gate counts, naming the holder."""
+    import pipeline.smoke.runner
+
+    port = free_port()
+    cid = leaked_server(engine, smoke_image, port, docker_cleanup, {})  # no owner labels at all
+    monkeypatch.setattr(pipeline.smoke.runner, "check_port_free", lambda *a, **k: None)
+    broken = variant(
+        tmp_path,
+        "crash",
+        replace={
+            "network_mode: bridge": "network_mode: host",
+            "port: 8000": f"port: {port}",
+            'SMOKE_TEST_WARMUP_S: "1"': 'SMOKE_TEST_WARMUP_S: "30"',
+        },
+    )
+    with pytest.raises(InfraError) as exc:
+        smoke(engine, smoke_image, broken, tmp_path, docker_cleanup)
+    text = str(exc.value)
+    assert "outside this run's container" in text and "no gate counts" in text
+    leaked_name = engine.container(cid).name  # type: ignore[union-attr]
+    assert leaked_name in text
+    verdict = load_verdict(tmp_path / "run")
+    assert verdict.status == "error" and not verdict.passed and verdict.server is None
+    assert [c.name for c in verdict.checks] == ["server-ready"]  # no gate ran
+    engine.remove_container(cid)
+    no_container_left(engine, docker_cleanup)
+
+
+def test_healthy_host_network_run_records_whom_it_talked_to(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    port = free_port()
+    recipe = host_variant(tmp_path, "healthy", port)
+    verdict, _, _ = smoke(engine, smoke_image, recipe, tmp_path, docker_cleanup)
+    assert verdict.passed, verdict.reason
+    server = verdict.server
+    info = engine.image(smoke_image)
+    assert server is not None and info is not None
+    assert server.image_id == info.id and server.port == port and server.network_mode == "host"
+    assert server.container_name.startswith("atom-smoke-") and len(server.container_id) == 64
+    assert server.checked == ["after readiness, before any gate", "after the last gate"]
+    assert server.pids and any(f":{port} inode " in x for x in server.listeners)
     no_container_left(engine, docker_cleanup)

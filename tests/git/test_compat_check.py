@@ -10,9 +10,11 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.compat import CheckReport, Finding, run_check
+from pipeline.compat.pysource import SCHEMA
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
+from tests.fixtures.compat_history import HistoryRepos, build_history_repos
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
 
 
@@ -173,14 +175,11 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
     assert sorted(p.name for p in cache.iterdir()) == [
-        "compat-aiter-v14.pickle",
-        "compat-atom-v14.pickle",
-        "compat-facts-v14.pickle",
-        "compat-reports-v14.pickle",
+        f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "reports")
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
-    (cache / "compat-reports-v14.pickle").unlink()  # summaries and git facts only
+    (cache / f"compat-reports-v{SCHEMA}.pickle").unlink()  # summaries and git facts only
     assert check(fx, "T1", "A4", cache_dir=cache).to_json() == cold.to_json()
     for p in cache.iterdir():
         p.write_bytes(b"not a pickle")
@@ -260,3 +259,108 @@ def test_cli_lock_file(
     assert main([*cli_env, "--lock", str(lock_for("T1", "A2")), "--format", "json"]) == ExitCode.INCOMPATIBLE
     d = json.loads(capsys.readouterr().out)
     assert d["atom"] == fx.t["T1"] and d["aiter"] == fx.a["A2"]
+
+
+# -- what the call was written for, from the call's own evidence (tests/fixtures/compat_history.py) --
+
+
+@pytest.fixture(scope="module")
+def hx(tmp_path_factory: pytest.TempPathFactory) -> HistoryRepos:
+    return build_history_repos(tmp_path_factory.mktemp("history"))
+
+
+def hcheck(hx: HistoryRepos, t: str, a: str) -> CheckReport:
+    return run_check(GitRepo(hx.atom), hx.t[t], GitRepo(hx.aiter), hx.a[a])
+
+
+def hline(hx: HistoryRepos, t: str, path: str, needle: str, nth: int = 0) -> int:
+    text = GitRepo(hx.atom).read_blob(hx.t[t], path)
+    assert text is not None
+    return [i for i, line in enumerate(text.decode().splitlines(), 1) if needle in line][nth]
+
+
+SEED = "atom/models/seed.py"
+
+
+def test_nightly_shift_with_plain_names_is_caught(hx: HistoryRepos) -> None:
+    # U2 is dated after H2, so "aiter as of the ATOM date" already has the shift; the call lines
+    # were written at U1, for H1. Two sites have no evident type at or after the insertion point.
+    r = hcheck(hx, "U2", "H2")
+    sites = [hline(hx, "U2", SEED, "aiter.fused_qknorm(", n) for n in range(4)]
+    for line in sites:
+        f = at(r, SEED, line)
+        assert (f.severity, f.kind, f.preexisting) == ("error", "positional-shift", False), f.message
+        assert f.cause is not None and f.cause.commit.sha == hx.a["H2"]
+        assert f.cause.last_good == hx.a["H1"]
+        assert f.written_against is not None and f.written_against != hx.a["H2"]
+        assert "kv_cache_v inserted at position 6" in f.message
+    blanked = at(r, SEED, sites[1])
+    assert "argument 6 `idx` was written for `index_cache`, now lands on `kv_cache_v`" in blanked.details
+    sparse = at(r, SEED, sites[3])
+    assert "argument 6 `self.index_cache` was written for `index_cache`, now lands on `kv_cache_v`" in (
+        sparse.details
+    )
+    assert not [f for f in r.findings if f.path == SEED and f.line not in sites]
+
+
+def test_good_older_pin_is_compatible_not_written_for_a_newer_aiter(hx: HistoryRepos) -> None:
+    r = hcheck(hx, "U2", "H1")
+    assert not [f for f in r.findings if f.path == SEED], [f.message for f in r.findings]
+
+
+def test_aiter_adapting_to_atom_is_not_a_shift(hx: HistoryRepos) -> None:
+    # topk_route(logits, <Tensor>, None) never fit `k: int`; H4 made `k` the Tensor ATOM passes.
+    path = "atom/models/route.py"
+    for t in ("U2", "U3"):
+        r = hcheck(hx, t, "H4")
+        assert not [f for f in r.findings if f.path == path], [f.message for f in r.findings]
+    # The call fits H4, not the H1 of its blame date: at H1 the pin predates what it was written for
+    # (a warning: plain Python does not enforce `k: int`).
+    r = hcheck(hx, "U2", "H1")
+    f = at(r, path, hline(hx, "U2", path, "aiter.topk_route("))
+    assert (f.severity, f.kind, f.preexisting) == ("warning", "type-mismatch", False), f.message
+    assert f.written_against == hx.a["H4"] and f.cause is not None and f.cause.commit.sha == hx.a["H4"]
+    assert "which the pinned aiter predates" in f.message and "plain Python" in f.message
+
+
+def test_new_problem_behind_a_preexisting_one_is_an_error(hx: HistoryRepos) -> None:
+    path = "atom/models/other.py"
+    line = hline(hx, "U2", path, "legacy_add(x, y, z, alpha=2.0)")
+    old = at(hcheck(hx, "U2", "H1"), path, line)
+    assert (old.severity, old.kind, old.preexisting) == ("warning", "too-many-positional", True)
+    assert "fails the same way (3 positional arguments given" in old.message
+    new = at(hcheck(hx, "U2", "H4"), path, line)
+    assert (new.severity, new.kind, new.preexisting) == ("error", "unexpected-keyword", False), new.message
+    assert "fails the same way" not in new.message
+    assert "New at this pin" in new.message
+    assert new.cause is not None and new.cause.commit.sha == hx.a["H4"]
+
+
+def test_type_clash_is_an_error_for_an_op_and_a_warning_for_plain_python(hx: HistoryRepos) -> None:
+    path = "atom/models/other.py"
+    r = hcheck(hx, "U2", "H4")
+    op = at(r, path, hline(hx, "U2", path, "aiter.norm_op("))
+    assert (op.severity, op.kind) == ("error", "type-mismatch")
+    assert op.cause is not None and op.cause.commit.sha == hx.a["H4"]
+    plain = at(r, path, hline(hx, "U2", path, "scale_rows(x, None)"))
+    assert (plain.severity, plain.kind) == ("warning", "type-mismatch")
+    assert "plain Python" in plain.message
+
+
+def test_cause_follows_a_moved_function(hx: HistoryRepos) -> None:
+    path = "atom/models/other.py"
+    f = at(hcheck(hx, "U2", "H3"), path, hline(hx, "U2", path, "moe_gemm(x, w, s)"))
+    assert (f.severity, f.kind) == ("error", "missing-argument"), f.message
+    assert f.cause is not None and f.cause.commit.sha == hx.a["H3"]
+    assert "`moe_gemm` moved from aiter/ops/moe.py to aiter/ops/moe2/gemm.py by aiter" in f.message
+
+
+def test_cause_names_a_star_import_that_now_wins(hx: HistoryRepos) -> None:
+    path = "atom/models/other.py"
+    f = at(hcheck(hx, "U2", "H3"), path, hline(hx, "U2", path, "pick(x, n)"))
+    assert (f.severity, f.kind) == ("error", "missing-argument"), f.message
+    assert f.cause is not None and f.cause.commit.sha == hx.a["H3"]
+    assert (
+        "`aiter.pick` now resolves to aiter/ops/zz.py instead of aiter/ops/extra.py "
+        "(star import order in aiter/__init__.py)"
+    ) in f.message

@@ -19,6 +19,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import load_settings
+from pipeline.dockerw import ContainerInfo
 from pipeline.errors import ExitCode, InfraError
 from pipeline.log import Logger
 from pipeline.recipe import load_recipe
@@ -63,6 +64,17 @@ class FakeContainer:
     def exit_code(self) -> int | None:
         return self._exited
 
+    def info(self) -> ContainerInfo:
+        return ContainerInfo(
+            id="c" * 64,
+            name=self.name,
+            image_id=FakeImage().id,
+            status="running",
+            labels={},
+            network_mode="bridge",
+            pid=1,
+        )
+
     def remove(self) -> None:
         self.removed = True
 
@@ -80,6 +92,15 @@ class FakeContainer:
             return 1, "connection refused"
         if len(argv) > 3 and argv[1] == "-c":  # the probe
             cmd = argv[3]
+            if cmd == "listeners":  # the server's own listening socket
+                return 0, json.dumps(
+                    {
+                        "port": int(argv[4]),
+                        "listeners": [{"inode": "4242", "address": f"0.0.0.0:{argv[4]}"}],
+                        "holders": [{"pid": 7, "inode": "4242", "cmdline": "python3 server", "cgroup": ""}],
+                        "unreadable": 0,
+                    }
+                )
             if cmd == "http" and argv[4] == "GET":
                 ok = time.monotonic() - self.started >= self.ready_after
                 return 0, json.dumps(
@@ -119,6 +140,9 @@ class FakeEngine:
     def run(self, image: str, command: Sequence[str], **kwargs: Any) -> FakeContainer:
         self.run_kwargs = {"command": list(command), **kwargs}
         return self.container
+
+    def containers(self, key: str, value: str | None = None) -> list[ContainerInfo]:
+        return []  # no leftovers on this engine
 
     def close(self) -> None:
         pass

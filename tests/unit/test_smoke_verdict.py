@@ -7,7 +7,7 @@ import pytest
 from pipeline.errors import ConfigError
 from pipeline.smoke import VERDICT_SCHEMA, CheckResult, Verdict, load_verdict
 from pipeline.smoke.reports import write_reports
-from pipeline.smoke.verdict import ImageRef, RecipeRef
+from pipeline.smoke.verdict import RecipeRef, TestedImage
 
 SEED_LINE = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
 
@@ -17,7 +17,7 @@ def verdict(status: str = "failed", checks: list[CheckResult] | None = None) -> 
         status=status,
         passed=status == "passed",
         reason=SEED_LINE if status != "passed" else "all passed",
-        image=ImageRef(ref="atom:test", id="sha256:" + "a" * 64, digest="sha256:" + "b" * 64),
+        image=TestedImage(ref="atom:test", id="sha256:" + "a" * 64, digest="sha256:" + "b" * 64),
         recipe=RecipeRef(name="MiniMax-M3-MXFP4", path="recipes/MiniMax-M3-MXFP4.yaml", sha256="c" * 64),
         lock_sha256="d" * 64,
         inputs_digest="e" * 64,

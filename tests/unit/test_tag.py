@@ -238,7 +238,23 @@ def test_failed_verdict_refused(world: World, fake: FakeRegistry, status: str, w
 
 def test_passed_flag_false_refused_even_if_status_says_passed(world: World, fake: FakeRegistry) -> None:
     world.write_verdict(passed=False)
-    assert "did not pass" in _refused(world, fake)
+    assert "is inconsistent: status 'passed' but passed=False" in _refused(world, fake)
+
+
+def test_verdict_without_server_evidence_refused(world: World, fake: FakeRegistry) -> None:
+    """A pass that does not prove who answered (an older pipeline, a leaked server) tags nothing."""
+    data = world.verdict()
+    del data["server"]
+    world.verdict_path.write_text(json.dumps(data))
+    assert "does not prove which server answered" in _refused(world, fake)
+
+
+def test_verdict_whose_server_ran_another_image_refused(world: World, fake: FakeRegistry) -> None:
+    other = "sha256:" + "9" * 64
+    world.write_verdict(server={**world.verdict()["server"], "image_id": other})
+    text = _refused(world, fake)
+    assert "the server that answered the smoke test ran image 999999999999" in text
+    assert "does not bind to this image" in text
 
 
 def test_missing_verdict_refused(world: World, fake: FakeRegistry) -> None:
@@ -248,7 +264,7 @@ def test_missing_verdict_refused(world: World, fake: FakeRegistry) -> None:
 
 def test_corrupt_verdict_refused(world: World, fake: FakeRegistry) -> None:
     world.verdict_path.write_text("{not json")
-    assert "not a smoke verdict" in _refused(world, fake)
+    assert "is not valid JSON" in _refused(world, fake)
     world.verdict_path.write_text(json.dumps({"schema": "something/else"}))
     assert "something/else" in _refused(world, fake)
 
@@ -449,9 +465,9 @@ def test_plan_tags_from_settings(world: World) -> None:
 
 
 def _load(world: World) -> Any:
-    from pipeline.tag import load_verdict
+    from pipeline.tag import read_tag_verdict
 
-    return load_verdict(world.verdict_path)
+    return read_tag_verdict(world.verdict_path).verdict
 
 
 # ------------------------------------------------------------------ CLI

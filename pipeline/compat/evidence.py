@@ -1,0 +1,120 @@
+"""Which aiter signature a call was written for, decided from the call itself.
+
+The candidates are the distinct signatures the callee has had over aiter's
+history. Each is scored by how well the call fits it: Python binding errors,
+evident types clashing with annotations, and argument names that name a
+parameter (`self.kv_cache` -> `kv_cache`) landing on it or on another one.
+The best fit is the signature the call was written for; among equal fits the
+one in effect when the call's lines were last changed (`git blame`) wins, then
+the nearest before it. Neither the date of the ATOM commit nor blame alone
+decides: a call whose arguments did not fit aiter when it was written, after
+which aiter changed to fit it, was written for the later signature.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.compat.aiterapi import Signature
+from pipeline.compat.bind import Binding, bind
+from pipeline.compat.calls import Arg, RawCall
+
+_NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)$")
+
+
+def arg_name(a: Arg) -> str | None:
+    """The name an argument expression spells (`self.kv_cache` -> `kv_cache`), if it is a plain name."""
+    m = _NAME.match(a.text)
+    if m is None:
+        return None
+    name = m.group(1).lstrip("_")
+    return name or None
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """How a call's positional argument names agree with the parameters they land on."""
+
+    agree: int  # named like the parameter it lands on
+    disagree: tuple[int, ...]  # 1-based: named like another parameter of the signature
+
+
+def agreement(call: RawCall, sig: Signature, b: Binding) -> Agreement:
+    names = {p.name.lstrip("_") for p in sig.params if p.kind in ("posonly", "pos", "kwonly")}
+    agree = 0
+    disagree: list[int] = []
+    for i, (a, p) in enumerate(zip(call.args, b.positional, strict=True), 1):
+        n = arg_name(a)
+        if n is None or p is None:
+            continue
+        if n == p.name.lstrip("_"):
+            agree += 1
+        elif n in names:
+            disagree.append(i)
+    return Agreement(agree, tuple(disagree))
+
+
+Score = tuple[int, int, int, int]
+
+
+def fit_score(call: RawCall, sig: Signature) -> tuple[Binding, Score]:
+    """(binding, score): lower is a better fit. Binding errors, then type clashes, then names."""
+    b = bind(call, sig)
+    hard = sum(1 for p in b.problems if p.kind != "type-mismatch")
+    types = sum(1 for p in b.problems if p.kind == "type-mismatch")
+    ag = agreement(call, sig, b)
+    return b, (hard, types, len(ag.disagree), -ag.agree)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One distinct signature of the callee and when aiter had it (first-parent commit times)."""
+
+    sha: str  # an aiter commit carrying it (the newest one seen)
+    sig: Signature
+    since: int  # commit time it appeared (0: unknown)
+    until: int | None  # commit time it was replaced (None: still at the newest commit seen)
+    source: str  # "pin", "explicit", "date", "blame", "history"
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    cand: Candidate
+    binding: Binding
+    score: Score
+
+    @property
+    def clean(self) -> bool:
+        return self.binding.ok
+
+
+def _distance(c: Candidate, when: int | None) -> tuple[int, int]:
+    """How far the candidate's period is from the time the call was written (in effect, before, after)."""
+    if when is None:
+        return (1, 0)
+    if c.since <= when and (c.until is None or when < c.until):
+        return (0, 0)
+    if c.until is not None and c.until <= when:
+        return (1, when - c.until)
+    return (2, c.since - when)
+
+
+def best_fit(call: RawCall, candidates: list[Candidate], written: int | None) -> Fit | None:
+    """The candidate the call fits best; ties go to the one in effect when its lines were written."""
+    best: tuple[tuple[Score, tuple[int, int]], Fit] | None = None
+    for c in candidates:
+        b, s = fit_score(call, c.sig)
+        key = (s, _distance(c, written))
+        if best is None or key < best[0]:
+            best = (key, Fit(c, b, s))
+    return best[1] if best is not None else None
+
+
+def layout(sig: Signature) -> tuple[tuple[str, str, bool, bool, str | None], ...]:
+    """What decides how a call binds (names, kinds, defaults, None-defaults, annotations)."""
+    return tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)
+
+
+def problem_keys(b: Binding) -> frozenset[str]:
+    return frozenset(p.key for p in b.problems)
