@@ -12,7 +12,7 @@ from pipeline.log import Logger
 from pipeline.recipe import BenchmarkCheck, load_recipe
 from pipeline.smoke import plot
 from pipeline.smoke.checks import evaluate_benchmark
-from pipeline.smoke.verdict import CheckResult, ImageRef, RecipeRef, Verdict
+from pipeline.smoke.verdict import CheckResult, RecipeRef, TestedImage, Verdict
 from tests.unit.test_smoke_checks import bench_result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def verdict(checks: list[CheckResult]) -> Verdict:
         status="failed" if failed else "passed",
         passed=failed is None,
         reason=failed.message if failed else "all passed",
-        image=ImageRef(ref="x:1", id="sha256:" + "1" * 64),
+        image=TestedImage(ref="x:1", id="sha256:" + "1" * 64),
         recipe=RecipeRef(name=RECIPE.name, path="recipes/MiniMax-M3-MXFP4.yaml", sha256="0" * 64),
         checks=[CheckResult.ok("chat", "ok"), *checks],
         started="2026-06-24T00:00:00Z",
