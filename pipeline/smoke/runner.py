@@ -62,6 +62,7 @@ from pipeline.smoke.verdict import CheckResult, RecipeRef, ServerEvidence, Statu
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
 READY_CHECK = "server-ready"
+STREAM_END_GRACE_S = 5.0  # a stopped container's exit status shows well within this
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class _Run:
         self.progress = Progress.for_stream(log.stream, env, redact=log.redact)
         self.task: Task | None = None
         self.counting: tuple[str, int] | None = None  # (request path, count when the check began)
+        self._stream_quiet_since: float | None = None
         self.last_line = ""
         self.last_line_at = 0.0
         self.requests: dict[str, int] = {}
@@ -186,7 +188,17 @@ class _Run:
         if w.ended:
             code = self._exit_code()
             if code is None and w.error is None:
-                return None  # log stream ended but container still running: keep going
+                # The stream ends when the container stops; one that ended while the container
+                # still runs for seconds after lost its connection (an ssh session dropped).
+                if self._stream_quiet_since is None:
+                    self._stream_quiet_since = time.monotonic()
+                if time.monotonic() - self._stream_quiet_since < STREAM_END_GRACE_S:
+                    return None
+                raise InfraError(
+                    "the log stream of the running server container ended: the connection to the "
+                    "Docker engine dropped; the smoke test cannot watch the server any more.",
+                    hint="Check the connection to the engine (ssh, network) and run the smoke test again.",
+                )
             if code is None:  # the stream broke while the server still runs: not a crash of it
                 raise InfraError(
                     f"lost the log stream of the running server container ({w.error}); "
