@@ -444,9 +444,24 @@ class ContainerHandle:
     def exec(
         self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
     ) -> tuple[int, str]:
-        with _translated(f"run a command in container {self.name}"):
-            code, out = self._c.exec_run(cmd, environment=dict(environment or {}), stdout=True, stderr=True)
-        return int(code), cast(bytes, out).decode("utf-8", "replace")
+        from pipeline.retry import GaveUp, with_retries
+
+        def attempt() -> tuple[int, bytes]:
+            with _translated(f"run a command in container {self.name}"):
+                env = dict(environment or {})
+                code, out = self._c.exec_run(cmd, environment=env, stdout=True, stderr=True)
+            return int(code), cast(bytes, out)
+
+        # Over ssh:// the SDK pools `ssh ... dial-stdio` processes; one the far side closed while
+        # idle (a long lm_eval run) fails the next request with a broken pipe before anything was
+        # sent, so a second try on a fresh connection is safe.
+        try:
+            code, out = with_retries(
+                attempt, retries=1, backoff=0.2, transient=lambda e: "Broken pipe" in str(e)
+            )
+        except GaveUp as e:
+            raise e.error from None
+        return code, out.decode("utf-8", "replace")
 
     def stop(self, timeout: int = 10) -> None:
         with _translated(f"stop container {self.name}"), contextlib.suppress(docker.errors.NotFound):
