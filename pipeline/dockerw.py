@@ -191,6 +191,10 @@ class _BuildLog:
 # --------------------------------------------------------------------------- errors
 
 
+def _broken_pipe(exc: BaseException) -> bool:
+    return "Broken pipe" in str(exc)
+
+
 def _is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, docker.errors.APIError):
         return False  # the engine answered (the error may be about a registry it could not reach)
@@ -446,22 +450,38 @@ class ContainerHandle:
     ) -> tuple[int, str]:
         from pipeline.retry import GaveUp, with_retries
 
-        def attempt() -> tuple[int, bytes]:
-            with _translated(f"run a command in container {self.name}"):
-                env = dict(environment or {})
-                code, out = self._c.exec_run(cmd, environment=env, stdout=True, stderr=True)
-            return int(code), cast(bytes, out)
+        # Over ssh:// the SDK pools `ssh ... dial-stdio` processes and cannot see that one died
+        # while idle (the engine closed it during a long lm_eval run): the next request on it
+        # fails with a broken pipe. Create and inspect are safe to repeat; start is repeated
+        # only when the engine says the command never started.
+        api, env = self._c.client.api, dict(environment or {})
+        what = f"run a command in container {self.name}"
 
-        # Over ssh:// the SDK pools `ssh ... dial-stdio` processes; one the far side closed while
-        # idle (a long lm_eval run) fails the next request with a broken pipe before anything was
-        # sent, so a second try on a fresh connection is safe.
+        def again(call: Callable[[], Any]) -> Any:
+            def attempt() -> Any:
+                with _translated(what):
+                    return call()
+
+            try:
+                return with_retries(attempt, retries=1, backoff=0.2, transient=_broken_pipe)
+            except GaveUp as e:
+                raise e.error from None
+
+        exec_id = again(
+            lambda: api.exec_create(self.id, cmd, stdout=True, stderr=True, environment=env)["Id"]
+        )
         try:
-            code, out = with_retries(
-                attempt, retries=1, backoff=0.2, transient=lambda e: "Broken pipe" in str(e)
-            )
-        except GaveUp as e:
-            raise e.error from None
-        return code, out.decode("utf-8", "replace")
+            with _translated(what):
+                out = api.exec_start(exec_id)
+        except InfraError as e:
+            state = again(lambda: api.exec_inspect(exec_id))
+            started = state.get("Running") or state.get("Pid") or state.get("ExitCode") is not None
+            if started or not _broken_pipe(e):
+                raise
+            with _translated(what):
+                out = api.exec_start(exec_id)
+        code = again(lambda: api.exec_inspect(exec_id)["ExitCode"])
+        return int(code if code is not None else -1), cast(bytes, out).decode("utf-8", "replace")
 
     def stop(self, timeout: int = 10) -> None:
         with _translated(f"stop container {self.name}"), contextlib.suppress(docker.errors.NotFound):
