@@ -191,6 +191,48 @@ class _BuildLog:
 # --------------------------------------------------------------------------- errors
 
 
+_ssh_pool_patched = False
+
+
+def _drop_dead_ssh_connections() -> None:
+    """Make the SDK's ssh:// transport survive `ssh` processes that have exited.
+
+    docker-py's SSHConnectionPool hands out pooled connections without checking them (its
+    fake socket hides the dead `ssh ... dial-stdio` pipe from urllib3), and the engine closes
+    the one an exec used: the next request on it fails with a broken pipe. Once per process.
+    """
+    global _ssh_pool_patched
+    if _ssh_pool_patched:
+        return
+    from docker.transport import sshconn
+
+    original = sshconn.SSHConnectionPool._get_conn
+
+    def _get_conn(self: Any, timeout: Any) -> Any:
+        for _ in range(self.pool.qsize() + 1 if self.pool is not None else 1):
+            conn = original(self, timeout)
+            proc = getattr(getattr(conn, "sock", None), "proc", None)
+            if proc is None or proc.poll() is None:
+                return conn
+            conn.close()  # its ssh exited: never reuse it
+        return self._new_conn()
+
+    sshconn.SSHConnectionPool._get_conn = _get_conn
+
+    # Closing a connection writes to its ssh's stdin; after the engine ended an exec's stream
+    # that ssh has exited, and the write's broken pipe failed a command that had succeeded.
+    close = sshconn.SSHSocket.close
+
+    def _close(self: Any) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return
+        with contextlib.suppress(BrokenPipeError):
+            close(self)
+
+    sshconn.SSHSocket.close = _close
+    _ssh_pool_patched = True
+
+
 def _broken_pipe(exc: BaseException) -> bool:
     return "Broken pipe" in str(exc)
 
@@ -527,6 +569,8 @@ class Engine:
             kwargs: dict[str, Any] = docker.utils.kwargs_from_env(environment=dict(env))
             if docker_host:
                 kwargs["base_url"] = docker_host
+            if str(kwargs.get("base_url") or "").startswith("ssh://"):
+                _drop_dead_ssh_connections()
             client = docker.DockerClient(version="auto", timeout=timeout, use_ssh_client=True, **kwargs)
             client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
