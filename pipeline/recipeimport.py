@@ -55,7 +55,6 @@ class Block:
     lang: str
     lines: tuple[str, ...]
     headings: tuple[str, ...]  # the heading path above it, outermost first
-    before: tuple[str, ...]  # up to 3 non-blank text lines just above the fence
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _scan(text: str) -> tuple[list[Block], list[Table]]:
             while j < len(lines) and not lines[j].strip().startswith(marker):
                 j += 1
             body = tuple(lines[i + 1 : j])
-            blocks.append(Block(i + 2, lang, body, path, tuple(recent[-3:])))
+            blocks.append(Block(i + 2, lang, body, path))
             # Tables inside a text block (upstream puts lm_eval's output in ```text fences).
             inner = [k for k, b in enumerate(body) if b.strip().startswith("|")]
             if inner:
@@ -456,7 +455,7 @@ def parse_markdown(text: str, where: str) -> tuple[list[Variant], list[str], lis
             )
             continue
         try:
-            v = _variant(b, where, blocks, tables, lm_blocks, bench_blocks, names, notes)
+            v = _variant(b, where, tables, lm_blocks, bench_blocks, names, notes)
         except RecipeParseError as e:
             errors.append(e)
             continue
@@ -468,7 +467,6 @@ def parse_markdown(text: str, where: str) -> tuple[list[Variant], list[str], lis
 def _variant(
     b: Block,
     where: str,
-    blocks: list[Block],
     tables: list[Table],
     lm_blocks: list[Block],
     bench_blocks: list[Block],
@@ -512,7 +510,7 @@ def _variant(
     return v
 
 
-def _pick(tables: list[Table], token: str, kind: str) -> Table | None:
+def _pick(tables: list[Table], token: str) -> Table | None:
     """The table whose caption names this variant; else the file's only table of that kind."""
     if token:
         named = [t for t in tables if re.search(rf"\b{re.escape(token)}\b", t.caption, re.I)]
@@ -525,7 +523,7 @@ def _pick(tables: list[Table], token: str, kind: str) -> Table | None:
 
 def _attach_gsm8k(v: Variant, token: str, tables: list[Table], lm_blocks: list[Block], where: str) -> None:
     gsm = [t for t in tables if [h.lower() for h in t.header][:1] == ["tasks"]]
-    table = _pick(gsm, token, "gsm8k")
+    table = _pick(gsm, token)
     if table is None or not lm_blocks:
         v.inferred["checks.gsm8k"] = "upstream gives no validated GSM8K result (and command) for this variant"
         return
@@ -565,7 +563,7 @@ def _model_ref(arg: str, model_id: str, script: Script) -> str:
 
 def _attach_bench(v: Variant, token: str, tables: list[Table], bench_blocks: list[Block], where: str) -> None:
     refs = [t for t in tables if any(h.lower() in ("conc", "concurrency") for h in t.header)]
-    table = _pick(refs, token, "bench")
+    table = _pick(refs, token)
     if table is None or not bench_blocks:
         v.inferred["checks.serving-benchmark"] = (
             "upstream gives no reference table (and command) for this variant"

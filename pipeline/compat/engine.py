@@ -1,14 +1,15 @@
 """`run_check`: every ATOM call of aiter, bound against the pinned aiter's signatures.
 
-Baselines ("the signature the ATOM code was written against"): an explicit
-`baseline_aiter_rev` (the previous lock) applies to every call. Without it,
-each call gets the aiter of the date its lines were last changed in ATOM
-(`git blame`, only for calls that need it) and the aiter of the ATOM commit's
-date screens the calls that bind cleanly for positional shifts.
+"Written against": per call, the signature of the callee the call was written
+for, decided from the call's own evidence (`pipeline.compat.evidence`) among the
+distinct signatures the function has had, not from the ATOM commit's date. Only
+calls with a reason for doubt are examined that way (see `Checker._doubtful`),
+so a check stays cheap: one `git blame` of a call's lines and one whole-history
+`git log --raw` of aiter, cached per SHA.
 
-A call that is already broken with the aiter it was written against is an ATOM
-bug no aiter pin fixes: it is reported as a pre-existing warning, not as an
-incompatibility of the pin.
+A call that is already broken the same way under the signature it was written
+for is an ATOM bug no aiter pin fixes: a pre-existing warning. A new, different
+problem at the pin is an error.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.compat.aiterapi import ApiIndex, Signature, Target
+from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
-from pipeline.compat.calls import FileCalls, RawCall, scan_file
-from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
-from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys
-from pipeline.compat.pysource import SummaryCache, Tree
+from pipeline.compat.calls import (
+    STAR_ONLY,
+    FileCalls,
+    RawCall,
+    atom_ops,
+    scan_file,
+    unchecked_reason,
+    worth_scanning,
+)
+from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
+from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
+from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
 from pipeline.gitw import CommitInfo, GitRepo
@@ -46,7 +55,7 @@ class Caches:
     atom: SummaryCache
     aiter: SummaryCache
     facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
-    reports: SummaryCache  # whole reports, keyed by every SHA they depend on
+    reports: ReportStore  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
 
     @classmethod
@@ -55,13 +64,21 @@ class Caches:
             SummaryCache.open("atom", cache_dir),
             SummaryCache.open("aiter", cache_dir),
             SummaryCache.open("facts", cache_dir),
-            SummaryCache.open("reports", cache_dir),
+            ReportStore("reports", cache_dir),
             cache_dir,
         )
 
+    _logs: SummaryCache | None = None  # aiter's whole first-parent history per tip (big: opened lazily)
+
+    def logs(self) -> SummaryCache:
+        if self._logs is None:
+            self._logs = SummaryCache.open("logs", self.cache_dir)
+        return self._logs
+
     def save(self) -> None:
-        for c in (self.atom, self.aiter, self.facts, self.reports):
-            c.save()
+        for c in (self.atom, self.aiter, self.facts, self._logs):
+            if c is not None:
+                c.save()
 
 
 def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
@@ -102,7 +119,7 @@ def _scan_one(i: int) -> FileCalls:
 
 def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
     global _WORK
-    todo = [i for i, (_, d) in enumerate(work) if b"aiter" in d]
+    todo = [i for i, (_, d) in enumerate(work) if worth_scanning(d)]
     out = [FileCalls(p) for p, _ in work]
     if not todo:
         return out
@@ -170,17 +187,7 @@ def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -
 
 
 def target_of(index: ApiIndex, call: RawCall) -> Target:
-    got = index.ref_memo.get(call.ref)
-    if got is not None:
-        return got
-    mod, attrs = call.ref
-    t = index.resolve_module_path(mod)
-    for a in attrs:
-        if t.kind in ("missing", "unknown"):
-            break
-        t = index.attr_of(t, a)
-    index.ref_memo[call.ref] = t
-    return t
+    return index.resolve_ref(call.ref)
 
 
 def _day(c: CommitInfo) -> str:
@@ -208,15 +215,19 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
-        self.hist = History(aiter, caches.aiter, caches.facts)
+        self.atom_ops = atom_ops(self.files)
+        self.op_names = frozenset(c.ref[1][0] for fc in self.files for c in fc.calls if c.ref[0] == TORCH_OPS)
+        self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
-        self._runs: dict[tuple[str, str, str, int], list[Candidate]] = {}
+        self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
         self._blob_at: dict[tuple[str, str], str | None] = {}
         self._on_tip: dict[str, bool] = {}
-        self._oldest: dict[tuple[str, str, str, int], Signature | None] = {}
+        self._first_parents: set[str] = set()
+        self._doubt: dict[tuple[int, int], tuple[RawCall, Signature, bool]] = {}
+        self._oldest: dict[tuple[str, str, str, int, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
@@ -225,6 +236,7 @@ class Checker:
         got = self._index.get(aiter_sha)
         if got is None:
             got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
+            got.op_names = self.op_names
             self._index[aiter_sha] = got
         return got
 
@@ -298,30 +310,20 @@ class Checker:
             for call in fc.calls:
                 t = target_of(idx, call)
                 if t.kind in ("func", "class") and t.sig is not None:
-                    if call.star_args or call.star_kwargs:
-                        unchecked.append(
-                            UncheckedCall(call.path, call.line, call.qualname, "*args/**kwargs at the call")
-                        )
+                    if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
+                        unchecked.append(UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY))
                         continue
                     checked += 1
                     f = self._check_call(call, t.sig, aiter_sha, with_causes)
                     if f is not None:
-                        findings.append(f)
+                        findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
                 elif t.kind == "missing":
                     checked += 1
                     findings.append(self._missing(call, t, aiter_sha, with_causes))
-                elif t.kind == "module":
-                    continue  # an attribute chain ending on a module: not a call of an aiter function
+                elif t.kind in ("module", "foreign"):
+                    continue  # a module, or a value of a type that is not aiter's: not a call of aiter
                 else:
-                    reason = {
-                        "class": "class whose __init__ is inherited",
-                        "value": "callable object, not a function aiter defines",
-                        "unknown": "resolved through dynamic attribute access or an unparseable module",
-                    }[t.kind]
-                    if t.kind == "unknown" and call.ref[1]:
-                        owner = target_of(idx, dataclasses.replace(call, ref=(call.ref[0], call.ref[1][:-1])))
-                        if owner.kind in ("class", "value", "func"):
-                            reason = "method or attribute of an aiter object (no static signature)"
+                    reason = unchecked_reason(call, t, self.atom_ops)
                     unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
@@ -357,20 +359,42 @@ class Checker:
     def _history_rev(self, aiter_sha: str) -> str:
         """Histories are read from the tip when it contains the pin (newer versions are candidates too)."""
         if aiter_sha not in self._on_tip:
-            self._on_tip[aiter_sha] = aiter_sha == self.tip or self.aiter.is_ancestor(aiter_sha, self.tip)
+            if not self._first_parents:
+                self._first_parents = {sha for _, sha in self.first_parent.commits}
+            self._on_tip[aiter_sha] = aiter_sha in self._first_parents or self.aiter.is_ancestor(
+                aiter_sha, self.tip
+            )
         return self.tip if self._on_tip[aiter_sha] else aiter_sha
 
+    def _versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
+        """(rev, the file's versions newest first, index of the first one at or before the pin)."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        rev = self._history_rev(aiter_sha)
+        vs = self.hist.file_log(rev, path)
+        k = self.hist.position(aiter_sha)
+        if rev == aiter_sha or k is None:
+            return rev, vs, 0
+        start = next((i for i, v in enumerate(vs) if (self.hist.position(v.commit.sha) or 0) >= k), len(vs))
+        return rev, vs, start
+
     def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
-        """Runs of one layout in the history of the callee's file, newest first, back to `born`."""
-        key = (aiter_sha, sig.path, sig.name, born)
+        """Runs of one layout in the history of the callee's file, newest first, back to `born`.
+
+        Versions newer than the pin count too (an ATOM written ahead of the pin);
+        older ones stop where the function was not defined in this file.
+        """
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)
         runs = self._runs.get(key)
         if runs is None:
             runs = []
             prev: Signature | None = None
-            self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-            for v in self.hist.file_log(self._history_rev(aiter_sha), sig.path)[:MAX_VERSIONS]:
+            for i, v in enumerate(vs[: start + MAX_VERSIONS]):
                 s = self.hist.sig_at(sig.path, v.blob, sig.name)
                 if s is None:
+                    if i < start:
+                        prev = None  # not defined there after the pin: a gap, not the end
+                        continue
                     break  # not defined in this file before: moved here or added
                 t = int(v.commit.date.timestamp())
                 if prev is not None and layout(s) == layout(prev):
@@ -380,7 +404,7 @@ class Checker:
                     until = runs[-1].since if runs else None
                     runs.append(Candidate(v.commit.sha, s, t, until, "history"))
                 prev = s
-                if t < born:
+                if t < born and i >= start:
                     break  # in effect when the ATOM file was created
             self._runs[key] = runs
         return runs
@@ -401,9 +425,10 @@ class Checker:
         anchors: list[tuple[str | None, str]] = [(self.explicit_baseline, "explicit")]
         if self.date_baseline != aiter_sha:
             anchors.append((self.date_baseline, "date"))
-        written = self.written_time(call)
-        if written is not None and (oldest is None or written < oldest):
-            anchors.append((self._aiter_as_of(written), "blame"))
+        if oldest is None or oldest > born:  # not defined in this file back then: where was it?
+            written = self.written_time(call)
+            if written is not None and (oldest is None or written < oldest):
+                anchors.append((self._aiter_as_of(written), "blame"))
         for sha, source in anchors:
             s = self._sig_at(sha, call) if sha is not None else None
             if sha is None or s is None:
@@ -419,8 +444,19 @@ class Checker:
         key = (call.path, call.line, call.col, aiter_sha)
         if key not in self._fit:
             cands = self.candidates(call, aiter_sha, sig)
-            self._fit[key] = best_fit(call, cands, self.written_time(call))
+            # The blame date only breaks ties: no `git blame` when the fit alone decides.
+            self._fit[key] = best_fit(call, cands, self.written_time(call) if tied(call, cands) else None)
         return self._fit[key]
+
+    def _doubtful_memo(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
+        """`_doubtful`, once per call and definition: a search sees the same signature at many pins."""
+        key = (id(call), id(sig))
+        got = self._doubt.get(key)
+        if got is not None and got[0] is call and got[1] is sig:
+            return got[2]
+        r = self._doubtful(call, aiter_sha, sig, b)
+        self._doubt[key] = (call, sig, r)
+        return r
 
     def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
         """Could a call that binds cleanly at the pin have been written for another layout?
@@ -458,12 +494,12 @@ class Checker:
         Two ends compared, not every version: the file's versions are bisected for
         the oldest one still defining the function (a change undone later is missed).
         """
-        key = (aiter_sha, sig.path, sig.name, born)
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)  # shared by the pins between two versions of the file
         if key in self._oldest:
             return self._oldest[key]
-        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-        versions = self.hist.file_log(self._history_rev(aiter_sha), sig.path)
-        # versions newest first; keep those after the ATOM file's creation and the one in effect then
+        versions = vs[start:]
+        # newest first; keep those after the ATOM file's creation and the one in effect then
         k = next((i for i, v in enumerate(versions) if v.commit.date.timestamp() < born), len(versions) - 1)
         versions = versions[: k + 1]
         lo, hi = 0, len(versions) - 1  # versions[0] defines it (the pin); find the oldest that still does
@@ -488,7 +524,7 @@ class Checker:
         b = bind(call, sig)
         defined_at = f"{sig.path}:{sig.line}"
         head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
-        if b.ok and not self._doubtful(call, aiter_sha, sig, b):
+        if b.ok and not self._doubtful_memo(call, aiter_sha, sig, b):
             return None
         fit = self.written_for(call, aiter_sha, sig)
         if fit is None:
@@ -528,12 +564,16 @@ class Checker:
                     f"it was written for ({was}), but not this way"
                 )
             severity = "error"
-            if all(p.kind == "type-mismatch" for p in new) and not sig.compiled and kind == "type-mismatch":
-                severity = "warning"
-                msg += (
-                    f". `{sig.name}` is plain Python, which does not enforce its annotations: "
-                    "a warning, not an error"
-                )
+            if all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
+                if not sig.compiled:
+                    severity = "warning"
+                    msg += (
+                        f". `{sig.name}` is plain Python, which does not enforce its annotations: "
+                        "a warning, not an error"
+                    )
+                elif all(p.soft for p in new):
+                    severity = "warning"
+                    msg += ". An int where a flag is expected converts without error: a warning"
             return Finding(
                 call.path, call.line, call.col, call.qualname, severity, kind, msg,
                 details, _cause_info(cause), defined_at, written_against=base,
@@ -600,15 +640,17 @@ class Checker:
             return s is not None and (s.path, s.name) == (sig.path, sig.name)
 
         lo, hi = 0, len(commits) - 1  # the first commit resolving to the pin's definition
+        probed: list[str] = []
         while lo < hi:
             mid = (lo + hi) // 2
+            probed.append(commits[mid])
             if moved(commits[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        for sha in commits[max(lo - 1, 0) : lo]:
-            if sha in self._index and sha not in (aiter_sha, self.date_baseline, self.tip):
-                self._index.pop(sha, None)
+        for sha in probed:
+            if sha != commits[lo]:
+                self.drop_index(sha)
         c = self.aiter.commit_info(commits[lo])
         parent = self.hist.parent(c.sha)
         still = self._sig_in_file(aiter_sha, old.path, old.name) is not None
@@ -687,10 +729,12 @@ class Checker:
                     newer = v
                 if found and newer is not None:
                     c = newer.commit
-                    cause_info = CauseInfo(c, self.hist.parent(c.sha), f"`{name}` removed", "")
+                    to = self._moved_to(c.sha, def_name, path)
+                    change = f"`{name}` moved from {path} to {to}" if to else f"`{name}` removed"
+                    cause_info = CauseInfo(c, self.hist.parent(c.sha), change, "")
                     msg += (
-                        f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
-                        f'({_day(c)}, "{c.subject}")'
+                        f". Cause: `{def_name}` {'moved' if to else 'removed'} from {path}"
+                        f'{f" to {to}" if to else ""} by aiter {c.short} ({_day(c)}, "{c.subject}")'
                     )
                     break
             if cause_info is None and not call.guarded:
@@ -706,6 +750,14 @@ class Checker:
                 )
                 msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _moved_to(self, sha: str, name: str, old_path: str) -> str | None:
+        """Another file that commit `sha` made define `name` (the function moved there), if any."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        for path, versions in self.hist.changed_by(sha).items():
+            if path != old_path and self.hist.sig_at(path, versions, name) is not None:
+                return path
+        return None
 
     def _deleted_by(self, aiter_sha: str, paths: list[str]) -> CommitInfo | None:
         key = f"deleted:{aiter_sha}:{','.join(paths)}"
@@ -778,16 +830,13 @@ def run_check(
     # Everything a report depends on is named by these SHAs (trees and histories are immutable).
     dated = resolve_sha(atom, dated_by, "ATOM") if dated_by else None
     key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}:{dated or ''}"
-    got = caches.reports.data.get(key)
+    got = caches.reports.get(key)  # a warm run reads this one small file and nothing else
     if isinstance(got, CheckReport):
         return got
     try:
         checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit, dated_by=dated)
         report = checker.check(aiter_sha)
-        if len(caches.reports.data) > 256:
-            caches.reports.data.clear()
-        caches.reports.data[key] = report
-        caches.reports.dirty = True
+        caches.reports.put(key, report)
         return report
     finally:
         caches.save()

@@ -111,9 +111,29 @@ def best_fit(call: RawCall, candidates: list[Candidate], written: int | None) ->
     return best[1] if best is not None else None
 
 
-def layout(sig: Signature) -> tuple[tuple[str, str, bool, bool, str | None], ...]:
+def tied(call: RawCall, candidates: list[Candidate]) -> bool:
+    """Do candidates of different layouts fit the call equally well (so that its blame date decides)?"""
+    scored = [(fit_score(call, c.sig)[1], layout(c.sig)) for c in candidates]
+    if not scored:
+        return False
+    best = min(s for s, _ in scored)
+    return len({lay for s, lay in scored if s == best}) > 1
+
+
+Layout = tuple[tuple[str, str, bool, bool, str | None], ...]
+_LAYOUTS: dict[int, tuple[Signature, Layout]] = {}
+
+
+def layout(sig: Signature) -> Layout:
     """What decides how a call binds (names, kinds, defaults, None-defaults, annotations)."""
-    return tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)
+    got = _LAYOUTS.get(id(sig))
+    if got is not None and got[0] is sig:
+        return got[1]
+    if len(_LAYOUTS) > 100_000:
+        _LAYOUTS.clear()
+    lay = tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)
+    _LAYOUTS[id(sig)] = (sig, lay)
+    return lay
 
 
 def problem_keys(b: Binding) -> frozenset[str]:

@@ -12,7 +12,7 @@ Edges followed (a sound over-approximation: when unsure, a module is on the path
 - every string literal that names an ATOM module or object (`"atom.x.y.Cls"`,
   `"atom.x.y:Cls"`): the registries and plug-in tables ATOM resolves through
   `resolve_obj_by_qualname` / `importlib.import_module`; an f-string prefix
-  (`f"atom.pkg.{name}"`) reaches every module under that package.
+  (`f"atom.pkg.{name}"`, `"atom.pkg." + name`) reaches every module under that package.
 
 Edges not followed, each only while the pinned tree shows the fact it rests on
 (otherwise the edge is followed):
@@ -56,7 +56,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 2  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 3  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -68,7 +68,7 @@ _IMPORT_RE = re.compile(
     re.M,
 )
 # A quoted literal that is an ATOM qualname ("atom.a.b", "atom.a.b:Cls") or an f-string prefix.
-_QUAL_RE = re.compile(r"""(?<=["'])atom(?:\.\w+)+(?::\w+)?(?=\.\{|["'])""")
+_QUAL_RE = re.compile(r"""(?<=["'])atom(?:\.\w+)+(?::\w+)?(?=\.\{|\.["']|["'])""")
 _GUARD_RE = re.compile(r"^[ \t]*(?:el)?if[ \t]+(?:self\.)?(\w+(?:\(\))?)[ \t]*:")
 _SWITCH_RE = re.compile(r"(?<![.\w])(?<!def )_set_framework_backbone\(")
 _SETS_FRAMEWORK_RE = re.compile(r"(?<![.\w])(?<!def )(?:_set_framework_backbone|prepare_model\w*)\(")
@@ -281,7 +281,8 @@ def summarize(data: bytes, path: str) -> FileSummary:
     line_no = _LineNumbers(text)
     for m in _quals(text):
         qual = m.group(0)
-        end = ".{" if text.startswith(".{", m.end()) else ""
+        # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
+        end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
         in_fn, guards, owner = context(m.start())
         key = _key_before(text, m.start() - 1)
         edges.append(
@@ -384,7 +385,7 @@ class Reach:
     model_module: str  # path of the model's file
     registry_line: int
     parents: dict[str, Edge | None]  # reached path -> the edge that first reached it (None: a root)
-    importers: dict[str, tuple[Edge, ...]]  # every edge into each file, reached or not
+    importers: dict[str, tuple[Edge, ...]]  # every edge into each file off the path
     excluded: tuple[Excluded, ...]
     followed: dict[str, int]  # edge kind -> edges followed
     rules: dict[str, str]  # rule id -> what it rests on in this tree
@@ -696,10 +697,11 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
         return got
 
+    # Evidence is needed for the files off the path only: who imports them.
     importers: dict[str, list[Edge]] = {}
     for es in graph.values():
         for e in es:
-            if e.dst != e.src:
+            if e.dst != e.src and e.dst not in parents:
                 importers.setdefault(e.dst, []).append(strip(e))
     parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
     excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
@@ -954,8 +956,14 @@ def gate_model(
     before = len(report.errors)
     if arch:
         command = getattr(getattr(recipe, "server", None), "command", ())
-        reach = compute_reach(atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir)
-        report = apply_reach(report, reach)
+        try:
+            reach = compute_reach(
+                atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir
+            )
+        except ReachError as e:  # when unsure, everything is on the path
+            warnings.append(f"reachability not computed ({e.message}): every finding gates")
+        else:
+            report = apply_reach(report, reach)
     else:
         warnings.append(
             f"recipe {getattr(recipe, 'name', '?')} states no model.architecture: reachability not "

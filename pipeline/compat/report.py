@@ -59,6 +59,7 @@ class Finding:
     # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
     preexisting: bool = False
     written_against: str | None = None  # aiter SHA the call was written against (its baseline)
+    callee: str | None = None  # "op" (compiled/registered: annotations enforced) or "python"
     # For one model (pipeline/compat/reach.py): "on-path" / "off-path", and why; None: not computed.
     reach: str | None = None
     reach_evidence: str = ""
@@ -76,6 +77,7 @@ class Finding:
             "defined_at": self.defined_at,
             "preexisting": self.preexisting,
             "written_against": self.written_against,
+            "callee": self.callee,
         }
         if self.reach is not None:
             d["reach"] = self.reach

@@ -231,7 +231,7 @@ class _Run:
         assert self.watcher is not None
         # something changed: let the caller look; avoid a busy loop once the log ended
         if self.watcher.wait(seconds) and self.watcher.ended and self._exit_code() is None:
-                time.sleep(min(seconds, 0.2))
+            time.sleep(min(seconds, 0.2))
 
     def _supervised(self, argv: Sequence[str], timeout: float, what: str) -> tuple[int, str] | str:
         """Run `argv` in the server container, watching the server; (code, output) or a timeout text.
@@ -746,8 +746,12 @@ def run_smoke(
     except KeyboardInterrupt:
         gone = "the server container was removed" if removed else "no server container was left running"
         with contextlib.suppress(PipelineError, OSError):
-            finish("error", f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}", checks,
-                   pf.summary())
+            finish(
+                "error",
+                f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}",
+                checks,
+                pf.summary(),
+            )
         raise
     except DiskError:
         raise  # nothing more can be written; earlier results were moved aside at the start
