@@ -119,7 +119,7 @@ def command(
     rd = app.open_run(f"smoke-{recipe.name}", run_dir)
     from pipeline.dockerw import Engine  # imported here: `pipeline smoke --help` needs no docker SDK
 
-    engine = Engine.connect(settings.smoke.docker_host or None, env=app.env)
+    engine = Engine.connect(settings.smoke.docker_host or None, env=app.env, log=app.log)
     try:
         verdict = run_smoke(
             engine,

@@ -46,6 +46,7 @@ class FakeEngine:
         self.registry = registry
         self.images = {"atom:test": ImageInfo(image_id, ["atom:test"], [], image_labels, "")}
         self.tagged: list[tuple[str, str, str]] = []
+        self.removed: list[str] = []
         self.pushed: list[tuple[str, str, Mapping[str, str] | None]] = []
         self.push_digest_override: str | None = None
 
@@ -54,6 +55,9 @@ class FakeEngine:
 
     def tag(self, image: str, repo: str, tag: str) -> None:
         self.tagged.append((image, repo, tag))
+
+    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None:
+        self.removed.append(ref)
 
     def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
         self.pushed.append((repo, tag, auth_config))
@@ -143,7 +147,15 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
     assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
     assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
     assert pred["tool"]["version"] and pred["times"]["verified"]
-    assert json.loads((world.verdict_path.parent / "predicate.json").read_text()) == pred
+    # the record says what happened; predicate.json is what was true when it could be attested
+    assert pred["image"]["moving_tags"] == [f"{MODEL}-verified", "latest"]
+    assert pred["image"]["moving_state"] == "moved"
+    attested = json.loads((world.verdict_path.parent / "predicate.json").read_text())
+    assert attested["image"]["moving_tags"] == [] and attested["image"]["moving_state"] == "pending"
+    assert {k: v for k, v in attested.items() if k not in ("image", "times")} == {
+        k: v for k, v in pred.items() if k not in ("image", "times")
+    }
+    assert engine.removed == [f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"]  # the local push tag
 
 
 def test_second_run_is_idempotent(world: World, fake: FakeRegistry) -> None:
@@ -211,7 +223,7 @@ def test_failure_on_second_moving_tag_restores_the_first(
         _run(world, _engine(world, fake), fake, push_latest=True)
     assert fake.tags[REPO][f"{MODEL}-verified"] == old  # restored
     assert fake.tags[REPO]["latest"] == old_latest
-    assert f"Restored: {MODEL}-verified" in str(e.value)
+    assert f"rolled back: {MODEL}-verified" in str(e.value)
 
 
 # ------------------------------------------------------------------ refusals (nothing pushed)
