@@ -18,6 +18,7 @@ path that runs on an MI355 host.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -28,7 +29,7 @@ import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -691,3 +692,161 @@ def test_healthy_host_network_run_records_whom_it_talked_to(
     assert server.checked == ["after readiness, before any gate", "after the last gate"]
     assert server.pids and any(f":{port} inode " in x for x in server.listeners)
     no_container_left(engine, docker_cleanup)
+
+
+# ---------------------------------------------------------------------------- faults (issue 13.2, 13.4)
+
+
+def wait_for_container(engine: Engine, key: str, value: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not engine.containers_with_label(key, value):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the server container never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_two_signals_50ms_apart_still_exit_130_with_the_interrupt_as_reason(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup, sig: signal.Signals
+) -> None:
+    recipe = variant(tmp_path, "never-ready", replace={"ready_timeout_s: 20": "ready_timeout_s: 300"})
+    case = uuid.uuid4().hex
+    proc = smoke_cli(
+        smoke_image, recipe, tmp_path / "run", tmp_path, docker_cleanup, "--label", f"dbl={case}"
+    )
+    try:
+        wait_for_container(engine, "dbl", case, proc)
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        time.sleep(0.05)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "409" not in err and "removal already in progress" not in err
+    assert "every container this run started was removed" in err
+    assert engine.containers_with_label("dbl", case) == []
+    verdict = load_verdict(tmp_path / "run")
+    assert verdict.status == "error" and "interrupted" in verdict.reason and "409" not in verdict.reason
+
+
+def test_a_killed_rerun_never_leaves_the_earlier_pass_as_its_verdict(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    verdict, run_dir, _ = smoke(engine, smoke_image, variant(tmp_path), tmp_path, docker_cleanup)
+    assert verdict.passed
+    other = variant(
+        tmp_path, "never-ready", replace={"name: Smoke-Test-Tiny": "name: Other-Recipe"}
+    )
+    case = uuid.uuid4().hex
+    proc = smoke_cli(smoke_image, other, run_dir, tmp_path, docker_cleanup, "--label", f"rerun={case}")
+    try:
+        wait_for_container(engine, "rerun", case, proc)
+        log_file = run_dir / "server.log"
+        deadline = time.monotonic() + 60
+        while not (log_file.is_file() and "loading model weights" in log_file.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.kill()  # SIGKILL: the re-run writes nothing more
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "verdict.json").exists()  # no stale pass to be read as this run's
+    assert not (run_dir / "summary.md").exists()
+    earlier = load_verdict(run_dir / "earlier" / "1")
+    assert earlier.passed and earlier.recipe.name == "Smoke-Test-Tiny"
+    log = (run_dir / "server.log").read_text()
+    assert "Starting server" not in log and "loading model weights" in log  # one run per server.log
+    assert "Starting server" in (run_dir / "earlier" / "1" / "server.log").read_text()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount a tmpfs of a given size (optionally read-only) under tmp_path; unmounted afterwards."""
+    mounts: list[Path] = []
+
+    def make(size: str, *, read_only: bool = False) -> Path:
+        mnt = tmp_path / f"fs-{len(mounts)}"
+        mnt.mkdir()
+        opts = f"size={size}" + (",ro" if read_only else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounts:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_nearly_full_run_directory_refuses_before_any_container(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    full = small_fs("1m")
+    (full / "filler").write_bytes(b"x" * (1024 * 1024 - 48 * 1024))  # 48 KiB left, as in the issue
+    run_dir = full / "run"
+    proc = smoke_cli(smoke_image, variant(tmp_path), run_dir, tmp_path, docker_cleanup)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.DISK, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert "KiB free; a smoke run needs at least 32 MiB" in err
+    assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
+    assert not (run_dir / "summary.md").exists() and not (run_dir / "verdict.json").exists()
+
+
+def test_a_read_only_run_directory_is_its_own_error(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    ro = small_fs("1m", read_only=True)
+    proc = smoke_cli(smoke_image, variant(tmp_path), ro / "run", tmp_path, docker_cleanup)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.DISK, err
+    assert "read-only" in err and "Traceback" not in err
+    assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
+
+
+def test_a_disk_that_fills_during_the_run_removes_the_container_and_never_says_passed(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    fs = small_fs("40m")
+    run_dir = fs / "run"
+    recipe = variant(tmp_path, replace={'SMOKE_TEST_WARMUP_S: "1"': 'SMOKE_TEST_WARMUP_S: "3"'})
+    case = uuid.uuid4().hex
+    proc = smoke_cli(smoke_image, recipe, run_dir, tmp_path, docker_cleanup, "--label", f"fill={case}")
+    try:
+        wait_for_container(engine, "fill", case, proc)
+        # fill the disk while the server warms up
+        with contextlib.suppress(OSError), (fs / "filler").open("wb") as f:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        start = time.monotonic()
+        _out, err = proc.communicate(timeout=120)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.DISK, err
+    assert "is full (ENOSPC)" in err and "Traceback" not in err
+    assert engine.containers_with_label("fill", case) == []  # removed, although nothing could be written
+    summary = run_dir / "summary.md"
+    assert not summary.exists() or "PASSED" not in summary.read_text()
+    if (run_dir / "verdict.json").exists():
+        assert not load_verdict(run_dir).passed
+    print(f"disk full mid-run: exit {proc.returncode} {elapsed:.1f} s after the disk filled")
