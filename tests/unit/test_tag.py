@@ -96,6 +96,7 @@ def _run(
     env: Mapping[str, str] | None = None,
     credentials: tuple[str, str] | None = None,
     log: Logger | None = None,
+    allow_older: bool = False,
     **settings: Any,
 ) -> TagResult:
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None, credentials=credentials)
@@ -111,6 +112,7 @@ def _run(
         env=env or {},
         client=client,
         lock_timeout=1,
+        allow_older=allow_older,
     )
 
 
@@ -630,3 +632,84 @@ def test_registry_with_credentials_in_it_is_refused_without_echo(world: World) -
         == "registry.example:5000/a/b"
     )
     assert str(target_repository(world.settings(), None, None)) == "docker.io/rocm/atom-dev"
+
+
+# ------------------------------------------------------------------ forward only, disks (issue 13.2/13.3)
+
+
+def _release(fake: FakeRegistry, created: str) -> str:
+    """A manifest in REPO whose image config carries `created`; its digest."""
+    config = fake.add_blob(json.dumps({"config": {"Labels": {labels.OCI_CREATED: created}}}).encode())
+    body = json.dumps(
+        {"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": config}, "layers": []}
+    ).encode()
+    return fake.add(REPO, f"release-{created[:10]}", body)
+
+
+def test_a_newer_release_on_a_moving_tag_refuses_before_anything_is_pushed(
+    world: World, fake: FakeRegistry
+) -> None:
+    newer = _release(fake, "2026-07-01T00:00:00Z")
+    fake.tags[REPO][f"{MODEL}-verified"] = newer
+    engine = _engine(world, fake)
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "backwards" in str(e.value) and "2026-07-01T00:00:00Z" in str(e.value)
+    assert engine.pushed == [] and fake.tags[REPO][f"{MODEL}-verified"] == newer
+    result = _run(world, engine, fake, log=Logger(stream=(out := io.StringIO())), allow_older=True)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == result.digest and "MOVING BACK" in out.getvalue()
+
+
+def test_a_newer_release_landing_between_check_and_put_is_not_overwritten(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conditional re-read just before the PUT: another machine released a newer image."""
+    import pipeline.moving_tags as mt
+
+    older = _release(fake, "2026-06-01T00:00:00Z")
+    newer = _release(fake, "2026-07-01T00:00:00Z")
+    fake.tags[REPO][f"{MODEL}-verified"] = older
+    fake.tags[REPO]["latest"] = older
+    real = mt.Mover.check_forward
+    calls: list[str] = []
+
+    def check_then_other_machine_moves(self: mt.Mover, tag: str, now: str | None) -> None:
+        real(self, tag, now)
+        calls.append(tag)
+        if calls.count(f"{MODEL}-verified") == 2:  # 1: before the push; 2: just before the PUT
+            fake.tags[REPO][f"{MODEL}-verified"] = newer
+            fake.tags[REPO]["latest"] = newer
+
+    monkeypatch.setattr(mt.Mover, "check_forward", check_then_other_machine_moves)
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert "backwards" in str(e.value) and "rolled back" in str(e.value)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == newer and fake.tags[REPO]["latest"] == newer
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())
+    assert record["predicate"]["image"]["moving_tags"] == []
+    assert record["predicate"]["image"]["moving_state"] == "rolled back"
+
+
+def test_cli_read_only_cache_is_its_own_exit_code(
+    world: World,
+    fake: FakeRegistry,
+    cli: FakeEngine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import errno
+
+    from pipeline.cli import main
+
+    real_mkdir = Path.mkdir
+
+    def read_only(self: Path, *a: Any, **kw: Any) -> None:
+        if "tag-locks" in str(self):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    assert main(_argv(world, "--lock", str(world.lock_path))) == ExitCode.DISK
+    err = capsys.readouterr().err
+    assert "is read-only (EROFS)" in err and "tag-locks" in err and "Traceback" not in err
+    assert fake.tags == {}
