@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "smoke": "smoke",
     "tag": "tag",
     "rebuild": "rebuild",
+    "recipe": "recipe",
 }
 
 

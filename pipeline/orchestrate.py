@@ -227,7 +227,7 @@ def stage_check(run: Run) -> dict[str, Any]:
     The pristine pin is checked too, for the record: what the series fixes and what it leaves.
     """
     from pipeline.compat import run_check
-    from pipeline.compat.waivers import apply_waivers
+    from pipeline.compat.reach import gate_model
     from pipeline.patchq import PatchSeries, patched_commit
     from pipeline.recipe import load_recipe
 
@@ -247,11 +247,12 @@ def stage_check(run: Run) -> dict[str, Any]:
         if head == lock.atom.sha
         else run_check(atom, head, aiter, lock.aiter.sha, cache_dir=cache, dated_by=lock.atom.sha)
     )
-    waivers = load_recipe(Path(run.spec.recipe_path)).compat.waive
-    report, unused = apply_waivers(report, waivers)
-    for w in unused:
-        run.log.warn(f"recipe waiver for {w.function} in {w.path} matches no finding: remove it")
-    waived = len(waivers) - len(unused)
+    # Gate for this model: findings off its code path warn (with the evidence), then waivers.
+    gate = gate_model(report, atom, load_recipe(Path(run.spec.recipe_path)), cache_dir=cache)
+    report, waived = gate.report, gate.waived
+    for msg in (*gate.warnings, *(n.message for n in gate.notes)):
+        run.log.warn(msg)
+    off_path = gate.off_path
     atomic_write_json(run.dir.path / "check.json", report.to_json())
     atomic_write_json(run.dir.path / "check.sarif", report.to_sarif())
     atomic_write_text(run.dir.path / "check.txt", report.to_text())
@@ -263,13 +264,16 @@ def stage_check(run: Run) -> dict[str, Any]:
             hint="Add or fix a patch under patches/atom (`pipeline patch new`), or pin an aiter "
             f"that this ATOM supports (`pipeline pin --model {run.spec.model} --auto`).",
         )
-    fixed = f"{before - waived} fixed by patches, " if before > waived else ""
+    fixed = f"{before - waived - off_path} fixed by patches, " if before > waived + off_path else ""
+    fixed += f"{off_path} off the model's path, " if off_path else ""
     fixed += f"{waived} waived by the recipe, " if waived else ""
     return {
         "head": head,
         "pins": [p.model_dump() for p in applied.pins],
         "notes": applied.notes,
         "pristine_errors": before,
+        "reach": gate.reach.to_json() if gate.reach else None,
+        "off_path": off_path,
         "checked": report.calls_checked,
         "unchecked": report.calls_unchecked,
         "figure": f"{report.calls_checked} calls bind ({fixed}{report.calls_unchecked} unchecked)",

@@ -35,6 +35,9 @@ class ModelOutcome:
     image: str = ""
     tag: str = ""
     notes: list[str] = field(default_factory=list)
+    verdict: str = ""  # the check as it gates this model (reach-filtered)
+    smoke: str = ""  # passed / failed / not run here / skipped
+    drift: str = ""  # what changed upstream in the recipe's source since it was imported
 
 
 def _read_released(settings: Settings, model: str) -> dict[str, Any]:
@@ -67,13 +70,71 @@ def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:
     return notes
 
 
+@dataclass
+class SharedPins:
+    """One pin per ATOM x aiter pair: the first model resolves the refs, the others reuse the SHAs
+    (the check of a pair is cached by its SHAs, so it runs once too; reachability is per model)."""
+
+    atom: str | None = None
+    aiter: str | None = None
+
+    def remember(self, run_dir: Path) -> None:
+        if self.atom is None and (run_dir / "lock.toml").is_file():
+            lock = Lock.load(run_dir / "lock.toml")
+            self.atom, self.aiter = lock.atom.sha, lock.aiter.sha
+
+
+def _verdict(check: Mapping[str, Any]) -> str:
+    if not check:
+        return ""
+    off = int(check.get("off_path") or 0)
+    arch = (check.get("reach") or {}).get("architecture")
+    where = f" off {arch}'s path" if arch else ""
+    return "compatible" + (f" ({off} break(s){where}, warned)" if off else "")
+
+
+def _smoke(resumed_error: PipelineError | None, smoke: Mapping[str, Any]) -> str:
+    if resumed_error is None:
+        return "passed" if smoke else ""
+    code = resumed_error.exit_code
+    if code == ExitCode.NO_HARDWARE:
+        return "not run here (no MI355)"
+    if code == ExitCode.SMOKE_FAILED:
+        return "failed"
+    return f"not reached (exit {int(code)})"
+
+
+def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
+    """The upstream drift of the model's recipe source up to the pinned ATOM, in one line."""
+    from pipeline.recipe import find_recipe, load_recipe
+    from pipeline.recipeimport import drift_one
+    from pipeline.sources import open_mirror
+
+    try:
+        recipe = load_recipe(find_recipe(model, Path(settings.paths.recipes_dir)))
+        atom = open_mirror(settings, settings.sources.atom_repo, fetch=False)
+        return drift_one(atom, recipe.name, recipe.source, atom_sha).summary()
+    except PipelineError as e:
+        return f"not computed: {e.message}"
+
+
 def rebuild_model(
-    model: str, settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
+    model: str,
+    settings: Settings,
+    log: Logger,
+    env: Mapping[str, str],
+    *,
+    registry: str | None,
+    shared: SharedPins | None = None,
 ) -> ModelOutcome:
     released = _read_released(settings, model)
-    req = BuildRequest(model=model, until="render", registry=registry)
+    shared = shared or SharedPins()
+    req = BuildRequest(
+        model=model, atom_ref=shared.atom, aiter_ref=shared.aiter, until="render", registry=registry
+    )
     notes: list[str] = []
     result = execute(req, settings, log, env)
+    shared.remember(result.run_dir)
     if isinstance(result.error, IncompatibleError):
         # aiter's head breaks ATOM even with our patches: fall back to the newest aiter that
         # does not (`pin --auto`), and say which aiter commit broke it.
@@ -100,8 +161,14 @@ def rebuild_model(
         model, "unchanged", 0, str(result.run_dir), pin.get("atom", ""), pin.get("aiter", "")
     )
     outcome.notes = notes
+    outcome.verdict = _verdict(result.outputs("check"))
+    if brk_note := next((n for n in notes if " breaks ATOM " in n), None):
+        outcome.verdict = f"{brk_note.split(';')[0]} on its path; fell back: {outcome.verdict}"
+    outcome.image = f"inputs {str(render.get('inputs_digest', ''))[:12]}"  # one image per inputs digest
+    outcome.drift = recipe_drift(settings, model, outcome.atom) if outcome.atom else ""
     if released.get("inputs_digest") and released["inputs_digest"] == render.get("inputs_digest"):
         outcome.tag = str(released.get("ref", ""))
+        outcome.smoke = "skipped (already released)"
         outcome.notes.append(
             f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
         )
@@ -110,7 +177,9 @@ def rebuild_model(
     resumed = execute(
         BuildRequest(model=model, resume=result.run_dir, until="tag", registry=registry), settings, log, env
     )
-    outcome.image = str(resumed.outputs("build").get("image", ""))
+    built = resumed.outputs("build")
+    outcome.image = str(built.get("candidate") or built.get("image") or outcome.image)
+    outcome.smoke = _smoke(resumed.error, resumed.outputs("smoke"))
     if resumed.error is not None:
         outcome.status, outcome.exit_code = "stopped", int(resumed.error.exit_code)
         outcome.notes.append(str(resumed.error))
@@ -127,9 +196,10 @@ def rebuild(
     models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
 ) -> list[ModelOutcome]:
     outcomes = []
+    shared = SharedPins()
     for model in models:
         try:
-            outcomes.append(rebuild_model(model, settings, log, env, registry=registry))
+            outcomes.append(rebuild_model(model, settings, log, env, registry=registry, shared=shared))
         except PipelineError as e:
             outcomes.append(ModelOutcome(model, "failed", int(e.exit_code), notes=[str(e)]))
     return outcomes
@@ -137,12 +207,15 @@ def rebuild(
 
 def summary_markdown(outcomes: list[ModelOutcome]) -> str:
     icon = {"released": "✅", "unchanged": "⏸", "stopped": "⚠️", "failed": "❌"}
-    rows = ["| model | result | ATOM | aiter | tag | notes |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| model | result | ATOM | aiter | verdict (its path) | image | smoke | recipe drift | tag | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         notes = "<br>".join(n.splitlines()[0] if n else n for n in o.notes)
         rows.append(
             f"| {o.model} | {icon.get(o.status, '')} {o.status} (exit {o.exit_code}) | {o.atom[:9]} | "
-            f"{o.aiter[:10]} | {o.tag} | {notes} |"
+            f"{o.aiter[:10]} | {o.verdict} | {o.image} | {o.smoke} | {o.drift} | {o.tag} | {notes} |"
         )
     return "### pipeline rebuild\n\n" + "\n".join(rows) + "\n"
 

@@ -73,6 +73,9 @@ def expand(argv: Iterable[str], values: Mapping[str, object]) -> list[str]:
 class ModelSpec(_Strict):
     id: str = Field(min_length=1, description="Hugging Face model id, e.g. amd/MiniMax-M3-MXFP4")
     revision: str | None = None
+    # The `architectures[0]` of the model's config.json: the key of ATOM's model registry
+    # (atom/model_engine/model_runner.py), from which the check computes the model's code path.
+    architecture: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class HardwareSpec(_Strict):

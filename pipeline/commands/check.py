@@ -15,7 +15,7 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.compat import CheckReport, run_check
-from pipeline.compat.waivers import apply_waivers
+from pipeline.compat.reach import Reach, gate_model
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
@@ -73,6 +73,13 @@ from pipeline.sources import is_local, mirrors_for_lock, open_mirror
     type=click.Path(dir_okay=False, path_type=Path),
     help="Apply this recipe's reviewed waivers (default with --lock: recipes/<model>.yaml if present).",
 )
+@click.option(
+    "--model",
+    "model",
+    metavar="M",
+    help="Gate for this model (recipes/M.yaml): findings off its code path are warnings. "
+    "Default with --lock: the lock's model.",
+)
 @click.option("--no-waivers", is_flag=True, help="Report waived findings as the errors they are.")
 @pass_app
 def command(
@@ -88,6 +95,7 @@ def command(
     patches_dir: Path | None,
     unpatched: bool,
     recipe_path: Path | None,
+    model: str | None,
     no_waivers: bool,
 ) -> None:
     """Check every ATOM call of an aiter function against aiter's signatures.
@@ -145,20 +153,36 @@ def command(
             f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), "
             f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
         )
+        recipes_dir = Path(settings.paths.recipes_dir)
+        reach: Reach | None = None
+        if recipe_path is None and model is not None:
+            recipe_path = find_recipe(model, recipes_dir)  # named explicitly: a missing one is an error
         if recipe_path is None and lock_path is not None:
             with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
-                recipe_path = find_recipe(lock.model, Path(settings.paths.recipes_dir))
-        if recipe_path is not None and not no_waivers:
-            waivers = load_recipe(recipe_path).compat.waive
-            report, unused = apply_waivers(report, waivers)
-            if waivers:
-                rec.figure += f", {len(waivers) - len(unused)} waived by {recipe_path.name}"
-            for w in unused:
-                log.warn(f"recipe waiver for {w.function} in {w.path} matches no finding: remove it")
+                recipe_path = find_recipe(lock.model, recipes_dir)
+        if recipe_path is not None:
+            gate = gate_model(
+                report,
+                atom,
+                load_recipe(recipe_path),
+                cache_dir=settings.cache_dir / "compat",
+                waivers=not no_waivers,
+            )
+            report, reach = gate.report, gate.reach
+            if gate.reach is not None:
+                off = sum(1 for f in report.findings if f.reach == "off-path")
+                rec.figure += f", {off} off {gate.reach.facts.architecture}'s path"
+                log.detail(gate.reach.edges_summary())
+            if gate.waived:
+                rec.figure += f", {gate.waived} waived by {recipe_path.name}"
+            for msg in gate.warnings:
+                log.warn(msg)
+            for note in gate.notes:
+                log.warn(note.message)
         if not report.ok:
             rec.status = "failed"
 
-    text = render(report, fmt)
+    text = render(report, fmt, reach=reach)
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")
@@ -176,12 +200,16 @@ def command(
         )
 
 
-def render(report: CheckReport, fmt: str) -> str:
+def render(report: CheckReport, fmt: str, *, reach: Reach | None = None) -> str:
     if fmt == "json":
-        return json.dumps(report.to_json(), indent=2) + "\n"
+        data = report.to_json()
+        if reach is not None:
+            data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
+        return json.dumps(data, indent=2) + "\n"
     if fmt == "sarif":
         return json.dumps(report.to_sarif(), indent=2) + "\n"
-    return report.to_text() + "\n"
+    text = report.to_text() + "\n"
+    return text + (f"reach: {reach.edges_summary()}\n" if reach is not None else "")
 
 
 def open_repo(settings: Settings, url: str, name: str) -> GitRepo:

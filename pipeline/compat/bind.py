@@ -16,6 +16,7 @@ class Problem:
     #            positional-only-as-keyword / type-mismatch
     message: str
     key: str = ""  # what identifies the problem across signature versions ("fails the same way")
+    soft: bool = False  # an int literal on a bool: converted, even by an op's binding, but rarely meant
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ class Binding:
 
 
 _ACCEPTS: dict[str, set[str]] = {
-    "int": {"int", "float", "bool", "complex"},
+    "int": {"int", "float", "complex"},  # not bool: see `soft`
     "bool": {"bool", "int", "float"},
     "float": {"float", "complex"},
     "None": {"None"},
@@ -233,7 +234,10 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
         if p is not None and p.kind != "vararg" and not type_ok(a.etype, p):
             b.problems.append(
                 Problem(
-                    "type-mismatch", f"{arg_desc(i + 1, a)} lands on `{p.show()}`", f"type:{i + 1}:{p.name}"
+                    "type-mismatch",
+                    f"{arg_desc(i + 1, a)} lands on `{p.show()}`",
+                    f"type:{i + 1}:{p.name}",
+                    _int_for_flag(a.etype, p),
                 )
             )
     for name, a in call.kwargs:
@@ -245,9 +249,14 @@ def _bind(call: RawCall, sig: Signature) -> Binding:
                     "type-mismatch",
                     f"keyword `{name}={a.text}`{t} does not fit `{p.show()}`",
                     f"type:{name}:{name}",
+                    _int_for_flag(a.etype, p),
                 )
             )
     return b
+
+
+def _int_for_flag(etype: str | None, param: Param) -> bool:
+    return etype == "int" and type_ok("bool", param)
 
 
 def show_param(p: Param | None) -> str:

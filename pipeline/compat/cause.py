@@ -48,15 +48,26 @@ class Cause:
 class History:
     """File histories and signatures at each version, memoized for one run."""
 
-    def __init__(self, repo: GitRepo, cache: SummaryCache, facts: SummaryCache | None = None) -> None:
+    def __init__(
+        self,
+        repo: GitRepo,
+        cache: SummaryCache,
+        facts: SummaryCache | None = None,
+        logs: Callable[[], SummaryCache] | None = None,
+    ) -> None:
         self.repo = repo
         self.cache = cache
         self.facts = facts
+        self.logs = logs  # the whole-history logs: big, so opened only when a check needs them
         self._logs: dict[tuple[str, str], list[FileVersion]] = {}
         self._parents: dict[str, str | None] = {}
         # One whole-history log of the tip serves every file of every commit on its first parents.
         self._all: dict[str, list[FileVersion]] | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
+
+    def position(self, sha: str) -> int | None:
+        """Place of a commit on the tip's first parents (0: the tip), when the whole log is in use."""
+        return self._order.get(sha)
 
     def use_first_parent(self, tip: str, commits: list[tuple[int, str]], prefix: str) -> None:
         """Answer `file_log` for commits on `tip`'s first parents from one `git log --raw` of `prefix`."""
@@ -148,7 +159,8 @@ class History:
     def first_parent_log(self, rev: str, prefix: str) -> dict[str, list[FileVersion]]:
         """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`."""
         fkey = f"all-logs:{rev}:{prefix}"
-        cached = self.facts.data.get(fkey) if self.facts is not None else None
+        store = self.logs() if self.logs is not None else self.facts
+        cached = store.data.get(fkey) if store is not None else None
         if cached is not None:
             logs_c: dict[str, list[FileVersion]] = cached[0]
             self._parents.update(cached[1])
@@ -174,9 +186,11 @@ class History:
                     blob = meta.split()[3]
                     logs.setdefault(fpath, []).append(FileVersion(info, None if set(blob) == {"0"} else blob))
         self._parents.update(parents)
-        if self.facts is not None:
-            self.facts.data[fkey] = (logs, parents)
-            self.facts.dirty = True
+        if store is not None:
+            if len(store.data) > 8:
+                store.data.clear()  # one entry per aiter tip seen: keep the newest few
+            store.data[fkey] = (logs, parents)
+            store.dirty = True
         return logs
 
 

@@ -1,14 +1,15 @@
 """`run_check`: every ATOM call of aiter, bound against the pinned aiter's signatures.
 
-Baselines ("the signature the ATOM code was written against"): an explicit
-`baseline_aiter_rev` (the previous lock) applies to every call. Without it,
-each call gets the aiter of the date its lines were last changed in ATOM
-(`git blame`, only for calls that need it) and the aiter of the ATOM commit's
-date screens the calls that bind cleanly for positional shifts.
+"Written against": per call, the signature of the callee the call was written
+for, decided from the call's own evidence (`pipeline.compat.evidence`) among the
+distinct signatures the function has had, not from the ATOM commit's date. Only
+calls with a reason for doubt are examined that way (see `Checker._doubtful`),
+so a check stays cheap: one `git blame` of a call's lines and one whole-history
+`git log --raw` of aiter, cached per SHA.
 
-A call that is already broken with the aiter it was written against is an ATOM
-bug no aiter pin fixes: it is reported as a pre-existing warning, not as an
-incompatibility of the pin.
+A call that is already broken the same way under the signature it was written
+for is an ATOM bug no aiter pin fixes: a pre-existing warning. A new, different
+problem at the pin is an error.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from pathlib import Path
 from pipeline.compat.aiterapi import ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import FileCalls, RawCall, scan_file
-from pipeline.compat.cause import Cause, History, explain, find_cause, shifted_args
-from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys
+from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
+from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
@@ -59,9 +60,17 @@ class Caches:
             cache_dir,
         )
 
+    _logs: SummaryCache | None = None  # aiter's whole first-parent history per tip (big: opened lazily)
+
+    def logs(self) -> SummaryCache:
+        if self._logs is None:
+            self._logs = SummaryCache.open("logs", self.cache_dir)
+        return self._logs
+
     def save(self) -> None:
-        for c in (self.atom, self.aiter, self.facts, self.reports):
-            c.save()
+        for c in (self.atom, self.aiter, self.facts, self.reports, self._logs):
+            if c is not None:
+                c.save()
 
 
 def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
@@ -208,15 +217,16 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
-        self.hist = History(aiter, caches.aiter, caches.facts)
+        self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
-        self._runs: dict[tuple[str, str, str, int], list[Candidate]] = {}
+        self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
         self._blob_at: dict[tuple[str, str], str | None] = {}
         self._on_tip: dict[str, bool] = {}
-        self._oldest: dict[tuple[str, str, str, int], Signature | None] = {}
+        self._first_parents: set[str] = set()
+        self._oldest: dict[tuple[str, str, str, int, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
@@ -306,7 +316,7 @@ class Checker:
                     checked += 1
                     f = self._check_call(call, t.sig, aiter_sha, with_causes)
                     if f is not None:
-                        findings.append(f)
+                        findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
                 elif t.kind == "missing":
                     checked += 1
                     findings.append(self._missing(call, t, aiter_sha, with_causes))
@@ -357,20 +367,42 @@ class Checker:
     def _history_rev(self, aiter_sha: str) -> str:
         """Histories are read from the tip when it contains the pin (newer versions are candidates too)."""
         if aiter_sha not in self._on_tip:
-            self._on_tip[aiter_sha] = aiter_sha == self.tip or self.aiter.is_ancestor(aiter_sha, self.tip)
+            if not self._first_parents:
+                self._first_parents = {sha for _, sha in self.first_parent.commits}
+            self._on_tip[aiter_sha] = aiter_sha in self._first_parents or self.aiter.is_ancestor(
+                aiter_sha, self.tip
+            )
         return self.tip if self._on_tip[aiter_sha] else aiter_sha
 
+    def _versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
+        """(rev, the file's versions newest first, index of the first one at or before the pin)."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        rev = self._history_rev(aiter_sha)
+        vs = self.hist.file_log(rev, path)
+        k = self.hist.position(aiter_sha)
+        if rev == aiter_sha or k is None:
+            return rev, vs, 0
+        start = next((i for i, v in enumerate(vs) if (self.hist.position(v.commit.sha) or 0) >= k), len(vs))
+        return rev, vs, start
+
     def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
-        """Runs of one layout in the history of the callee's file, newest first, back to `born`."""
-        key = (aiter_sha, sig.path, sig.name, born)
+        """Runs of one layout in the history of the callee's file, newest first, back to `born`.
+
+        Versions newer than the pin count too (an ATOM written ahead of the pin);
+        older ones stop where the function was not defined in this file.
+        """
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)
         runs = self._runs.get(key)
         if runs is None:
             runs = []
             prev: Signature | None = None
-            self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-            for v in self.hist.file_log(self._history_rev(aiter_sha), sig.path)[:MAX_VERSIONS]:
+            for i, v in enumerate(vs[: start + MAX_VERSIONS]):
                 s = self.hist.sig_at(sig.path, v.blob, sig.name)
                 if s is None:
+                    if i < start:
+                        prev = None  # not defined there after the pin: a gap, not the end
+                        continue
                     break  # not defined in this file before: moved here or added
                 t = int(v.commit.date.timestamp())
                 if prev is not None and layout(s) == layout(prev):
@@ -380,7 +412,7 @@ class Checker:
                     until = runs[-1].since if runs else None
                     runs.append(Candidate(v.commit.sha, s, t, until, "history"))
                 prev = s
-                if t < born:
+                if t < born and i >= start:
                     break  # in effect when the ATOM file was created
             self._runs[key] = runs
         return runs
@@ -401,9 +433,10 @@ class Checker:
         anchors: list[tuple[str | None, str]] = [(self.explicit_baseline, "explicit")]
         if self.date_baseline != aiter_sha:
             anchors.append((self.date_baseline, "date"))
-        written = self.written_time(call)
-        if written is not None and (oldest is None or written < oldest):
-            anchors.append((self._aiter_as_of(written), "blame"))
+        if oldest is None or oldest > born:  # not defined in this file back then: where was it?
+            written = self.written_time(call)
+            if written is not None and (oldest is None or written < oldest):
+                anchors.append((self._aiter_as_of(written), "blame"))
         for sha, source in anchors:
             s = self._sig_at(sha, call) if sha is not None else None
             if sha is None or s is None:
@@ -419,7 +452,8 @@ class Checker:
         key = (call.path, call.line, call.col, aiter_sha)
         if key not in self._fit:
             cands = self.candidates(call, aiter_sha, sig)
-            self._fit[key] = best_fit(call, cands, self.written_time(call))
+            # The blame date only breaks ties: no `git blame` when the fit alone decides.
+            self._fit[key] = best_fit(call, cands, self.written_time(call) if tied(call, cands) else None)
         return self._fit[key]
 
     def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
@@ -458,12 +492,12 @@ class Checker:
         Two ends compared, not every version: the file's versions are bisected for
         the oldest one still defining the function (a change undone later is missed).
         """
-        key = (aiter_sha, sig.path, sig.name, born)
+        rev, vs, start = self._versions(aiter_sha, sig.path)
+        key = (rev, sig.path, sig.name, born, start)  # shared by the pins between two versions of the file
         if key in self._oldest:
             return self._oldest[key]
-        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-        versions = self.hist.file_log(self._history_rev(aiter_sha), sig.path)
-        # versions newest first; keep those after the ATOM file's creation and the one in effect then
+        versions = vs[start:]
+        # newest first; keep those after the ATOM file's creation and the one in effect then
         k = next((i for i, v in enumerate(versions) if v.commit.date.timestamp() < born), len(versions) - 1)
         versions = versions[: k + 1]
         lo, hi = 0, len(versions) - 1  # versions[0] defines it (the pin); find the oldest that still does
@@ -528,12 +562,16 @@ class Checker:
                     f"it was written for ({was}), but not this way"
                 )
             severity = "error"
-            if all(p.kind == "type-mismatch" for p in new) and not sig.compiled and kind == "type-mismatch":
-                severity = "warning"
-                msg += (
-                    f". `{sig.name}` is plain Python, which does not enforce its annotations: "
-                    "a warning, not an error"
-                )
+            if all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
+                if not sig.compiled:
+                    severity = "warning"
+                    msg += (
+                        f". `{sig.name}` is plain Python, which does not enforce its annotations: "
+                        "a warning, not an error"
+                    )
+                elif all(p.soft for p in new):
+                    severity = "warning"
+                    msg += ". An int where a flag is expected converts without error: a warning"
             return Finding(
                 call.path, call.line, call.col, call.qualname, severity, kind, msg,
                 details, _cause_info(cause), defined_at, written_against=base,
@@ -600,15 +638,17 @@ class Checker:
             return s is not None and (s.path, s.name) == (sig.path, sig.name)
 
         lo, hi = 0, len(commits) - 1  # the first commit resolving to the pin's definition
+        probed: list[str] = []
         while lo < hi:
             mid = (lo + hi) // 2
+            probed.append(commits[mid])
             if moved(commits[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        for sha in commits[max(lo - 1, 0) : lo]:
-            if sha in self._index and sha not in (aiter_sha, self.date_baseline, self.tip):
-                self._index.pop(sha, None)
+        for sha in probed:
+            if sha != commits[lo]:
+                self.drop_index(sha)
         c = self.aiter.commit_info(commits[lo])
         parent = self.hist.parent(c.sha)
         still = self._sig_in_file(aiter_sha, old.path, old.name) is not None

@@ -111,6 +111,15 @@ def best_fit(call: RawCall, candidates: list[Candidate], written: int | None) ->
     return best[1] if best is not None else None
 
 
+def tied(call: RawCall, candidates: list[Candidate]) -> bool:
+    """Do candidates of different layouts fit the call equally well (so that its blame date decides)?"""
+    scored = [(fit_score(call, c.sig)[1], layout(c.sig)) for c in candidates]
+    if not scored:
+        return False
+    best = min(s for s, _ in scored)
+    return len({lay for s, lay in scored if s == best}) > 1
+
+
 def layout(sig: Signature) -> tuple[tuple[str, str, bool, bool, str | None], ...]:
     """What decides how a call binds (names, kinds, defaults, None-defaults, annotations)."""
     return tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)

@@ -59,6 +59,10 @@ class Finding:
     # Broken already with the aiter the call was written against: an ATOM bug no aiter pin fixes.
     preexisting: bool = False
     written_against: str | None = None  # aiter SHA the call was written against (its baseline)
+    callee: str | None = None  # "op" (compiled/registered: annotations enforced) or "python"
+    # For one model (pipeline/compat/reach.py): "on-path" / "off-path", and why; None: not computed.
+    reach: str | None = None
+    reach_evidence: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -73,7 +77,11 @@ class Finding:
             "defined_at": self.defined_at,
             "preexisting": self.preexisting,
             "written_against": self.written_against,
+            "callee": self.callee,
         }
+        if self.reach is not None:
+            d["reach"] = self.reach
+            d["reach_evidence"] = self.reach_evidence
         d["cause"] = self.cause.to_json() if self.cause else None
         return d
 
@@ -157,6 +165,11 @@ class CheckReport:
                     lines.append(f"    {d}")
             if f.cause is not None:
                 lines.append(f"    cause: aiter {f.cause.commit.sha} (last good {f.cause.last_good or '?'})")
+            if f.reach is not None:
+                lines.append(
+                    f"    reach: {f.reach}"
+                    + ("" if f.reach_evidence in f.message else f": {f.reach_evidence}")
+                )
         for u in self.unparseable:
             lines.append(f"{u.repo}:{u.path}: warning: [unparseable-file] {u.error}")
         verdict = "compatible" if self.ok else "INCOMPATIBLE"
@@ -202,7 +215,7 @@ class CheckReport:
                     }
                 ],
                 "partialFingerprints": {"primaryLocationLineHash": f"{f.function}:{f.kind}:{f.path}"},
-                "properties": {"function": f.function},
+                "properties": {"function": f.function, **({"reach": f.reach} if f.reach else {})},
             }
             if f.cause is not None:
                 res["properties"]["cause"] = f.cause.to_json()

@@ -212,7 +212,7 @@ class _Run:
         assert self.watcher is not None
         # something changed: let the caller look; avoid a busy loop once the log ended
         if self.watcher.wait(seconds) and self.watcher.ended and self._exit_code() is None:
-                time.sleep(min(seconds, 0.2))
+            time.sleep(min(seconds, 0.2))
 
     def _supervised(self, argv: Sequence[str], timeout: float, what: str) -> tuple[int, str] | str:
         """Run `argv` in the server container, watching the server; (code, output) or a timeout text.

@@ -174,8 +174,9 @@ def test_reads_the_given_rev_not_the_checkout(fx: CompatRepos, tmp_path: Path) -
 def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = check(fx, "T1", "A4", cache_dir=cache)
+    # (aiter's whole history log is kept apart, opened only when a call's evidence needs it)
     assert sorted(p.name for p in cache.iterdir()) == [
-        f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "reports")
+        f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "logs", "reports")
     ]
     warm = check(fx, "T1", "A4", cache_dir=cache)
     assert warm.to_json() == cold.to_json()
@@ -323,6 +324,18 @@ def test_aiter_adapting_to_atom_is_not_a_shift(hx: HistoryRepos) -> None:
     assert "which the pinned aiter predates" in f.message and "plain Python" in f.message
 
 
+def test_call_written_ahead_of_aiter_fits_the_later_signature(hx: HistoryRepos) -> None:
+    # Blamed at U1 (aiter H1), the call passes a 5th positional and `gemma_norm`, which only H4 has:
+    # blame alone would call H4's layout a shift of `self.eps`. The fit decides: written for H4.
+    path = "atom/models/other.py"
+    line = hline(hx, "U2", path, "allreduce_norm(x, y, w, self.bias")
+    assert not [f for f in hcheck(hx, "U2", "H4").findings if f.line == line and f.path == path]
+    f = at(hcheck(hx, "U2", "H1"), path, line)
+    assert (f.severity, f.preexisting, f.written_against) == ("error", False, hx.a["H4"]), f.message
+    assert f.cause is not None and f.cause.commit.sha == hx.a["H4"]
+    assert "which the pinned aiter predates" in f.message
+
+
 def test_new_problem_behind_a_preexisting_one_is_an_error(hx: HistoryRepos) -> None:
     path = "atom/models/other.py"
     line = hline(hx, "U2", path, "legacy_add(x, y, z, alpha=2.0)")
@@ -345,6 +358,7 @@ def test_type_clash_is_an_error_for_an_op_and_a_warning_for_plain_python(hx: His
     plain = at(r, path, hline(hx, "U2", path, "scale_rows(x, None)"))
     assert (plain.severity, plain.kind) == ("warning", "type-mismatch")
     assert "plain Python" in plain.message
+    assert (op.callee, plain.callee) == ("op", "python")
 
 
 def test_cause_follows_a_moved_function(hx: HistoryRepos) -> None:

@@ -168,8 +168,11 @@ def test_evident_types_against_annotations() -> None:
         " d: Tensor = None):\n    pass\n",
         "f",
     )
-    ok = call("aiter.f(None if c else t, None, None, 0, 1, 's', 1, None)")
-    assert bind(ok, s).ok, bind(ok, s).problems  # int for float/bool, None for `= None` defaults
+    ok = call("aiter.f(None if c else t, None, None, 0, 1, 's', True, None)")
+    assert bind(ok, s).ok, bind(ok, s).problems  # int for float, None for `= None` defaults
+    # 0 for a bool: an op schema rejects it, and in ATOM it was a `dim` meant for the next slot
+    flag = call("aiter.f(t, None, None, 0, 1, 's', 0)")
+    assert [p.message for p in bind(flag, s).problems] == ["argument 7 `0` (int) lands on `b: bool`"]
     bad = call("aiter.f(None, 0, None, 1.5, 's', 2, True)")
     msgs = [p.message for p in bind(bad, s).problems]
     assert msgs == [

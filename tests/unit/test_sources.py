@@ -145,7 +145,7 @@ def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPa
 
     def unreachable() -> GitResult:
         calls.append(1)
-        return GitResult(128, '', "fatal: unable to access 'x': Connection refused")
+        return GitResult(128, "", "fatal: unable to access 'x': Connection refused")
 
     log, buf = log_buf()
     with pytest.raises(InfraError, match="gave up after 4 attempts"):
@@ -157,13 +157,13 @@ def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPa
 
     def not_found() -> GitResult:
         calls.append(1)
-        return GitResult(128, '', "fatal: repository 'x' not found")
+        return GitResult(128, "", "fatal: repository 'x' not found")
 
     with pytest.raises(SourceError):
         _with_retries(not_found, url="https://u", action="fetching", retries=3, log=None)
     assert len(calls) == 1  # no retry for an answer
 
-    answers = iter([GitResult(128, '', "Connection timed out"), GitResult(0, '', "")])
+    answers = iter([GitResult(128, "", "Connection timed out"), GitResult(0, "", "")])
     _with_retries(lambda: next(answers), url="https://u", action="fetching", retries=1, log=None, backoff=0)
 
 

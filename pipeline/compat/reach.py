@@ -1,0 +1,976 @@
+"""Which ATOM modules can run for one model: a static import closure, read from git objects.
+
+The closure starts at the server entry point (`atom.entrypoints.openai_server`)
+and at the model's own module, which ATOM's model registry names for the
+model's architecture class (the architecture -> qualname dict that
+`atom/model_engine/model_runner.py` indexes with `hf_config.architectures[0]`).
+
+Edges followed (a sound over-approximation: when unsure, a module is on the path):
+- imports at module level, and imports inside functions, `if` and `try` blocks;
+  `import a.b.c` and `from a.b import c` also run the packages `a` and `a.b`,
+  and `from a import b` runs the module `a.b` when there is one;
+- every string literal that names an ATOM module or object (`"atom.x.y.Cls"`,
+  `"atom.x.y:Cls"`): the registries and plug-in tables ATOM resolves through
+  `resolve_obj_by_qualname` / `importlib.import_module`; an f-string prefix
+  (`f"atom.pkg.{name}"`, `"atom.pkg." + name`) reaches every module under that package.
+
+Edges not followed, each only while the pinned tree shows the fact it rests on
+(otherwise the edge is followed):
+- `other-architecture`: the model registry's entries for other architectures;
+- `use_v4`: the attention backend the selector returns under `if use_v4:`, for
+  a model that is not DeepSeek-V4 (ModelRunner sets use_v4 from
+  `"DeepseekV4" in architectures`);
+- `standalone`: code under `if is_vllm():` / `is_sglang()` / `is_rtpllm()` /
+  `is_plugin_mode()`: the server runs ATOM standalone (the framework is "atom"
+  unless a plugin entry point switches it, and no module on the path does);
+- `no-drafter`: the speculative-decoding package's function bodies and drafter
+  tables, when the recipe's server command sets no `--method` (ATOM builds no
+  drafter then).
+
+Read line by line with regular expressions, not `ast` (a cold closure over
+~400 files stays within its 0.3 s budget); per-file summaries are cached by
+blob SHA and whole results by tree SHA.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import time
+import tomllib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from pipeline.compat.pysource import SummaryCache, module_files, module_of, resolve_relative
+from pipeline.compat.report import CheckReport, Finding
+from pipeline.errors import ConfigError, SourceError
+from pipeline.gitw import GitRepo
+
+ENTRY_POINT = "atom.entrypoints.openai_server"
+REGISTRY_PATH = "atom/model_engine/model_runner.py"
+SELECTOR_PATH = "atom/utils/selector.py"
+ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
+PREPARE_PATH = "atom/plugin/prepare.py"
+PLUGIN_PACKAGE = "atom/plugin/"
+SPEC_DECODE_PACKAGE = "atom/spec_decode/"
+SUMMARY_SCHEMA = 3  # bump when FileSummary or the extraction rules change
+PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
+
+EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
+
+# -- per-file summaries ----------------------------------------------------------
+
+_IMPORT_RE = re.compile(
+    r"^([ \t]*)(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)|import[ \t]+([^\n]*))",
+    re.M,
+)
+# A quoted literal that is an ATOM qualname ("atom.a.b", "atom.a.b:Cls") or an f-string prefix.
+_QUAL_RE = re.compile(r"""(?<=["'])atom(?:\.\w+)+(?::\w+)?(?=\.\{|\.["']|["'])""")
+_GUARD_RE = re.compile(r"^[ \t]*(?:el)?if[ \t]+(?:self\.)?(\w+(?:\(\))?)[ \t]*:")
+_SWITCH_RE = re.compile(r"(?<![.\w])(?<!def )_set_framework_backbone\(")
+_SETS_FRAMEWORK_RE = re.compile(r"(?<![.\w])(?<!def )(?:_set_framework_backbone|prepare_model\w*)\(")
+# Significant lines: not blank, not a comment, not a closing bracket (which ends a bracket, not a block).
+_LINE_RE = re.compile(r"^([ \t]*)[^ \t\n#)\]}]", re.M)
+_TOP_RE = re.compile(r"\n(?=[^ \t\n#)\]}])")  # a newline before a column-0 statement (literal-first)
+_TOP_NAME_RE = re.compile(
+    r"(?:(?:async[ \t]+)?def|class)[ \t]+(\w+)|(\w+)[ \t]*(?::[^=\n]*)?=(?!=)[ \t]*([\[{(\"'])?"
+)
+
+
+@dataclass(frozen=True)
+class RawEdge:
+    """One reference from a file: an import or a qualname string, with its context."""
+
+    line: int
+    kind: EdgeKind  # import / nested-import / string (registry/package are decided later)
+    target: str  # dotted name as written (relative imports resolved)
+    names: tuple[str, ...] = ()  # `from target import names` (possible submodules)
+    in_function: bool = False
+    guards: tuple[str, ...] = ()  # conditions of the `if`/`elif` blocks around it: "use_v4", "is_vllm()"
+    key: str | None = None  # dict key when the string is a table entry
+    prefix: bool = False  # f-string prefix: every module under target
+    owner: str = ""  # the top-level def/class/assignment it belongs to ("": other module-level code)
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    edges: tuple[RawEdge, ...]
+    # Outside atom/plugin/: calls ATOM's plugin-mode switch (_set_framework_backbone, prepare_model*).
+    sets_framework: bool
+    # In atom/plugin/ only: top-level owners that call _set_framework_backbone, and for each
+    # top-level owner the identifiers it mentions (which functions and imports it can run).
+    switch_owners: tuple[str, ...] = ()
+    refs: tuple[tuple[str, frozenset[str]], ...] = ()
+    # Top-level assignments of a literal (`TABLE = {...}`): their strings are data, used when named.
+    data_owners: frozenset[str] = frozenset()
+
+
+def _imports(text: str) -> Iterable[re.Match[str]]:
+    """`_IMPORT_RE` matches, found from the word `import` (a literal scan, much faster than `^`)."""
+    seen = -1
+    pos = text.find("import", 0)
+    while pos >= 0:
+        start = text.rfind("\n", 0, pos) + 1
+        if start != seen:
+            seen = start
+            m = _IMPORT_RE.match(text, start)
+            if m is not None:
+                yield m
+        pos = text.find("import", pos + 6)
+
+
+def _key_before(text: str, quote: int) -> str | None:
+    """The dict key of a `"key": "value"` entry whose value's opening quote is at `quote`."""
+    w = text[max(0, quote - 160) : quote].rstrip()
+    if w.endswith("("):
+        w = w[:-1].rstrip()
+    if not w.endswith(":"):
+        return None
+    w = w[:-1].rstrip()
+    if not w or w[-1] not in "\"'":
+        return None
+    start = w.rfind(w[-1], 0, len(w) - 1)
+    key = w[start + 1 : -1]
+    return key if start >= 0 and re.fullmatch(r"[\w.\-]+", key) else None
+
+
+def _quals(text: str) -> Iterable[re.Match[str]]:
+    """`_QUAL_RE` matches, found from the literal `atom.` right after a quote."""
+    pos = text.find("atom.", 1)
+    while pos >= 0:
+        if text[pos - 1] in "\"'":
+            m = _QUAL_RE.match(text, pos)
+            if m is not None:
+                yield m
+        pos = text.find("atom.", pos + 5)
+
+
+class _Lines:
+    """Block structure by indentation, computed per top-level statement and only where asked."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._tops: list[int] | None = None
+
+    @property
+    def tops(self) -> list[int]:
+        """Starts of the statements at column 0 (computed on first use)."""
+        if self._tops is None:
+            first = [0] if self.text[:1] and self.text[0] not in " \t\n#)]}" else []
+            self._tops = first + [m.start() + 1 for m in _TOP_RE.finditer(self.text)]
+        return self._tops
+
+    def top_of(self, offset: int) -> int:
+        return bisect.bisect_right(self.tops, offset) - 1
+
+    def header(self, start: int) -> str:
+        end = self.text.find("\n", start)
+        return self.text[start : end if end >= 0 else len(self.text)]
+
+    def _enclosing(self, lo: int, offset: int, indent: int) -> int:
+        """Start of the last line in [lo, offset) indented less than `indent`, or -1."""
+        pat = _LESS.get(indent)
+        if pat is None:
+            pat = _LESS[indent] = re.compile(rf"^[ \t]{{0,{indent - 1}}}[^ \t\n#)\]}}]", re.M)
+        last = -1
+        for m in pat.finditer(self.text, lo, offset):
+            last = m.start()
+        return last
+
+    def context(self, offset: int) -> tuple[bool, tuple[str, ...], str]:
+        """(inside a function?, `if COND:` conditions around it, its top-level owner name)."""
+        t = self.top_of(offset)
+        if t < 0:
+            return False, (), ""
+        lo = self.tops[t]
+        owner = self.owner_name(t)
+        line_start = self.text.rfind("\n", 0, offset) + 1
+        line = self.header(line_start)
+        indent = len(line) - len(line.lstrip(" \t"))
+        in_fn = False
+        guards: list[str] = []
+        pos = line_start
+        while indent > 0 and pos > lo:
+            j = self._enclosing(lo, pos, indent)
+            if j < 0:
+                break
+            h = self.header(j)
+            stripped = h.lstrip(" \t")
+            if stripped.startswith(("def ", "async def ")):
+                in_fn = True
+            elif stripped.startswith(("if ", "elif ")):
+                g = _GUARD_RE.match(stripped)
+                if g:
+                    guards.append(g.group(1))
+            indent, pos = len(h) - len(stripped), j
+        return in_fn, tuple(guards), owner
+
+    def owner_name(self, t: int) -> str:
+        """def/class name, `NAME` of `NAME = <literal>`, or "" (code that runs at import)."""
+        m = _TOP_NAME_RE.match(self.text, self.tops[t])
+        if m is None:
+            return ""
+        if m.group(1):
+            return m.group(1)
+        return m.group(2) if m.group(3) else ""
+
+
+_LESS: dict[int, re.Pattern[str]] = {}
+
+
+class _LineNumbers:
+    """Line numbers of increasing offsets, counted incrementally."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.pos, self.line = text, 0, 1
+
+    def __call__(self, offset: int) -> int:
+        if offset < self.pos:
+            self.pos, self.line = 0, 1
+        self.line += self.text.count("\n", self.pos, offset)
+        self.pos = offset
+        return self.line
+
+
+def summarize(data: bytes, path: str) -> FileSummary:
+    """Every import and ATOM qualname string of one file."""
+    text = data.decode("utf-8", "replace")
+    module = module_of(path) or ""
+    is_pkg = path.endswith("__init__.py")
+    lines = _Lines(text)
+    line_no = _LineNumbers(text)
+    # Only some files need the block structure: the rules read guards, function bodies in the
+    # speculative-decoding package and top-level owners in plugin code. Elsewhere skip it.
+    needs = (
+        path.startswith((PLUGIN_PACKAGE, SPEC_DECODE_PACKAGE))
+        or path == SELECTOR_PATH
+        or any(g in text for g in PLUGIN_GUARDS)
+    )
+
+    def context(offset: int) -> tuple[bool, tuple[str, ...], str]:
+        return lines.context(offset) if needs else (False, (), "")
+
+    edges: list[RawEdge] = []
+    for m in _imports(text):
+        indent, dots, target, names, plain = m.groups()
+        n = line_no(m.start())
+        if plain is not None:
+            if "atom" not in plain:
+                continue
+        elif not (target.startswith("atom") or dots):
+            continue
+        in_fn, guards, owner = context(m.start())
+        kind: EdgeKind = "nested-import" if indent else "import"
+        if plain is not None:
+            for part in plain.split("#")[0].split(","):
+                name = part.strip().split(" as ")[0].strip()
+                if name == "atom" or name.startswith("atom."):
+                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner))
+            continue
+        base = resolve_relative(module, is_pkg, len(dots), target or None) if dots else target
+        if not base or not (base == "atom" or base.startswith("atom.")):
+            continue
+        listed = [x.strip().split(" as ")[0].strip() for x in re.sub(r"#[^\n]*", "", names).split(",")]
+        clean = tuple(x.strip("()\\ \t\n") for x in listed)
+        edges.append(
+            RawEdge(n, kind, base, tuple(x for x in clean if x.isidentifier()), in_fn, guards, owner=owner)
+        )
+    line_no = _LineNumbers(text)
+    for m in _quals(text):
+        qual = m.group(0)
+        # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
+        end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
+        in_fn, guards, owner = context(m.start())
+        key = _key_before(text, m.start() - 1)
+        edges.append(
+            RawEdge(
+                line_no(m.start()),
+                "string",
+                qual.replace(":", "."),
+                in_function=in_fn,
+                guards=guards,
+                key=key,
+                prefix=end == ".{",
+                owner=owner,
+            )
+        )
+    if not path.startswith(PLUGIN_PACKAGE):
+        sets = ("_set_framework_backbone" in text or "prepare_model" in text) and (
+            _SETS_FRAMEWORK_RE.search(text) is not None
+        )
+        return FileSummary(tuple(edges), sets)
+    switch = (
+        {lines.context(m.start())[2] for m in _SWITCH_RE.finditer(text)}
+        if "_set_framework_backbone(" in text
+        else set()
+    )
+    # The names each top-level statement mentions, among the file's own top-level names and the
+    # names it imports (a substring test: a false mention only keeps more code on the path).
+    owners = [lines.owner_name(t) for t in range(len(lines.tops))]
+    candidates = {o for o in owners if o} | {x for e in edges for x in e.names}
+    refs: dict[str, set[str]] = {}
+    data_owners: set[str] = set()
+    for t, owner in enumerate(owners):
+        start = lines.tops[t]
+        chunk = text[start : lines.tops[t + 1] if t + 1 < len(lines.tops) else len(text)]
+        if owner and not chunk.startswith(("def ", "async def ", "class ", "@")):
+            data_owners.add(owner)
+        got = refs.setdefault(owner, set())
+        got.update(c for c in candidates if c in chunk and c != owner)
+    return FileSummary(
+        tuple(edges),
+        False,
+        tuple(sorted(switch)),
+        tuple((o, frozenset(r)) for o, r in sorted(refs.items())),
+        frozenset(data_owners),
+    )
+
+
+# -- the graph -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str  # path of the importing file
+    dst: str  # path of the file it runs
+    line: int
+    kind: EdgeKind
+    key: str | None = None  # registry key
+    raw: RawEdge | None = None
+
+    def how(self) -> str:
+        name = Path(self.src).name
+        return {
+            "import": f"import, {name}:{self.line}",
+            "nested-import": f"function-level import, {name}:{self.line}",
+            "string": f"qualname string, {name}:{self.line}",
+            "registry": f"registry entry {self.key}, {name}:{self.line}",
+            "package": f"package __init__, {name}:{self.line}",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class Excluded:
+    edge: Edge
+    rule: str  # rule id (other-architecture, use_v4, standalone, no-drafter)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the recipe says about the model that its path depends on."""
+
+    architecture: str
+    speculative: bool = False  # the server command sets --method (ATOM builds a drafter)
+
+    @property
+    def key(self) -> str:
+        return f"{self.architecture}:{int(self.speculative)}"
+
+
+def facts_from_command(architecture: str, command: Iterable[str]) -> ModelFacts:
+    spec = any(a == "--method" or a.startswith("--method=") for a in command)
+    return ModelFacts(architecture, speculative=spec)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The closure of one model at one ATOM tree, with the evidence for each verdict."""
+
+    atom_sha: str
+    tree_sha: str
+    facts: ModelFacts
+    model_module: str  # path of the model's file
+    registry_line: int
+    parents: dict[str, Edge | None]  # reached path -> the edge that first reached it (None: a root)
+    importers: dict[str, tuple[Edge, ...]]  # every edge into each file off the path
+    excluded: tuple[Excluded, ...]
+    followed: dict[str, int]  # edge kind -> edges followed
+    rules: dict[str, str]  # rule id -> what it rests on in this tree
+    files: frozenset[str] = frozenset()  # every ATOM Python file of the tree
+    seconds: float = 0.0
+
+    def on_path(self, path: str) -> bool:
+        """A file of the tree the closure does not reach is off; anything else is on (sound)."""
+        return path in self.parents or path not in self.files
+
+    def chain(self, path: str) -> list[Edge]:
+        out: list[Edge] = []
+        e = self.parents.get(path)
+        while e is not None and len(out) < 64:
+            out.append(e)
+            e = self.parents.get(e.src)
+        return list(reversed(out))
+
+    def evidence(self, path: str) -> str:
+        arch = self.facts.architecture
+        if path in self.parents:
+            chain = self.chain(path)
+            if not chain:
+                return f"{path} is where {arch}'s path starts"
+            steps = [chain[0].src] + [f"{e.dst} ({e.how()})" for e in chain]
+            return f"{arch} reaches {path}: " + " -> ".join(steps)
+        if self.on_path(path):
+            return f"{path} is not a Python file of ATOM {self.atom_sha[:10]}: counted as on the path"
+        ins = self.importers.get(path, ())
+        rule_of = {(x.edge.src, x.edge.line, x.edge.dst): x.rule for x in self.excluded}
+        # One entry per importing file and reason, its lines together.
+        groups: dict[tuple[str, str], list[int]] = {}
+        for e in ins:
+            rule = rule_of.get((e.src, e.line, e.dst))
+            if e.kind == "registry":
+                why = f"the registry entry for {e.key}"
+            elif rule:
+                why = _RULE_SHORT[rule]
+            else:
+                why = "itself off the path"
+            lines = groups.setdefault((e.src, why), [])
+            if e.line not in lines:
+                lines.append(e.line)
+        if not groups:
+            return f"nothing in ATOM {self.atom_sha[:10]} imports or names {path}"
+        parts = []
+        for (src, why), lines in groups.items():
+            at = f"{src}:{','.join(map(str, sorted(lines)))}"
+            parts.append(f"{why} ({at})" if why.startswith("the registry") else f"{at} ({why})")
+        return f"{path} is imported only by " + "; ".join(parts) + f": none is on {arch}'s path"
+
+    def edges_summary(self) -> str:
+        f = ", ".join(f"{n} {k}" for k, n in sorted(self.followed.items()))
+        counts: dict[str, int] = {}
+        for x in self.excluded:
+            counts[x.rule] = counts.get(x.rule, 0) + 1
+        ex = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
+        return f"{len(self.parents)} ATOM files on the path; edges followed: {f}; not followed: {ex}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "architecture": self.facts.architecture,
+            "speculative": self.facts.speculative,
+            "model_module": self.model_module,
+            "atom": self.atom_sha,
+            "tree": self.tree_sha,
+            "files_on_path": len(self.parents),
+            "followed": dict(self.followed),
+            "rules": dict(self.rules),
+        }
+
+
+_RULE_SHORT = {
+    "other-architecture": "another architecture's registry entry",
+    "use_v4": "under `if use_v4:`, false for this model",
+    "standalone": "plugin mode only, the server runs ATOM standalone",
+    "plugin-only": "in plugin code nothing on the path runs (vLLM/SGLang call it)",
+    "no-drafter": "speculative decoding only, the recipe sets no --method",
+}
+
+
+class ReachError(SourceError):
+    """ATOM's tree does not show what the closure needs (registry, entry point)."""
+
+
+_REGISTRY_USE_RE = re.compile(r"(\w+)\[[\w.]*architectures\[0\]\]")
+
+
+def model_registry(text: str) -> dict[str, tuple[str, int]] | None:
+    """{architecture: (qualname, line)} of the dict model_runner.py indexes with architectures[0]."""
+    use = _REGISTRY_USE_RE.search(text)
+    if use is None:
+        return None
+    name = use.group(1)
+    start = re.search(rf"^{re.escape(name)}[ \t]*(?::[^=\n]*)?=[ \t]*\{{", text, re.M)
+    if start is None:
+        return None
+    end = re.compile(r"^\}", re.M).search(text, start.end())
+    if end is None:
+        return None
+    body = text[start.end() : end.start()]
+    first_line = text.count("\n", 0, start.end()) + 1
+    entries: dict[str, tuple[str, int]] = {}
+    for m in re.finditer(r"""["'](\w+)["'][ \t]*:[ \t]*\(?\s*["']([\w.:]+)["']""", body):
+        entries[m.group(1)] = (m.group(2), first_line + body.count("\n", 0, m.start()))
+    return entries
+
+
+class _Tree:
+    def __init__(self, blobs: dict[str, str], summaries: dict[str, FileSummary]) -> None:
+        self.blobs = blobs
+        self.mods = module_files(blobs)
+        self.summaries = summaries
+
+    def path_of(self, dotted: str) -> str | None:
+        """The file a dotted name runs: the longest prefix that is a module."""
+        parts = dotted.split(".")
+        while parts:
+            p = self.mods.get(".".join(parts))
+            if p is not None:
+                return p
+            parts.pop()
+        return None
+
+    def edges(self, path: str, registry: dict[str, tuple[str, int]]) -> list[Edge]:
+        out: list[Edge] = []
+        summary = self.summaries.get(path)
+        for r in summary.edges if summary else ():
+            if r.kind == "string" and r.prefix:
+                prefix = r.target + "."
+                out += [
+                    Edge(path, p, r.line, "string", raw=r)
+                    for m, p in self.mods.items()
+                    if m.startswith(prefix)
+                ]
+                continue
+            kind: EdgeKind = r.kind
+            if path == REGISTRY_PATH and r.kind == "string" and r.key in registry:
+                kind = "registry"
+            dst = self.path_of(r.target)
+            if dst is not None:
+                out.append(Edge(path, dst, r.line, kind, r.key if kind == "registry" else None, r))
+            parts = r.target.split(".")
+            for depth in range(1, len(parts)):
+                pkg = self.mods.get(".".join(parts[:depth]))
+                if pkg is not None and pkg.endswith("__init__.py") and pkg != dst:
+                    out.append(Edge(path, pkg, r.line, "package", raw=r))
+            for n in r.names:
+                sub = self.mods.get(f"{r.target}.{n}")
+                if sub is not None:
+                    out.append(Edge(path, sub, r.line, kind, raw=r))
+        return out
+
+
+def _rules(texts: dict[str, str], facts: ModelFacts) -> dict[str, str]:
+    """The exclusion rules this tree supports for this model: {rule id: the text it rests on}."""
+    rules = {"other-architecture": f"only {facts.architecture}'s entry of the model registry is dispatched"}
+    runner = texts.get(REGISTRY_PATH, "")
+    if (
+        "DeepseekV4" not in facts.architecture
+        and re.search(r"self\.use_v4\s*=\s*self\.is_deepseek_v4\(\)", runner)
+        and re.search(r"""["']DeepseekV4["']\s+in\s+str\(a\)""", runner)
+        and re.search(r"use_v4\s*=\s*self\.use_v4", runner)
+    ):
+        rules["use_v4"] = (
+            "ModelRunner passes use_v4 = is_deepseek_v4() to the attention selector, true for an "
+            f"architecture containing 'DeepseekV4' (or a deepseek_v4 model_type): not {facts.architecture}"
+        )
+    if re.search(r"""^_CURRENT_FRAMEWORK\s*=\s*["']atom["']""", texts.get(PREPARE_PATH, ""), re.M):
+        rules["standalone"] = (
+            "atom/plugin/prepare.py starts with _CURRENT_FRAMEWORK = 'atom' and only the plugin entry "
+            "functions (those calling _set_framework_backbone, which vLLM/SGLang/RTP-LLM call) switch "
+            "it: under the openai_server entry point is_vllm()/is_sglang()/is_rtpllm()/is_plugin_mode() "
+            "are false and those functions do not run"
+        )
+    sel = texts.get(SELECTOR_PATH, "")
+    if "standalone" in rules and "use_sglang=is_sglang()" in sel and "use_vllm=is_vllm()" in sel:
+        rules["standalone-selector"] = (
+            "the attention selector's use_vllm/use_sglang are is_vllm()/is_sglang()"
+        )
+    if (
+        not facts.speculative
+        and re.search(r"if self\.method and self\.num_speculative_tokens > 0", texts.get(ARG_UTILS_PATH, ""))
+        and re.search(r"self\.drafter = \w+\(", runner)
+    ):
+        rules["no-drafter"] = (
+            "the recipe's server command sets no --method, and ATOM makes a speculative config (and "
+            "builds a drafter) only with one (arg_utils.py)"
+        )
+    return rules
+
+
+def _exclusion(e: Edge, rules: dict[str, str], facts: ModelFacts, model_path: str) -> str | None:
+    if e.kind == "registry":
+        return None if e.key == facts.architecture or e.dst == model_path else "other-architecture"
+    r = e.raw
+    if r is None:
+        return None
+    if "use_v4" in rules and e.src == SELECTOR_PATH and r.kind == "string" and "use_v4" in r.guards:
+        return "use_v4"
+    if "standalone" in rules and any(g in PLUGIN_GUARDS for g in r.guards):
+        return "standalone"
+    if (
+        "standalone-selector" in rules
+        and e.src == SELECTOR_PATH
+        and {"use_vllm", "use_sglang"} & set(r.guards)
+    ):
+        return "standalone"
+    if (
+        "no-drafter" in rules
+        and e.src.startswith(SPEC_DECODE_PACKAGE)
+        and (r.kind == "string" or r.in_function)
+    ):
+        return "no-drafter"
+    return None
+
+
+def compute_reach(
+    atom: GitRepo,
+    atom_rev: str,
+    facts: ModelFacts,
+    *,
+    cache_dir: Path | None = None,
+) -> Reach:
+    """The ATOM files the server entry point plus `facts.architecture`'s module can run."""
+    t0 = time.perf_counter()
+    atom_sha = atom.rev_parse(atom_rev)
+    if atom_sha is None:
+        raise SourceError(f"ATOM ref {atom_rev!r} is not a commit in {atom.path}.")
+    tree_sha = atom.git("rev-parse", f"{atom_sha}^{{tree}}")
+    # One small cache file per ATOM tree (its results per model), one for the per-file summaries.
+    results = SummaryCache.open(f"reach-v{SUMMARY_SCHEMA}-{tree_sha[:16]}", cache_dir)
+    got = results.data.get(facts.key)
+    if isinstance(got, Reach):
+        return replace(got, atom_sha=atom_sha, seconds=time.perf_counter() - t0)
+    files = SummaryCache.open(f"reach-files-v{SUMMARY_SCHEMA}", cache_dir)
+    blobs = atom.blob_shas(atom_sha, prefix="atom", suffix=".py")
+    project = atom.git("ls-tree", atom_sha, "pyproject.toml").split()
+    want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
+    if len(project) >= 3:
+        want["pyproject.toml"] = project[2]
+    missing = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in files.data}
+    data = atom.cat_blobs(sorted(missing | set(want.values())))
+    summaries: dict[str, FileSummary] = {}
+    for p, sha in blobs.items():
+        got_summary = files.data.get(f"{sha}:{p}")
+        if not isinstance(got_summary, FileSummary):
+            got_summary = files.data[f"{sha}:{p}"] = summarize(data[sha], p)
+            files.dirty = True
+        summaries[p] = got_summary
+    texts = {p: data[sha].decode("utf-8", "replace") for p, sha in want.items()}
+    reach = closure(_Tree(blobs, summaries), texts, facts, atom_sha, tree_sha)
+    reach = replace(reach, seconds=time.perf_counter() - t0)
+    results.data[facts.key] = reach
+    results.dirty = True
+    results.save()
+    files.save()
+    return reach
+
+
+def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str, tree_sha: str) -> Reach:
+    entry = tree.mods.get(ENTRY_POINT)
+    if entry is None:
+        raise ReachError(
+            f"ATOM {atom_sha[:10]} has no {ENTRY_POINT.replace('.', '/')}.py: the server entry point moved.",
+            hint="Update ENTRY_POINT in pipeline/compat/reach.py for this ATOM.",
+        )
+    entries = model_registry(texts.get(REGISTRY_PATH, ""))
+    if not entries:
+        raise ReachError(
+            f"ATOM {atom_sha[:10]}: no architecture -> model dict indexed by `architectures[0]` in "
+            f"{REGISTRY_PATH}; the model registry moved.",
+            hint="Update REGISTRY_PATH in pipeline/compat/reach.py for this ATOM.",
+        )
+    if facts.architecture not in entries:
+        raise ConfigError(
+            f"architecture {facts.architecture!r} is not in ATOM {atom_sha[:10]}'s model registry "
+            f"({REGISTRY_PATH}); it has: {', '.join(sorted(entries))}.",
+            hint="Fix `model.architecture` in the recipe (the `architectures` of the model's config.json).",
+        )
+    qual, reg_line = entries[facts.architecture]
+    model_path = tree.path_of(qual.replace(":", "."))
+    if model_path is None:
+        raise ReachError(
+            f"ATOM {atom_sha[:10]}'s registry maps {facts.architecture} to {qual}, "
+            "which is no module in the tree."
+        )
+    graph = {p: tree.edges(p, entries) for p in tree.blobs}
+    rules = _rules(texts, facts)
+    host = _host_entries(tree, texts.get("pyproject.toml", ""))
+    while True:
+        walk = _Walk(graph, tree, rules, facts, model_path, host)
+        walk.run([model_path, entry])
+        # `standalone` holds only while no file on the path switches ATOM into plugin mode.
+        switch = sorted(p for p in walk.parents if p in tree.summaries and tree.summaries[p].sets_framework)
+        if "standalone" in rules and switch:
+            del rules["standalone"]
+            rules["standalone-dropped"] = f"{switch[0]} (on the path) switches ATOM into plugin mode"
+            continue
+        break
+    walk.unreached_plugin_code()
+    parents, excluded, followed = walk.parents, walk.excluded, walk.followed
+    # The result keeps edges without their raw context (smaller to cache).
+    bare: dict[int, Edge] = {}
+
+    def strip(e: Edge) -> Edge:
+        got = bare.get(id(e))
+        if got is None:
+            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
+        return got
+
+    # Evidence is needed for the files off the path only: who imports them.
+    importers: dict[str, list[Edge]] = {}
+    for es in graph.values():
+        for e in es:
+            if e.dst != e.src and e.dst not in parents:
+                importers.setdefault(e.dst, []).append(strip(e))
+    parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
+    excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
+    return Reach(
+        atom_sha=atom_sha,
+        tree_sha=tree_sha,
+        facts=facts,
+        model_module=model_path,
+        registry_line=reg_line,
+        parents=parents,
+        importers={k: tuple(v) for k, v in importers.items()},
+        excluded=tuple(excluded),
+        followed=followed,
+        rules=rules,
+        files=frozenset(tree.blobs),
+    )
+
+
+def _host_entries(tree: _Tree, pyproject: str) -> dict[str, set[str]]:
+    """{plugin file: top-level functions only a host framework runs}: the `vllm.*`/`sglang.*`
+    entry points of ATOM's pyproject.toml, and those that switch ATOM into plugin mode."""
+    out: dict[str, set[str]] = {}
+    try:
+        eps = tomllib.loads(pyproject).get("project", {}).get("entry-points", {})
+    except tomllib.TOMLDecodeError:
+        eps = {}
+    for group, items in eps.items():
+        if not group.startswith(("vllm.", "sglang.")) or not isinstance(items, dict):
+            continue
+        for ref in items.values():
+            mod, _, fn = str(ref).partition(":")
+            p = tree.mods.get(mod)
+            if p is not None and fn:
+                out.setdefault(p, set()).add(fn.split(".")[0])
+    for path, fs in tree.summaries.items():
+        if path.startswith(PLUGIN_PACKAGE) and fs.switch_owners:
+            out.setdefault(path, set()).update(o for o in fs.switch_owners if o)
+    return out
+
+
+class _Walk:
+    """Breadth-first closure.
+
+    Under `standalone`, a file in atom/plugin/ runs its import-time code, and only
+    those of its top-level functions, classes and literal tables that code on the
+    path names (imports by name, or mentions); a host framework's entry points never.
+    """
+
+    def __init__(
+        self,
+        graph: dict[str, list[Edge]],
+        tree: _Tree,
+        rules: dict[str, str],
+        facts: ModelFacts,
+        model_path: str,
+        entries: dict[str, set[str]],
+    ) -> None:
+        self.graph, self.tree, self.rules, self.facts = graph, tree, rules, facts
+        self.model_path = model_path
+        self.entries = entries
+        self.plugin = "standalone" in rules
+        self.parents: dict[str, Edge | None] = {}
+        self.followed: dict[str, int] = {}
+        self.excluded: list[Excluded] = []
+        self.live: dict[str, set[str]] = {}  # plugin file -> top-level owners whose code runs
+        self.queue: deque[tuple[str, str | None]] = deque()
+        self._by_owner: dict[str, dict[str, list[Edge]]] = {}
+        self._imported: dict[str, dict[str, list[str]]] = {}
+        self._refs: dict[str, dict[str, frozenset[str]]] = {}
+
+    def is_plugin(self, path: str) -> bool:
+        return self.plugin and path.startswith(PLUGIN_PACKAGE)
+
+    def run(self, roots: Sequence[str]) -> None:
+        for r in roots:
+            self.reach(r, None)
+        while self.queue:
+            path, owner = self.queue.popleft()
+            if not self.is_plugin(path):
+                for e in self.graph.get(path, ()):
+                    self.follow(e)
+                continue
+            for e in self.owner_edges(path).get(owner or "", ()):
+                self.follow(e)
+            refs = self.refs(path)
+            # Import-time code; a literal table's names count once the table is named (data, not calls).
+            self.mention(path, refs.get(owner or "", frozenset()))
+
+    def refs(self, path: str) -> dict[str, frozenset[str]]:
+        got = self._refs.get(path)
+        if got is None:
+            got = dict(self.tree.summaries[path].refs)
+            self._refs[path] = got
+        return got
+
+    def reach(self, path: str, via: Edge | None) -> None:
+        if path not in self.parents:
+            self.parents[path] = via
+            self.queue.append((path, None))
+            for owner in self.live.get(path, set()):
+                self.queue.append((path, owner))
+
+    def mention(self, path: str, names: Iterable[str]) -> None:
+        """`names` are used by code of `path` that runs: their definitions and imports run too."""
+        refs = self.refs(path)
+        imported = self._imports_of(path)
+        for n in names:
+            if n in refs:
+                self.make_live(path, n)
+            for dst in imported.get(n, ()):
+                self.make_live(dst, n)
+
+    def make_live(self, path: str, owner: str) -> None:
+        if not self.is_plugin(path) or not owner:
+            return
+        if owner in self.entries.get(path, ()):
+            return  # a host framework's entry point: the standalone server never calls it
+        got = self.live.setdefault(path, set())
+        if owner in got:
+            return
+        got.add(owner)
+        if path in self.parents:
+            self.queue.append((path, owner))
+
+    def follow(self, e: Edge) -> None:
+        rule = _exclusion(e, self.rules, self.facts, self.model_path)
+        if rule is not None:
+            self.excluded.append(Excluded(e, rule))
+            return
+        self.followed[e.kind] = self.followed.get(e.kind, 0) + 1
+        r = e.raw
+        if self.is_plugin(e.dst) and e.kind != "package":
+            if r is not None and r.kind != "string" and r.names and self.tree.mods.get(r.target) == e.dst:
+                self.mention(e.dst, r.names)  # `from X import a, b`: a and b
+            else:
+                for owner in self.refs(e.dst):  # the module object escapes (import X, a qualname)
+                    self.make_live(e.dst, owner)
+        self.reach(e.dst, e)
+
+    def owner_edges(self, path: str) -> dict[str, list[Edge]]:
+        got = self._by_owner.get(path)
+        if got is None:
+            got = {}
+            for e in self.graph.get(path, ()):
+                got.setdefault(e.raw.owner if e.raw else "", []).append(e)
+            self._by_owner[path] = got
+        return got
+
+    def _imports_of(self, path: str) -> dict[str, list[str]]:
+        got = self._imported.get(path)
+        if got is None:
+            got = {}
+            for e in self.graph.get(path, ()):
+                if e.raw is not None and e.raw.names and self.tree.mods.get(e.raw.target) == e.dst:
+                    for n in e.raw.names:
+                        got.setdefault(n, []).append(e.dst)
+            self._imported[path] = got
+        return got
+
+    def unreached_plugin_code(self) -> None:
+        """Record the edges of plugin code that never runs, as excluded by `plugin-only`."""
+        for path in self.parents:
+            if not self.is_plugin(path):
+                continue
+            live = self.live.get(path, set())
+            for owner, es in self.owner_edges(path).items():
+                if owner and owner not in live:
+                    self.excluded += [Excluded(e, "plugin-only") for e in es]
+
+
+# -- applying it to a check --------------------------------------------------------
+
+
+def apply_reach(report: CheckReport, reach: Reach) -> CheckReport:
+    """Every finding tagged on-path/off-path; off-path errors become warnings carrying the evidence."""
+    out: list[Finding] = []
+    for f in report.findings:
+        ev = reach.evidence(f.path)
+        if reach.on_path(f.path):
+            out.append(replace(f, reach="on-path", reach_evidence=ev))
+        elif f.severity == "error":
+            out.append(
+                replace(
+                    f,
+                    severity="warning",
+                    reach="off-path",
+                    reach_evidence=ev,
+                    message=f"off {reach.facts.architecture}'s path ({ev}): {f.message}",
+                )
+            )
+        else:
+            out.append(replace(f, reach="off-path", reach_evidence=ev))
+    return replace(report, findings=out)
+
+
+@dataclass(frozen=True)
+class WaiverNote:
+    path: str
+    function: str
+    status: Literal["unnecessary", "unused"]
+    message: str
+
+
+def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNote]:
+    """Why each unused waiver matched no error: its call is off the path, or there is none."""
+    notes = []
+    for w in unused:
+        path, function = str(getattr(w, "path", "")), str(getattr(w, "function", ""))
+        hit = next((f for f in report.findings if f.path == path and f.function == function), None)
+        if hit is not None and hit.reach == "off-path":
+            msg = (
+                f"recipe waiver for {function} in {path} is unnecessary: the call is off the model's path "
+                f"({hit.reach_evidence}); remove it"
+            )
+            notes.append(WaiverNote(path, function, "unnecessary", msg))
+        else:
+            msg = f"recipe waiver for {function} in {path} matches no finding: remove it"
+            notes.append(WaiverNote(path, function, "unused", msg))
+    return notes
+
+
+@dataclass(frozen=True)
+class ModelGate:
+    """A check report as it gates one model: reach-tagged, waivers applied, with what to tell."""
+
+    report: CheckReport
+    reach: Reach | None
+    waived: int
+    off_path: int  # errors that are warnings because their call is off the model's path
+    notes: tuple[WaiverNote, ...]
+    warnings: tuple[str, ...]  # e.g. "no architecture in the recipe: every finding gates"
+
+
+def gate_model(
+    report: CheckReport,
+    atom: GitRepo,
+    recipe: object,
+    *,
+    cache_dir: Path | None = None,
+    waivers: bool = True,
+) -> ModelGate:
+    """Tag each finding with the model's reach, make off-path errors warnings, then apply waivers.
+
+    `recipe` is a `pipeline.recipe.Recipe` (duck-typed here: compat does not import recipes).
+    """
+    from pipeline.compat.waivers import apply_waivers
+
+    model = getattr(recipe, "model", None)
+    arch = getattr(model, "architecture", None)
+    warnings: list[str] = []
+    reach = None
+    before = len(report.errors)
+    if arch:
+        command = getattr(getattr(recipe, "server", None), "command", ())
+        try:
+            reach = compute_reach(
+                atom, report.atom_sha, facts_from_command(arch, command), cache_dir=cache_dir
+            )
+        except ReachError as e:  # when unsure, everything is on the path
+            warnings.append(f"reachability not computed ({e.message}): every finding gates")
+        else:
+            report = apply_reach(report, reach)
+    else:
+        warnings.append(
+            f"recipe {getattr(recipe, 'name', '?')} states no model.architecture: reachability not "
+            "computed, every finding gates"
+        )
+    off_path = before - len(report.errors)
+    listed = tuple(getattr(getattr(recipe, "compat", None), "waive", ())) if waivers else ()
+    report, unused = apply_waivers(report, listed)
+    notes = tuple(waiver_notes(report, unused))
+    return ModelGate(report, reach, len(listed) - len(unused), off_path, notes, tuple(warnings))
