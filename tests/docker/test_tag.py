@@ -224,17 +224,7 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
 
     def run(world: World, image: str) -> Any:
-        return tag_verified(
-            engine,
-            image=image,
-            verdict_path=world.verdict_path,
-            lock=world.lock_path,
-            recipe_path=None,
-            settings=world.settings(registry=registry.host, repository=repo),
-            registry=None,
-            log=Logger(stream=io.StringIO()),
-            env={},
-        )
+        return _tag_run(engine, world, image, registry, repo, push_latest=False)
 
     first = run(world_a, image_a)
     assert client.manifest_digest(repo, verified) == first.digest
@@ -254,8 +244,11 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
         return real_put(self, *a, **kw)
 
     monkeypatch.setattr(RegistryClient, "put_manifest", stop_then_put)
+    start = time.monotonic()
     with pytest.raises(InfraError) as e:
         run(world_b, image_b)
+    print(f"FAULT | registry stopped before the moving PUTs (stays down) | exit 11, state unknown | "
+          f"moving tags untouched | {time.monotonic() - start:.2f} s")
     monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
     assert events == ["stopped"]
     assert "moving the tags" in str(e.value)
@@ -386,7 +379,14 @@ def test_cosign_attests_the_pushed_digest(
 
 
 def _tag_run(
-    engine: Engine, world: World, image: str, registry: Registry, repo: str, **kw: Any
+    engine: Engine,
+    world: World,
+    image: str,
+    registry: Registry,
+    repo: str,
+    *,
+    push_latest: bool = True,
+    **kw: Any,
 ) -> Any:
     return tag_verified(
         engine,
@@ -394,7 +394,7 @@ def _tag_run(
         verdict_path=world.verdict_path,
         lock=world.lock_path,
         recipe_path=None,
-        settings=world.settings(registry=registry.host, repository=repo, push_latest=True),
+        settings=world.settings(registry=registry.host, repository=repo, push_latest=push_latest),
         registry=None,
         log=Logger(stream=io.StringIO()),
         env={},
@@ -422,7 +422,10 @@ def test_an_older_release_never_moves_the_moving_tags_back(
     assert main(_tag_args(newer, image_new, registry, repo, "--push-latest", "--json")) == 0
     digest_new = json.loads(capsys.readouterr().out)["digest"]
     # re-running the older verdict after the newer release: refused before anything is pushed
+    start = time.monotonic()
     assert main(_tag_args(older, image_old, registry, repo, "--push-latest")) == ExitCode.TAG
+    print(f"FAULT | tag an older verdict after a newer release | exit 10 | nothing pushed | "
+          f"{time.monotonic() - start:.2f} s")
     err = capsys.readouterr().err
     assert "backwards" in err and "2026-06-30T10:00:00Z" in err and "--allow-older" in err
     tags = client.tags(repo)
@@ -475,7 +478,10 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
         return got
 
     monkeypatch.setattr(RegistryClient, "put_manifest", stored_then_killed)
+    start = time.monotonic()
     result = _tag_run(engine, world_b, image_b, registry, repo)
+    print(f"FAULT | registry killed during the PUT of a moving tag (back after 2 s) | exit 0, "
+          f"{result.state} | no split | {time.monotonic() - start:.2f} s")
     monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
     assert events == ["killed"] and result.state == "finished"
     assert result.digest != first.digest and result.moved == [f"{MODEL}-verified", "latest"]
@@ -508,7 +514,10 @@ def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_
     link.write_text("")  # what the killed push left
     status = _head_status(registry, repo, f"{MODEL}-verified")
     assert status == 500
+    start = time.monotonic()
     second = _tag_run(engine, world, image, registry, repo)
+    print(f"FAULT | manifest answering HTTP 500 (empty revision link) | exit 0, repaired | - | "
+          f"{time.monotonic() - start:.2f} s")
     assert second.digest == first.digest and second.pushed  # pushed again: that is the repair
     assert _head_status(registry, repo, f"{MODEL}-verified") == 200
     assert _head_status(registry, repo, first.immutable_ref.rsplit(":", 1)[1]) == 200
