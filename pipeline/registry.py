@@ -124,12 +124,6 @@ class ImageRef:
         """What to ask the registry for: the digest if any, else the tag, else ``latest``."""
         return self.digest or self.tag or "latest"
 
-    def with_tag(self, tag: str) -> ImageRef:
-        return ImageRef(self.registry, self.repository, tag, None)
-
-    def with_digest(self, digest: str) -> ImageRef:
-        return ImageRef(self.registry, self.repository, None, digest)
-
     def __str__(self) -> str:
         out = self.name
         if self.tag:
@@ -744,8 +738,3 @@ def _docker_config_only(registry: str, env: Mapping[str, str]) -> Credentials | 
         return credentials_for(registry, scrubbed)
     except UsageError:
         return None
-
-
-def registry_credentials_env_names() -> tuple[str, ...]:
-    """The environment variables that may hold registry secrets (for masking)."""
-    return tuple(p for _, p in _ENV_PAIRS)
