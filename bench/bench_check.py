@@ -1,15 +1,17 @@
-"""Benchmark: `pipeline check` for one ATOM × aiter pair, whole ATOM tree against all of aiter.
+"""Benchmark: a whole `pipeline check` process on one ATOM × aiter pair, beside a real peer.
 
-Runs each measurement in a fresh Python process (cold = empty cache dir,
-warm = the cache the cold run left), on the real mirrors when present
-(/work/.mirror/ROCm+ATOM/repo, /work/.mirror/ROCm+aiter/repo; override with
-ATOM_MIRROR/AITER_MIRROR), else on the fixture repositories.
+Each run is a fresh `python -m pipeline check ...` process: cold (empty cache dir), then warm
+(the cache the cold run left). Figures: wall time, CPU time (with git and the scan workers),
+peak memory summed over the process tree. On the real mirrors when present
+(/work/.mirror/ROCm+ATOM/repo, /work/.mirror/ROCm+aiter/repo; ATOM_MIRROR / AITER_MIRROR),
+else on the fixture repositories (then no peer runs).
 
-Targets (the issue): ≤ 1.0 s cold, ≤ 0.1 s warm, ≤ 300 MB.
-Named baseline (the issue, not re-measured here: it needs torch installed):
-mypy --check-untyped-defs with torch installed on the same pair: about 15 s.
+Targets (issue 12 §5): cold ≤ 1.0 s, warm ≤ 0.1 s, peak ≤ 300 MB counting workers.
+Peer, in the same run: willitbreak (PyPI) on the same ATOM tree and the same two aiter trees
+(the aiter the calls were written against -> the pinned one), fed by `git archive`; griffe's
+breaking-change finder on the two aiter trees; mypy only as the issue's printed reference.
 
-    python bench/bench_check.py [--atom REF] [--aiter REF] [--runs N]
+    python bench/bench_check.py [--atom REF] [--aiter REF] [--runs N] [--no-peers]
 """
 
 from __future__ import annotations
@@ -18,62 +20,35 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MYPY_BASELINE_S = 15.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import (  # (run as a script from anywhere: bench/ is on the path)
+    AITER_MIRROR,
+    ATOM_MIRROR,
+    MYPY_REFERENCE_S,
+    ROOT,
+    Run,
+    bytecode_env,
+    griffe_breakages,
+    interpreter_floor,
+    measure,
+    scratch,
+    willitbreak,
+)
+
 TARGET_COLD_S, TARGET_WARM_S, TARGET_MB = 1.0, 0.1, 300.0
 
-CHILD = r"""
-import json, resource, sys, time
-t0 = time.perf_counter()
-c0 = time.process_time()
-from pathlib import Path
-from pipeline.gitw import GitRepo
-from pipeline.compat import run_check
-t_import = time.perf_counter() - t0
-atom, aiter, atom_rev, aiter_rev, cache = sys.argv[1:6]
-t1 = time.perf_counter()
-c1 = time.process_time()
-ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-r = run_check(GitRepo(atom), atom_rev, GitRepo(aiter), aiter_rev, cache_dir=Path(cache))
-t2 = time.perf_counter()
-ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-children_cpu = (ch1.ru_utime + ch1.ru_stime) - (ch0.ru_utime + ch0.ru_stime)
-print(json.dumps({
-    "check_s": t2 - t1,
-    "import_s": t_import,
-    "cpu_s": time.process_time() - c1 + children_cpu,
-    "rss_mb": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, ch1.ru_maxrss) / 1024,
-    "errors": len(r.errors), "warnings": len(r.warnings),
-    "checked": r.calls_checked, "unchecked": r.calls_unchecked,
-}))
-"""
 
-
-def run_child(atom: str, aiter: str, atom_rev: str, aiter_rev: str, cache: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, atom, aiter, atom_rev, aiter_rev, str(cache)],
-        env=env, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
-def repos() -> tuple[str, str, str, str, str]:
-    atom = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-    aiter = os.environ.get("AITER_MIRROR", "/work/.mirror/ROCm+aiter/repo")
-    if Path(atom).exists() and Path(aiter).exists():
-        return atom, aiter, "ab9eb781", "08f04b889a", "real mirrors"
+def repos() -> tuple[str, str, str, str, bool]:
+    if Path(ATOM_MIRROR).exists() and Path(AITER_MIRROR).exists():
+        return ATOM_MIRROR, AITER_MIRROR, "ab9eb781", "08f04b889a", True
     sys.path.insert(0, str(ROOT))
     from tests.fixtures.compat_repos import build_compat_repos
 
-    fx = build_compat_repos(Path(tempfile.mkdtemp(prefix="bench-compat-")) / "fx")
-    return str(fx.atom), str(fx.aiter), fx.t["T1"], fx.a["A4"], "fixture repositories (no mirrors here)"
+    fx = build_compat_repos(scratch("bench-compat-") / "fx")
+    return str(fx.atom), str(fx.aiter), fx.t["T1"], fx.a["A4"], False
 
 
 def main() -> None:
@@ -81,44 +56,85 @@ def main() -> None:
     ap.add_argument("--atom")
     ap.add_argument("--aiter")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
-    atom, aiter, atom_rev, aiter_rev, what = repos()
-    atom_rev = args.atom or atom_rev
-    aiter_rev = args.aiter or aiter_rev
-    print(f"pipeline check: ATOM {atom_rev} × aiter {aiter_rev} on {what}")
+    atom, aiter, atom_rev, aiter_rev, real = repos()
+    atom_rev, aiter_rev = args.atom or atom_rev, args.aiter or aiter_rev
+    tmp = scratch("bench-check-")
+    env = bytecode_env(tmp)
+
+    def check(cache: Path) -> Run:
+        cmd = [
+            sys.executable, "-m", "pipeline", "check", "--atom-repo", atom, "--aiter-repo", aiter,
+            "--atom", atom_rev, "--aiter", aiter_rev, "--format", "json",
+        ]  # fmt: skip
+        return measure(cmd, dict(env, PIPELINE_CACHE_DIR=str(cache)), cwd=tmp)
+
+    print(
+        f"pipeline check: ATOM {atom_rev} × aiter {aiter_rev} on {'the real mirrors' if real else 'fixtures'}"
+    )
+    check(tmp / "prime")  # compiles the bytecode an installed tool would have
     colds, warms = [], []
-    for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-compat-cache-") as d:
-            colds.append(run_child(atom, aiter, atom_rev, aiter_rev, Path(d)))
-            warms.append(run_child(atom, aiter, atom_rev, aiter_rev, Path(d)))
-    load = os.getloadavg()[0]
-    first = colds[0]
+    for i in range(args.runs):
+        cache = tmp / f"cache{i}"
+        colds.append(check(cache))
+        warms.append(check(cache))
+    report = json.loads(colds[0].stdout)
+    errors = [(f["path"], f["line"]) for f in report["findings"] if f["severity"] == "error"]
+    c = report["counts"]
     print(
-        f"result: {first['errors']:.0f} error(s), {first['warnings']:.0f} warning(s), "
-        f"{first['checked']:.0f} calls checked, {first['unchecked']:.0f} unchecked"
+        f"result: exit {colds[0].code}; {c['errors']} error(s), {c['warnings']} warning(s), "
+        f"{c['calls_checked']} calls checked, {c['calls_unchecked']} unchecked"
     )
+    for path, line in errors:
+        print(f"  error at {path}:{line}")
 
-    def show(name: str, runs: list[dict[str, float]], target: float) -> None:
-        wall = [r["check_s"] for r in runs]
-        cpu = [r["cpu_s"] for r in runs]
-        best, med = min(wall), statistics.median(wall)
+    def show(name: str, runs: list[Run], target: float) -> float:
+        wall = [r.wall_s for r in runs]
+        best = min(wall)
         print(
-            f"{name}: best {best:.3f} s, median {med:.3f} s (CPU incl. git and workers {min(cpu):.3f} s; "
-            f"interpreter+imports "
-            f"{min(r['import_s'] for r in runs):.3f} s extra)  target ≤ {target:.1f} s -> "
-            f"{'OK' if best <= target else 'OVER'} ({best / target:.2f}× target); "
-            f"vs mypy baseline {MYPY_BASELINE_S:.0f} s: {MYPY_BASELINE_S / best:.0f}× faster"
+            f"{name}: best {best:.3f} s, median {statistics.median(wall):.3f} s wall "
+            f"(CPU incl. git and workers: best {min(r.cpu_s for r in runs):.3f} s)  "
+            f"target ≤ {target:.1f} s -> {'OK' if best <= target else 'OVER'} ({best / target:.2f}× target)"
         )
+        return best
 
-    show("cold", colds, TARGET_COLD_S)
-    show("warm", warms, TARGET_WARM_S)
-    rss = max(r["rss_mb"] for r in colds + warms)
-    print(f"peak RSS: {rss:.0f} MB  target ≤ {TARGET_MB:.0f} MB -> {'OK' if rss <= TARGET_MB else 'OVER'}")
-    print(
-        f"named baseline: mypy --check-untyped-defs with torch installed, same pair: about "
-        f"{MYPY_BASELINE_S:.0f} s (from the issue; not re-run here)"
+    cold = show("cold, whole process", colds, TARGET_COLD_S)
+    show("warm, whole process", warms, TARGET_WARM_S)
+    peak = max(r.peak_mb for r in colds + warms)
+    print(f"peak memory, process tree summed: {peak:.0f} MB  target ≤ {TARGET_MB:.0f} MB -> "
+          f"{'OK' if peak <= TARGET_MB else 'OVER'} ({peak / TARGET_MB:.2f}× target)")  # fmt: skip
+    version = min(
+        measure([sys.executable, "-m", "pipeline", "--version"], env, cwd=tmp).wall_s for _ in range(3)
     )
-    print(f"load average during the runs: {load:.1f} on {os.cpu_count()} CPU(s)")
+    full, bare = interpreter_floor(env)
+    print(
+        f"start-up on this machine: `pipeline --version` {version:.3f} s; "
+        f"`python -c pass` {full:.3f} s (`python -S` {bare:.3f} s: the site hooks installed here)"
+    )
+    print(f"load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
+    if args.no_peers or not real:
+        return
+    baseline = report["baseline_aiter"] or report["aiter"]
+    print(f"peers on the same pair (written against aiter {baseline[:10]} -> pinned {report['aiter'][:10]}):")
+    wib = willitbreak(report["atom"], baseline, report["aiter"], tmp / "peer")
+    if wib.wall_s is None:
+        print(f"  willitbreak: {wib.note}")
+    else:
+        found = [s for s in wib.sites if s in set(errors)]
+        print(
+            f"  willitbreak: {wib.wall_s:.2f} s wall ({wib.note}); reports {len(wib.sites)} call site(s), "
+            f"{len(found)} of our {len(errors)} error sites; ours is {wib.wall_s / cold:.1f}× faster cold"
+        )
+        for path, line in wib.sites[:10]:
+            print(f"    it reports {path}:{line}")
+    gr = griffe_breakages(baseline, report["aiter"], tmp / "peer", "fused_qknorm_idxrqknorm")
+    wall = f"{gr.wall_s:.2f} s" if gr.wall_s is not None else "-"
+    print(f"  griffe find_breaking_changes: {wall}; {gr.note}")
+    print(
+        f"  mypy --check-untyped-defs with torch installed: about {MYPY_REFERENCE_S:.0f} s "
+        "(the issue's figure, not re-run)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""Benchmark: `pipeline pin --auto` search (search_compatible) over the whole aiter history.
+"""Benchmark: `pipeline pin --auto`'s search over aiter's whole history, beside a real peer.
 
-For ATOM ab9eb781 against the aiter mirror's head, cold (empty cache dir), in a
-fresh process, on the real mirrors when present (else the fixture repos).
-Target (the issue): ≤ 15 s cold.
+For ATOM ab9eb781 against the aiter mirror's head: the newest compatible aiter, found by
+`search_compatible` in a fresh process with an empty cache dir (what `pin --auto` runs), on the
+real mirrors when present (else the fixture repositories, and no peer). Figures: wall time, CPU
+time with git and the scan workers, peak memory summed over the process tree.
 
-    python bench/bench_pin_auto.py [--atom REF] [--aiter-head REF]
+Target (issue 12 §5): ≤ 5 s cold (13.7 s measured before the issue). Peer, in the same run:
+willitbreak (PyPI) on the same ATOM tree from the aiter it was written against to the aiter
+head, fed by `git archive` (it answers one pair, not "which aiter").
+
+    python bench/bench_pin_auto.py [--atom REF] [--aiter-head REF] [--no-peers]
 """
 
 from __future__ import annotations
@@ -12,31 +17,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TARGET_S = 15.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import (  # (run as a script from anywhere: bench/ is on the path)
+    AITER_MIRROR,
+    ATOM_MIRROR,
+    ROOT,
+    bytecode_env,
+    measure,
+    scratch,
+    willitbreak,
+)
+
+TARGET_S = 5.0
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys
 from pathlib import Path
 from pipeline.gitw import GitRepo
 from pipeline.compat import search_compatible
 atom, aiter, atom_rev, head, cache = sys.argv[1:6]
-t0 = time.perf_counter(); c0 = time.process_time()
 r = search_compatible(GitRepo(atom), atom_rev, GitRepo(aiter), head, cache_dir=Path(cache))
-ch = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({
-    "wall_s": time.perf_counter() - t0,
-    "cpu_s": time.process_time() - c0 + ch.ru_utime + ch.ru_stime,
-    "rss_mb": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, ch.ru_maxrss) / 1024,
     "examined": r.commits_examined,
     "newest": r.newest_compatible.sha if r.newest_compatible else None,
     "first_breaking": r.first_breaking.sha if r.first_breaking else None,
     "explanation": r.explanation,
+    "atom": r.report_at_head.atom_sha,
+    "head": r.report_at_head.aiter_sha,
+    "baseline": r.report_at_head.baseline_aiter_sha,
 }))
 """
 
@@ -45,32 +56,48 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--atom", default="ab9eb781")
     ap.add_argument("--aiter-head", default="HEAD")
+    ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
-    atom = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-    aiter = os.environ.get("AITER_MIRROR", "/work/.mirror/ROCm+aiter/repo")
-    atom_rev, head, what = args.atom, args.aiter_head, "real mirrors"
+    atom, aiter, atom_rev, head, real = ATOM_MIRROR, AITER_MIRROR, args.atom, args.aiter_head, True
     if not (Path(atom).exists() and Path(aiter).exists()):
         sys.path.insert(0, str(ROOT))
         from tests.fixtures.compat_repos import build_compat_repos
 
-        fx = build_compat_repos(Path(tempfile.mkdtemp(prefix="bench-pin-")) / "fx")
-        atom, aiter, atom_rev, head, what = str(fx.atom), str(fx.aiter), fx.t["T1"], fx.a["A4"], "fixtures"
-    with tempfile.TemporaryDirectory(prefix="bench-pin-cache-") as d:
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, atom, aiter, atom_rev, head, d],
-            env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True, capture_output=True, text=True,
-        )  # fmt: skip
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"pin --auto search: ATOM {atom_rev} × aiter history up to {head} on {what}")
+        fx = build_compat_repos(scratch("bench-pin-") / "fx")
+        atom, aiter, atom_rev, head, real = str(fx.atom), str(fx.aiter), fx.t["T1"], fx.a["A4"], False
+    tmp = scratch("bench-pin-")
+    env = bytecode_env(tmp)
+    measure([sys.executable, "-c", "import pipeline.compat"], env)  # compile the bytecode first
+    run = measure([sys.executable, "-c", CHILD, atom, aiter, atom_rev, head, str(tmp / "cache")], env)
+    if run.code != 0:
+        sys.exit(f"the search failed (exit {run.code}):\n{run.stderr}")
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    where = "the real mirrors" if real else "fixtures"
+    print(f"pin --auto search: ATOM {atom_rev} × aiter history up to {head} on {where}")
     print(f"answer: {r['explanation']}")
     print(f"aiter commits examined: {r['examined']}")
-    verdict = "OK" if r["wall_s"] <= TARGET_S else "OVER"
+    verdict = "OK" if run.wall_s <= TARGET_S else "OVER"
     print(
-        f"cold: {r['wall_s']:.2f} s wall (CPU incl. git and workers {r['cpu_s']:.2f} s)  "
-        f"target ≤ {TARGET_S:.0f} s -> {verdict} ({r['wall_s'] / TARGET_S:.2f}× target); "
-        f"peak RSS {r['rss_mb']:.0f} MB"
+        f"cold: {run.wall_s:.2f} s wall (CPU incl. git and workers {run.cpu_s:.2f} s)  "
+        f"target ≤ {TARGET_S:.0f} s -> {verdict} ({run.wall_s / TARGET_S:.2f}× target); "
+        f"peak memory, process tree summed {run.peak_mb:.0f} MB"
     )
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
+    if args.no_peers or not real:
+        return
+    base = r["baseline"] or r["head"]
+    wib = willitbreak(r["atom"], base, r["head"], tmp / "peer")
+    if wib.wall_s is None:
+        print(f"peer willitbreak: {wib.note}")
+        return
+    print(
+        f"peer willitbreak, one pair only (aiter {base[:10]} -> head {r['head'][:10]}): "
+        f"{wib.wall_s:.2f} s wall "
+        f"({wib.note}), {len(wib.sites)} call site(s) reported; our whole search took "
+        f"{run.wall_s / wib.wall_s:.2f}× its time for one pair"
+    )
+    for path, line in wib.sites[:10]:
+        print(f"  it reports {path}:{line}")
 
 
 if __name__ == "__main__":

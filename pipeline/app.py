@@ -10,17 +10,21 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pipeline.config import Settings, load_settings
 from pipeline.log import Logger
+
+if TYPE_CHECKING:  # pydantic costs a third of a second: `--help` and `--version` never load it
+    from pipeline.config import Settings
+    from pipeline.stages.base import Context
 
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "REGISTRY_PASSWORD", "PIPELINE_REGISTRY_PASSWORD")
 
@@ -44,8 +48,10 @@ class App:
 
     def settings(self, **overrides: Any) -> Settings:
         """Resolve the cascade with this command's flags (None = flag not given)."""
-        if not overrides and self._settings is not None:
+        if self._settings is not None and all(v is None for v in overrides.values()):
             return self._settings
+        from pipeline.config import load_settings
+
         s = load_settings(config_file=self.config_file, env=self.env, overrides=overrides)
         self._settings = s
         return s
@@ -61,6 +67,26 @@ class App:
         self.log.attach(run_dir)
         self.log.debug(f"run directory {run_dir}")
         return run_dir
+
+    def discard_run(self) -> None:
+        """Remove the run directory this command opened (a failed pin leaves no run behind)."""
+        if self.run_dir is None:
+            return
+        self.log.close()
+        self.log.log_file = None
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir = None
+
+    def context(self, run: str | None = None, *, work_dir: Path | None = None) -> Context:
+        """The stage Context of a single-stage command: its settings, log and environment.
+
+        With `run`, the command keeps its files and full log in a new run directory
+        (`runs/<date>-<run>-<id>`); else in `work_dir` (default: the current directory).
+        """
+        from pipeline.stages.base import Context
+
+        work = (self.run_dir or self.open_run(run, work_dir)) if run is not None else (work_dir or Path.cwd())
+        return Context(settings=self.settings(), log=self.log, env=self.env, work_dir=work)
 
     def emit_json(self, data: Any) -> None:
         """Machine-readable result on stdout (human output goes to stderr)."""

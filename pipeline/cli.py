@@ -1,8 +1,10 @@
 """The `pipeline` command line. The only place that catches our errors.
 
-Each stage's command lives in `pipeline/commands/<stage>.py` and is
-registered in COMMANDS below; the library raises `PipelineError`s and
-`main()` turns them into a message and the documented exit code.
+The commands are the stages of `pipeline.stages.TABLE` (in stage order), each
+a thin click layer in `pipeline/commands/<stage>.py` that parses flags into the
+stage's Inputs and calls the stage's `run`, plus `rebuild`. The library raises
+`PipelineError`s and `main()` turns them into a message and the documented exit code.
+Nothing heavy is imported until a command runs: `--help` and `--version` stay fast.
 """
 
 from __future__ import annotations
@@ -20,34 +22,33 @@ import click
 from pipeline import __version__
 from pipeline.app import App
 from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, disk_error
+from pipeline.stages import TABLE
 
-# name -> module under pipeline.commands that defines `command`
+# command name -> one-line help; each command is `command` in pipeline/commands/<name>.py
 COMMANDS: dict[str, str] = {
-    "pin": "pin",
-    "check": "check",
-    "patch": "patch",
-    "render": "render",
-    "build": "build",
-    "smoke": "smoke",
-    "tag": "tag",
-    "rebuild": "rebuild",
-    "recipe": "recipe",
+    **{name: entry.help for name, entry in TABLE.items()},
+    "rebuild": "The scheduled job: move the pins, rebuild what changed, report.",
+    "recipe": "Import upstream ATOM recipes (recipes/*.md) and report their drift.",
 }
 
 
 class _LazyGroup(click.Group):
-    """Imports a stage's module only when that command runs (fast `--help`)."""
+    """Imports a command's module only when that command runs (fast `--help`)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        module = COMMANDS.get(cmd_name)
-        if module is None:
+        if cmd_name not in COMMANDS:
             return None
-        mod = importlib.import_module(f"pipeline.commands.{module}")
+        mod = importlib.import_module(f"pipeline.commands.{cmd_name}")
         command: click.Command = mod.command
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # the help lines come from the table: listing the commands imports none of them
+        with formatter.section("Commands"):
+            formatter.write_dl(list(COMMANDS.items()))
 
 
 def _exit_code_help() -> str:
@@ -78,7 +79,7 @@ def cli(ctx: click.Context, config_file: Path | None, verbose: int) -> None:
 
     \b
     The main job:   pipeline build --model MiniMax-M3-MXFP4
-    Stages:         pin → check → patch → render → build → smoke → tag
+    Stages:         pin → patch → check → render → build → smoke → tag
     """
     app = App.create(config_file=config_file, verbosity=verbose)
     ctx.obj = app

@@ -15,10 +15,10 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
 
@@ -36,7 +36,7 @@ class SourcesSettings(_Section):
     atom_ref: str
     aiter_ref: str
     mirror_submodules: bool
-    fetch_retries: int
+    fetch_retries: Annotated[int, Field(ge=0)]  # retries after the first attempt
 
 
 class PathsSettings(_Section):

@@ -1,9 +1,11 @@
-"""`pipeline build --model M`: pin → check → patch → render → build → smoke → tag.
+"""`pipeline build --model M`: every stage of the table, in order, in one run directory.
 
-Each stage is a function `(run: Run) -> outputs` registered in STAGES with a
-function giving its inputs; the run directory records each stage's status and
-inputs digest, so `--resume` skips what already succeeded for the same inputs
-and starts at the stage that failed.
+Nothing here knows what a stage does. For each stage in `pipeline.stages.TABLE`
+the loop asks the stage for its Inputs (`plan`, from the spec and the Outputs
+before it), computes the inputs digest (Inputs plus the content the stage
+reads), and skips the stage when the run directory records an `ok` with the
+same digest; otherwise it calls `run` and records the result. A stage error
+ends the run as `failed`, or as `stopped` when the stage lists it in `STOPS`.
 
 The raw request (`BuildRequest`, from flags) is resolved once into a frozen
 `BuildSpec` that is printed at start and saved as run.json.
@@ -12,24 +14,22 @@ The raw request (`BuildRequest`, from flags) is resolved once into a frozen
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
-from pipeline import __version__
-from pipeline.config import Settings
-from pipeline.errors import (
-    IncompatibleError,
-    NoHardware,
-    PipelineError,
-    UsageError,
-)
-from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_file
-from pipeline.gitw import GitRepo
-from pipeline.lock import Lock, PatchPin, default_lock_path
-from pipeline.log import Logger
-from pipeline.runs import STAGE_ORDER, RunDir, StageState, inputs_digest
+from pipeline.errors import PipelineError, UsageError
+from pipeline.runs import RunDir, StageState, Status
+from pipeline.stages import TABLE, Table
+from pipeline.stages.base import Context, StageData, Upstream, inputs_digest
+from pipeline.stages.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.log import Logger, StageRecord
+
+T = TypeVar("T", bound=StageData)
 
 
 @dataclass(frozen=True)
@@ -44,70 +44,54 @@ class BuildRequest:
     from_stage: str | None = None
     until: str | None = None
     resume: Path | None = None
-    docker_host: str | None = None
     registry: str | None = None
     offline: bool = False
     auto_aiter: bool = False  # pin aiter to the newest commit compatible with ATOM (`pin --auto`)
 
 
-@dataclass(frozen=True)
-class BuildSpec:
-    """The resolved, frozen description of this run; every stage reads it."""
-
-    model: str
-    recipe_path: str
-    recipe_sha256: str
-    atom_repo: str
-    aiter_repo: str
-    atom_ref: str
-    aiter_ref: str
-    base_image: str
-    lock_path: str | None
-    stages: tuple[str, ...]
-    docker_host: str
-    registry: str
-    repository: str
-    offline: bool
-    auto_aiter: bool = False
-    tool_version: str = __version__
-
-    def summary_lines(self) -> list[str]:
-        return [
-            f"model      {self.model}  (recipe {self.recipe_path}, sha256 {self.recipe_sha256[:12]})",
-            f"ATOM       {self.atom_repo} @ {self.atom_ref}",
-            f"aiter      {self.aiter_repo} @ {self.aiter_ref}"
-            + (" (newest compatible with ATOM: pin --auto)" if self.auto_aiter else ""),
-            f"base image {self.base_image}",
-            f"stages     {' → '.join(self.stages)}",
-            f"engine     {self.docker_host or 'local (DOCKER_HOST or /var/run/docker.sock)'}",
-            f"registry   {self.registry or '(none: tag stage pushes nowhere)'}  repository {self.repository}",
-        ]
+def stage_range(order: tuple[str, ...], first: str | None, last: str | None) -> tuple[str, ...]:
+    for name in (first, last):
+        if name is not None and name not in order:
+            raise UsageError(f"unknown stage {name!r}; the stages are {', '.join(order)}.")
+    i = order.index(first) if first else 0
+    j = order.index(last) if last else len(order) - 1
+    if i > j:
+        raise UsageError(f"--from {first} comes after --until {last}; the stages run {' → '.join(order)}.")
+    return order[i : j + 1]
 
 
-def resolve_spec(req: BuildRequest, settings: Settings) -> BuildSpec:
+def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) -> BuildSpec:
+    """Validate what was asked, once, before anything runs, and freeze it."""
+    from pipeline import validate
+    from pipeline.lock import Lock
     from pipeline.recipe import find_recipe, load_recipe
 
+    validate.model(req.model)
+    stages = stage_range(order, req.from_stage, req.until)
     recipe = find_recipe(req.model, Path(settings.paths.recipes_dir))
     load_recipe(recipe)  # an invalid recipe stops the run before anything is pinned
-    for name in (req.from_stage, req.until):
-        if name is not None and name not in STAGE_ORDER:
-            raise UsageError(f"unknown stage {name!r}; stages are {', '.join(STAGE_ORDER)}.")
-    first = STAGE_ORDER.index(req.from_stage) if req.from_stage else 0
-    last = STAGE_ORDER.index(req.until) if req.until else len(STAGE_ORDER) - 1
-    if first > last:
-        raise UsageError(f"--from {req.from_stage} comes after --until {req.until}.")
+    validate.check_tag_templates(settings)  # a bad tag template fails now, not after build and smoke
+    if req.base_image is not None:
+        validate.image_reference(req.base_image, what="--base-image")
+    atom_repo, aiter_repo = settings.sources.atom_repo, settings.sources.aiter_repo
+    atom_ref = validate.ref(req.atom_ref or settings.sources.atom_ref, what="ATOM ref")
+    aiter_ref = validate.ref(req.aiter_ref or settings.sources.aiter_ref, what="aiter ref")
+    if req.lock is not None:  # the lock's sources, not the configured ones
+        lock = Lock.load(req.lock)
+        if lock.model != req.model:
+            raise UsageError(f"the lock {req.lock} is for model {lock.model!r}, not {req.model!r}.")
+        atom_repo, atom_ref = lock.atom.url, lock.atom.sha
+        aiter_repo, aiter_ref = lock.aiter.url, lock.aiter.sha
     return BuildSpec(
         model=req.model,
-        recipe_path=str(recipe),
-        recipe_sha256=sha256_file(recipe),
-        atom_repo=settings.sources.atom_repo,
-        aiter_repo=settings.sources.aiter_repo,
-        atom_ref=req.atom_ref or settings.sources.atom_ref,
-        aiter_ref=req.aiter_ref or settings.sources.aiter_ref,
-        base_image=req.base_image or settings.image.base_image,
-        lock_path=str(req.lock) if req.lock else None,
-        stages=STAGE_ORDER[first : last + 1],
-        docker_host=req.docker_host or settings.smoke.docker_host,
+        recipe_path=recipe,
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+        atom_ref=atom_ref,
+        aiter_ref=aiter_ref,
+        base_image=req.base_image,
+        lock_path=req.lock,
+        stages=stages,
         registry=req.registry or settings.tag.registry,
         repository=settings.image.repository,
         offline=req.offline,
@@ -116,409 +100,109 @@ def resolve_spec(req: BuildRequest, settings: Settings) -> BuildSpec:
 
 
 @dataclass
-class Run:
-    """What a stage function gets: the spec, settings, log, run dir, earlier outputs."""
-
-    spec: BuildSpec
-    settings: Settings
-    log: Logger
-    dir: RunDir
-    env: Mapping[str, str]
-    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _engine: Any = None
-
-    @property
-    def lock_file(self) -> Path:
-        return self.dir.path / "lock.toml"
-
-    def lock(self) -> Lock:
-        return Lock.load(self.lock_file)
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
-
-    def engine(self) -> Any:
-        if self._engine is None:
-            from pipeline.dockerw import Engine
-
-            self._engine = Engine.connect(self.spec.docker_host or None)
-        return self._engine
-
-
-StageFn = Callable[[Run], dict[str, Any]]
-InputsFn = Callable[[Run], Any]
-
-
-class StopRun(Exception):
-    """A stage ended the run early without failing (e.g. no GPUs: image kept as candidate)."""
-
-    def __init__(self, error: PipelineError, outputs: dict[str, Any]) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.outputs = outputs
-
-
-# -- the stages ------------------------------------------------------------------
-
-
-def _pin_inputs(run: Run) -> Any:
-    s = run.spec
-    return [s.atom_repo, s.atom_ref, s.aiter_repo, s.aiter_ref, s.base_image, s.lock_path, s.auto_aiter]
-
-
-def stage_pin(run: Run) -> dict[str, Any]:
-    auto: dict[str, Any] = {}
-    if run.spec.lock_path:
-        lock = Lock.load(Path(run.spec.lock_path))
-        run.log.detail(f"using the given lock file {run.spec.lock_path}")
-    else:
-        from pipeline.sources import auto_aiter_chooser, pin
-
-        released = default_lock_path(Path(run.settings.paths.locks_dir), run.spec.model)
-        chooser = (
-            auto_aiter_chooser(
-                run.settings.cache_dir,
-                run.log,
-                auto,
-                Path(run.settings.paths.patches_dir),
-                Path(run.spec.recipe_path),
-            )
-            if run.spec.auto_aiter
-            else None
-        )
-        lock = pin(
-            run.settings,
-            model=run.spec.model,
-            atom_ref=run.spec.atom_ref,
-            aiter_ref=run.spec.aiter_ref,
-            base_image=run.spec.base_image,
-            log=run.log,
-            offline=run.spec.offline,
-            previous=Lock.load(released) if released.is_file() else None,
-            choose_aiter=chooser,
-        ).lock
-    lock.save(run.lock_file)
-    return {
-        "atom": lock.atom.sha,
-        "aiter": lock.aiter.sha,
-        "lock_sha256": lock.digest(),
-        "auto": auto,
-        "figure": f"ATOM {lock.atom.sha[:9]} · aiter {lock.aiter.sha[:10]}",
-    }
-
-
-def _mirrors(run: Run) -> tuple[GitRepo, GitRepo]:
-    from pipeline.sources import mirrors_for_lock
-
-    return mirrors_for_lock(run.settings, run.lock())
-
-
-def _patches_digest(run: Run) -> list[tuple[str, str]]:
-    pdir = Path(run.settings.paths.patches_dir)
-    files = sorted(pdir.glob("*")) if pdir.is_dir() else []
-    return [(f.name, sha256_file(f)) for f in files if f.is_file()]
-
-
-def stage_check(run: Run) -> dict[str, Any]:
-    """Check the tree we would build (the pin plus the patch series) against the pinned aiter.
-
-    The pristine pin is checked too, for the record: what the series fixes and what it leaves.
-    """
-    from pipeline.compat import run_check
-    from pipeline.compat.reach import gate_model
-    from pipeline.patchq import PatchSeries, patched_commit
-    from pipeline.recipe import load_recipe
-
-    atom, aiter = _mirrors(run)
-    lock = run.lock()
-    cache = run.settings.cache_dir / "compat"
-    pristine = run_check(atom, lock.atom.sha, aiter, lock.aiter.sha, cache_dir=cache)
-    atomic_write_json(run.dir.path / "check-pristine.json", pristine.to_json())
-    before = sum(1 for f in pristine.findings if f.severity == "error")
-    # The patched commit lives in the mirror's object store (no work tree); the patch
-    # stage records exactly this series result, so it is computed once, here.
-    series = PatchSeries.load(Path(run.settings.paths.patches_dir))
-    applied = patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
-    head = applied.head_sha
-    report = (
-        pristine
-        if head == lock.atom.sha
-        else run_check(atom, head, aiter, lock.aiter.sha, cache_dir=cache, dated_by=lock.atom.sha)
-    )
-    # Gate for this model: findings off its code path warn (with the evidence), then waivers.
-    gate = gate_model(report, atom, load_recipe(Path(run.spec.recipe_path)), cache_dir=cache)
-    report, waived = gate.report, gate.waived
-    for msg in (*gate.warnings, *(n.message for n in gate.notes)):
-        run.log.warn(msg)
-    off_path = gate.off_path
-    atomic_write_json(run.dir.path / "check.json", report.to_json())
-    atomic_write_json(run.dir.path / "check.sarif", report.to_sarif())
-    atomic_write_text(run.dir.path / "check.txt", report.to_text())
-    after = sum(1 for f in report.findings if f.severity == "error")
-    if after:
-        raise IncompatibleError(
-            f"ATOM {lock.atom.sha[:9]} (with the patch series) calls aiter {lock.aiter.sha[:10]} "
-            f"with the wrong signature; nothing was built.\n{report.to_text()}",
-            hint="Add or fix a patch under patches/atom (`pipeline patch new`), or pin an aiter "
-            f"that this ATOM supports (`pipeline pin --model {run.spec.model} --auto`).",
-        )
-    fixed = f"{before - waived - off_path} fixed by patches, " if before > waived + off_path else ""
-    fixed += f"{off_path} off the model's path, " if off_path else ""
-    fixed += f"{waived} waived by the recipe, " if waived else ""
-    return {
-        "head": head,
-        "pins": [p.model_dump() for p in applied.pins],
-        "notes": applied.notes,
-        "pristine_errors": before,
-        "reach": gate.reach.to_json() if gate.reach else None,
-        "off_path": off_path,
-        "checked": report.calls_checked,
-        "unchecked": report.calls_unchecked,
-        "figure": f"{report.calls_checked} calls bind ({fixed}{report.calls_unchecked} unchecked)",
-    }
-
-
-def stage_patch(run: Run) -> dict[str, Any]:
-    """Record the series in the lock and pin the patched commit in the mirror."""
-    from pipeline.sources import keep_pinned
-
-    checked = run.outputs["check"]
-    atom, _ = _mirrors(run)
-    lock = run.lock()
-    if checked["head"] != lock.atom.sha:
-        keep_pinned(atom, checked["head"])  # a ref, so no gc drops it before render
-    for note in checked["notes"]:
-        run.log.info(f"  {note}")
-    lock = lock.with_patches(tuple(PatchPin.model_validate(p) for p in checked["pins"]))
-    lock.save(run.lock_file)
-    names = [p.name for p in lock.applied_patches]
-    return {
-        "head": checked["head"],
-        "applied": names,
-        "notes": checked["notes"],
-        "lock_sha256": lock.digest(),
-        "figure": f"{len(names)} applied" + (f": {', '.join(names)}" if names else ""),
-    }
-
-
-def stage_render(run: Run) -> dict[str, Any]:
-    from pipeline.render import render_context
-    from pipeline.sources import submodule_mirror
-
-    atom, aiter = _mirrors(run)
-    lock = run.lock()
-    subs = {s.path: submodule_mirror(run.settings, s.url) for s in lock.aiter.submodules}
-    ctx = render_context(
-        lock=lock,
-        atom=atom,
-        atom_tree_sha=run.outputs["patch"]["head"],
-        aiter=aiter,
-        submodule_repos=subs,
-        recipe_path=Path(run.spec.recipe_path),
-        settings=run.settings,
-        out_dir=run.dir.path / "context",
-        templates_dir=Path(run.settings.paths.templates_dir),
-    )
-    return {
-        "context": str(ctx.dir),
-        "inputs_digest": ctx.inputs_digest,
-        "figure": f"inputs {ctx.inputs_digest[:12]}",
-    }
-
-
-def stage_build(run: Run) -> dict[str, Any]:
-    from pipeline.imagebuild import build_image, registry_lookup
-
-    out = build_image(
-        run.engine(),
-        Path(run.outputs["render"]["context"]),
-        tag=None,
-        log=run.log,
-        run_dir=run.dir.path,
-        remote_lookup=registry_lookup(run.settings, run.env, run.log),
-    )
-    return {
-        "image": out.image_id,
-        "candidate": out.image_ref,
-        "skipped": out.skipped,
-        "figure": ("reused " if out.skipped else "built ") + out.image_id[:19],
-    }
-
-
-def stage_smoke(run: Run) -> dict[str, Any]:
-    from pipeline.recipe import load_recipe
-    from pipeline.smoke import run_smoke
-
-    image = run.outputs["build"]["image"]
-    recipe = load_recipe(Path(run.spec.recipe_path))
-    try:
-        verdict = run_smoke(
-            run.engine(),
-            image=image,
-            recipe=recipe,
-            recipe_path=Path(run.spec.recipe_path),
-            settings=run.settings,
-            env=run.env,
-            run_dir=run.dir.path / "smoke",
-            log=run.log,
-            run_all=run.settings.smoke.run_all_checks,
-        )
-    except NoHardware as e:
-        ref = run.outputs["build"].get("candidate") or image
-        e.hint = (
-            f"The image is kept as an untagged candidate ({ref}). Smoke it on an MI355 host: "
-            f"pipeline smoke --image {ref} --model {run.spec.model} --docker-host ssh://USER@GPU-HOST, "
-            f"then `pipeline build --resume {run.dir.path}`."
-        )
-        raise StopRun(e, {"image": image}) from e
-    from pipeline.errors import SmokeFailed
-
-    if not verdict.passed:
-        raise SmokeFailed(f"smoke test failed: {verdict.reason}", hint=f"Verdict: {run.dir.path / 'smoke'}.")
-    return {"verdict": str(run.dir.path / "smoke" / "verdict.json"), "figure": "all gates passed"}
-
-
-def stage_tag(run: Run) -> dict[str, Any]:
-    from pipeline.tag import tag_verified
-
-    if not run.spec.registry:
-        raise UsageError(
-            "no registry configured for the tag stage.",
-            hint="Set [tag] registry in pipeline.toml, PIPELINE_REGISTRY, or --registry.",
-        )
-    res = tag_verified(
-        run.engine(),
-        image=run.outputs["build"]["image"],
-        verdict_path=Path(run.outputs["smoke"]["verdict"]),
-        lock=run.lock_file,
-        recipe_path=Path(run.spec.recipe_path),
-        settings=run.settings,
-        registry=run.spec.registry,
-        log=run.log,
-        env=run.env,
-    )
-    # The model's released state: the lock it was built from, and what it was released as
-    # (`pipeline rebuild` compares the next inputs digest with it).
-    locks_dir = Path(run.settings.paths.locks_dir)
-    run.lock().save(default_lock_path(locks_dir, run.spec.model))
-    atomic_write_json(
-        released_state_path(locks_dir, run.spec.model),
-        {
-            "inputs_digest": run.outputs["render"]["inputs_digest"],
-            "ref": res.immutable_ref,
-            "digest": res.digest,
-            "moved": res.moved,
-            "run": str(run.dir.path),
-        },
-    )
-    return {"ref": res.immutable_ref, "digest": res.digest, "moved": res.moved, "figure": res.immutable_ref}
-
-
-def released_state_path(locks_dir: Path, model: str) -> Path:
-    return locks_dir / f"{model}.released.json"
-
-
-STAGES: dict[str, tuple[StageFn, InputsFn]] = {
-    "pin": (stage_pin, _pin_inputs),
-    "check": (stage_check, lambda r: [r.outputs.get("pin"), _patches_digest(r), r.spec.recipe_sha256]),
-    "patch": (stage_patch, lambda r: r.outputs.get("check")),
-    "render": (
-        stage_render,
-        lambda r: [r.outputs.get("patch"), r.spec.recipe_sha256, r.settings.image.model_dump()],
-    ),
-    "build": (stage_build, lambda r: [r.outputs.get("render"), r.spec.docker_host]),
-    "smoke": (stage_smoke, lambda r: [r.outputs.get("build"), r.spec.recipe_sha256]),
-    "tag": (stage_tag, lambda r: [r.outputs.get("smoke"), r.spec.registry, r.settings.tag.model_dump()]),
-}
-
-
-@dataclass
 class RunResult:
     run_dir: Path
     states: list[StageState]
     error: PipelineError | None = None  # the stage error that ended the run early, if any
+    outputs: dict[str, StageData] = field(default_factory=dict)
 
-    def outputs(self, stage: str) -> dict[str, Any]:
-        for st in self.states:
-            if st.name == stage and st.status == "ok":
-                return st.outputs
-        return {}
+    def output(self, stage: str, kind: type[T]) -> T | None:
+        """The typed Outputs of `stage` in this run (done now or earlier), None if it has none."""
+        out = self.outputs.get(stage)
+        return out if isinstance(out, kind) else None
 
 
-def execute(req: BuildRequest, settings: Settings, log: Logger, env: Mapping[str, str]) -> RunResult:
+def execute(
+    req: BuildRequest, settings: Settings, log: Logger, env: Mapping[str, str], *, table: Table = TABLE
+) -> RunResult:
+    order = table.order()
     if req.resume:
         rd = RunDir.existing(req.resume)
-        saved = rd.read_spec()
-        spec = BuildSpec(**{**saved, "stages": tuple(saved["stages"])})
+        spec = rd.read_spec()
         if req.from_stage or req.until:
-            spec = _restrict(spec, req)
+            spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
     else:
-        spec = resolve_spec(req, settings)
+        spec = resolve_spec(req, settings, order)
         rd = RunDir.new(Path(settings.paths.runs_dir), spec.model)
-        rd.write_spec(asdict(spec))
+        rd.write_spec(spec)
     rd.acquire()
     try:
         log.attach(rd.path)
         log.info(f"run {rd.path}")
-        for line in spec.summary_lines():
+        for line in spec.summary_lines(settings.image.base_image, settings.smoke.docker_host):
             log.info(f"  {line}")
-        run = Run(spec=spec, settings=settings, log=log, dir=rd, env=env)
+        ctx = Context(
+            settings=settings,
+            log=log,
+            env=env,
+            work_dir=rd.path,
+            resume_command=f"pipeline build --resume {rd.path}",
+        )
         try:
-            return _drive(run)
+            return drive(ctx, spec, rd, table)
         finally:
-            run.close()
+            ctx.close()
     finally:
         rd.release()
 
 
-def _restrict(spec: BuildSpec, req: BuildRequest) -> BuildSpec:
-    first = STAGE_ORDER.index(req.from_stage) if req.from_stage else 0
-    last = STAGE_ORDER.index(req.until) if req.until else len(STAGE_ORDER) - 1
-    return BuildSpec(**{**asdict(spec), "stages": STAGE_ORDER[first : last + 1]})
-
-
-def _drive(run: Run) -> RunResult:
-    states: list[StageState] = []
-    # Outputs of stages before the requested range come from earlier records.
-    for name in STAGE_ORDER:
-        prev = run.dir.state(name)
-        if prev is not None and prev.status == "ok":
-            run.outputs[name] = prev.outputs
-    for name in run.spec.stages:
-        fn, inputs_fn = STAGES[name]
-        digest = inputs_digest(inputs_fn(run))
-        prev = run.dir.state(name)
-        with run.log.stage(name) as rec:
-            if prev is not None and prev.status == "ok" and prev.inputs_digest == digest:
-                rec.status = "skipped"
-                rec.figure = "done earlier: " + str(prev.outputs.get("figure", ""))
-                run.outputs[name] = prev.outputs
-                states.append(prev)
-                continue
+def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
+    """The skip/resume/stop loop over the table's stages."""
+    result = RunResult(rd.path, [])
+    up = Upstream()
+    for name in table.order():
+        prev = rd.state(name)
+        if name not in spec.stages:
+            # Outputs of stages outside the range come from earlier records of this run.
+            if prev is not None and prev.status == "ok":
+                up.set(name, table[name].load().Outputs.model_validate(prev.outputs))
+                result.outputs[name] = up.get(name, StageData)
+            continue
+        stage = table[name].load()
+        with ctx.log.stage(name) as rec:
             start = time.monotonic()
             try:
-                outputs = fn(run)
-            except StopRun as stop:
-                st = StageState(
-                    name, "stopped", digest, stop.outputs, time.monotonic() - start, str(stop.error)
-                )
-                run.dir.record(st)
-                states.append(st)
-                rec.status = "stopped"
-                rec.figure = stop.error.message
-                return RunResult(run.dir.path, states, stop.error)
+                inputs = stage.plan(ctx, spec, up)
+                digest = inputs_digest(name, inputs, stage.reads(ctx, inputs))
             except PipelineError as e:
-                st = StageState(name, "failed", digest, {}, time.monotonic() - start, str(e))
-                run.dir.record(st)
-                states.append(st)
-                rec.status = "failed"
-                rec.figure = e.message.splitlines()[0]
-                return RunResult(run.dir.path, states, e)
-            st = StageState(name, "ok", digest, outputs, time.monotonic() - start)
-            run.dir.record(st)
-            run.outputs[name] = outputs
-            states.append(st)
-            rec.figure = str(outputs.get("figure", ""))
-    return RunResult(run.dir.path, states)
+                return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
+            if prev is not None and prev.status == "ok" and prev.inputs_digest == digest:
+                outputs = stage.Outputs.model_validate(prev.outputs)
+                rec.status = "skipped"
+                rec.figure = f"done earlier: {outputs.figure()}"
+                up.set(name, outputs)
+                result.outputs[name] = outputs
+                result.states.append(prev)
+                continue
+            try:
+                outputs = stage.run(ctx, inputs)
+            except PipelineError as e:
+                status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
+                st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
+                return _ended(result, rd, rec, st, e)
+            st = StageState(
+                name,
+                "ok",
+                digest,
+                outputs.model_dump(mode="json"),
+                time.monotonic() - start,
+                "",
+                outputs.figure(),
+            )
+            rd.record(st)
+            up.set(name, outputs)
+            result.outputs[name] = outputs
+            result.states.append(st)
+            rec.figure = outputs.figure()
+    return result
+
+
+def _ended(
+    result: RunResult, rd: RunDir, rec: StageRecord, st: StageState, error: PipelineError
+) -> RunResult:
+    rd.record(st)
+    result.states.append(st)
+    result.error = error
+    rec.status = st.status
+    rec.figure = error.message.splitlines()[0]
+    return result

@@ -15,19 +15,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.config import Settings
 from pipeline.errors import ExitCode, IncompatibleError, PipelineError
 from pipeline.lock import Lock
 from pipeline.log import Logger
-from pipeline.orchestrate import BuildRequest, execute, released_state_path
+from pipeline.orchestrate import BuildRequest, execute
+from pipeline.stages import build, check, pin, render, smoke, tag
+from pipeline.stages.tag import released_state_path
+
+Outcome = Literal["released", "unchanged", "stopped", "failed"]
 
 
 @dataclass
 class ModelOutcome:
     model: str
-    status: str  # released | unchanged | stopped | failed | fallback-released ...
+    status: Outcome
     exit_code: int
     run_dir: str = ""
     atom: str = ""
@@ -84,18 +88,16 @@ class SharedPins:
             self.atom, self.aiter = lock.atom.sha, lock.aiter.sha
 
 
-def _verdict(check: Mapping[str, Any]) -> str:
-    if not check:
+def _verdict(checked: check.Outputs | None) -> str:
+    if checked is None:
         return ""
-    off = int(check.get("off_path") or 0)
-    arch = (check.get("reach") or {}).get("architecture")
-    where = f" off {arch}'s path" if arch else ""
-    return "compatible" + (f" ({off} break(s){where}, warned)" if off else "")
+    where = f" off {checked.architecture}'s path" if checked.architecture else ""
+    return "compatible" + (f" ({checked.off_path} break(s){where}, warned)" if checked.off_path else "")
 
 
-def _smoke(resumed_error: PipelineError | None, smoke: Mapping[str, Any]) -> str:
+def _smoke(resumed_error: PipelineError | None, smoked: smoke.Outputs | None) -> str:
     if resumed_error is None:
-        return "passed" if smoke else ""
+        return "passed" if smoked is not None else ""
     code = resumed_error.exit_code
     if code == ExitCode.NO_HARDWARE:
         return "not run here (no MI355)"
@@ -144,51 +146,52 @@ def rebuild_model(
             model=model, atom_ref=broken.atom.ref, until="render", registry=registry, auto_aiter=True
         )
         result = execute(req, settings, log, env)
-        auto = result.outputs("pin").get("auto") or {}
-        brk, newest = auto.get("first_breaking"), auto.get("newest_compatible")
-        if newest:
+        pinned = result.output("pin", pin.Outputs)
+        auto = pinned.auto if pinned is not None else None
+        if auto is not None and auto.newest_compatible is not None:
+            brk = auto.first_breaking
             notes.append(
                 f"aiter {broken.aiter.sha[:10]} breaks ATOM {broken.atom.sha[:9]}"
-                + (f"; first breaking aiter commit {brk['sha'][:10]} ({brk['subject']!r})" if brk else "")
-                + f"; fell back to aiter {newest['sha'][:10]} (newest compatible)"
+                + (f"; first breaking aiter commit {brk.sha[:10]} ({brk.subject!r})" if brk else "")
+                + f"; fell back to aiter {auto.newest_compatible.sha[:10]} (newest compatible)"
             )
     if result.error is not None:
         raise result.error
     notes += obsolete_patches(settings, result.run_dir)
-    render = result.outputs("render")
-    pin = result.outputs("pin")
+    rendered = result.output("render", render.Outputs)
+    pinned = result.output("pin", pin.Outputs)
+    if rendered is None or pinned is None:
+        raise PipelineError(f"internal: the run for {model} ended without a render result.")
     outcome = ModelOutcome(
-        model, "unchanged", 0, str(result.run_dir), pin.get("atom", ""), pin.get("aiter", "")
+        model, "unchanged", 0, str(result.run_dir), pinned.lock.atom.sha, pinned.lock.aiter.sha
     )
     outcome.notes = notes
-    outcome.verdict = _verdict(result.outputs("check"))
+    outcome.verdict = _verdict(result.output("check", check.Outputs))
     if brk_note := next((n for n in notes if " breaks ATOM " in n), None):
         outcome.verdict = f"{brk_note.split(';')[0]} on its path; fell back: {outcome.verdict}"
-    outcome.image = f"inputs {str(render.get('inputs_digest', ''))[:12]}"  # one image per inputs digest
+    outcome.image = f"inputs {rendered.inputs_digest[:12]}"  # one image per inputs digest
     outcome.drift = recipe_drift(settings, model, outcome.atom) if outcome.atom else ""
-    if released.get("inputs_digest") and released["inputs_digest"] == render.get("inputs_digest"):
+    if released.get("inputs_digest") == rendered.inputs_digest:
         outcome.tag = str(released.get("ref", ""))
         outcome.smoke = "skipped (already released)"
-        outcome.notes.append(
-            f"inputs digest {render['inputs_digest'][:12]} already released as {outcome.tag}"
-        )
+        outcome.notes.append(f"inputs digest {rendered.inputs_digest[:12]} already released as {outcome.tag}")
         return outcome
     # Changed: the same run goes on through build, smoke and tag.
     resumed = execute(
         BuildRequest(model=model, resume=result.run_dir, until="tag", registry=registry), settings, log, env
     )
-    built = resumed.outputs("build")
-    outcome.image = str(built.get("candidate") or built.get("image") or outcome.image)
-    outcome.smoke = _smoke(resumed.error, resumed.outputs("smoke"))
+    built = resumed.output("build", build.Outputs)
+    outcome.image = (built.ref or built.image) if built is not None else outcome.image
+    outcome.smoke = _smoke(resumed.error, resumed.output("smoke", smoke.Outputs))
     if resumed.error is not None:
         outcome.status, outcome.exit_code = "stopped", int(resumed.error.exit_code)
         outcome.notes.append(str(resumed.error))
         return outcome
-    tag = resumed.outputs("tag")
-    if not tag:  # never call a model released unless the tag stage says so
+    tagged = resumed.output("tag", tag.Outputs)
+    if tagged is None:  # never call a model released unless the tag stage says so
         raise PipelineError(f"internal: the run for {model} ended without a tag stage result.")
     outcome.status = "released"
-    outcome.tag = str(tag.get("ref", ""))
+    outcome.tag = tagged.ref
     return outcome
 
 

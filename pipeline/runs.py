@@ -1,7 +1,7 @@
 """Run directories: where one `pipeline build` keeps everything it did.
 
     runs/<yyyymmdd-HHMMSS>-<model>-<id>/
-      run.json            the resolved build spec (model, settings, refs)
+      run.json            the resolved build spec (model, recipe, refs, stages)
       pipeline.log        the full log
       lock.toml           the lock this run built from (patches included)
       stages/<name>.json  each stage's status, inputs digest, outputs, duration
@@ -14,35 +14,35 @@ run directory keeps two processes from driving the same run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from filelock import FileLock, Timeout
 
 from pipeline.errors import RunLocked, UsageError
 from pipeline.fsutil import atomic_write_json
 
-STAGE_ORDER: tuple[str, ...] = ("pin", "check", "patch", "render", "build", "smoke", "tag")
+if TYPE_CHECKING:
+    from pipeline.stages.spec import BuildSpec
 
-
-def inputs_digest(data: Any) -> str:
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+# ok: done (a later run with the same inputs digest skips it); failed: a resumed run starts here;
+# stopped: the run ended here without a failure (e.g. no GPUs on this host)
+Status = Literal["ok", "failed", "stopped"]
 
 
 @dataclass
 class StageState:
     name: str
-    status: str  # ok | failed | skipped-no-hardware
+    status: Status
     inputs_digest: str
     outputs: dict[str, Any]
     seconds: float
     error: str = ""
+    figure: str = ""  # the key figure of the stage table
 
 
 class RunDir:
@@ -80,18 +80,33 @@ class RunDir:
         self._lock.release()
 
     # -- spec and stage records ----------------------------------------------
-    def write_spec(self, spec: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "run.json", spec)
+    def write_spec(self, spec: BuildSpec) -> None:
+        atomic_write_json(self.path / "run.json", spec.model_dump(mode="json"))
 
-    def read_spec(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.path / "run.json").read_text())
-        return data
+    def read_spec(self) -> BuildSpec:
+        from pydantic import ValidationError
+
+        from pipeline.stages.spec import BuildSpec
+
+        path = self.path / "run.json"
+        try:
+            return BuildSpec.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError) as e:
+            raise UsageError(
+                f"{path} cannot be resumed: it is unreadable or was written by another version "
+                f"({type(e).__name__}).",
+                hint="Start a new run (`pipeline build --model MODEL`) instead of --resume.",
+            ) from None
 
     def record(self, state: StageState) -> None:
-        atomic_write_json(self.stages_dir / f"{state.name}.json", state.__dict__)
+        atomic_write_json(self.stages_dir / f"{state.name}.json", asdict(state))
 
     def state(self, name: str) -> StageState | None:
         p = self.stages_dir / f"{name}.json"
         if not p.is_file():
             return None
-        return StageState(**json.loads(p.read_text()))
+        try:
+            data: dict[str, Any] = json.loads(p.read_text(encoding="utf-8"))
+            return StageState(**data)
+        except (ValueError, TypeError):
+            return None  # an unreadable record: the stage runs again

@@ -7,52 +7,11 @@ from pathlib import Path
 import click
 
 from pipeline.app import App, pass_app
-from pipeline.dockerw import Engine
 from pipeline.errors import UsageError
-from pipeline.imagebuild import BuildOutcome, build_image, registry_lookup
-from pipeline.orchestrate import BuildRequest, RunResult, execute
-from pipeline.runs import STAGE_ORDER
+from pipeline.stages import STAGE_ORDER
 
 
-def build_context_command(
-    app: App,
-    context_dir: Path,
-    *,
-    tag: str | None = None,
-    docker_host: str | None = None,
-    nocache: bool = False,
-    run_dir: Path | None = None,
-) -> BuildOutcome:
-    """Build an already rendered context; what `pipeline build --context DIR` does.
-
-    The orchestrator calls this with its own run directory.
-    """
-    settings = app.settings(docker_host=docker_host)
-    if run_dir is None:
-        run_dir = app.run_dir or app.open_run("build")
-    with app.log.stage("build", str(context_dir)) as rec:
-        engine = Engine.connect(settings.smoke.docker_host or None, env=app.env)
-        try:
-            outcome = build_image(
-                engine,
-                context_dir,
-                tag=tag,
-                log=app.log,
-                run_dir=run_dir,
-                remote_lookup=registry_lookup(settings, dict(app.env), app.log),
-                nocache=nocache,
-            )
-        finally:
-            engine.close()
-        if outcome.skipped:
-            rec.status = "skipped"
-            rec.figure = f"exists: {outcome.image_id[:19] or outcome.found_in}"
-        else:
-            rec.figure = f"{outcome.cached_steps}/{outcome.steps} steps cached"
-    return outcome
-
-
-def _summary_table(result: RunResult | None, app: App) -> str:
+def _summary_table(app: App) -> str:
     rows = [("stage", "status", "duration", "figure")]
     for rec in app.log.stages:
         rows.append((rec.name, rec.status, f"{rec.seconds:.1f}s", rec.figure))
@@ -69,7 +28,19 @@ def _summary_table(result: RunResult | None, app: App) -> str:
 @click.option("--aiter", "aiter_ref", help="aiter ref to pin (default: [sources] aiter_ref).")
 @click.option("--atom-repo", metavar="URL|PATH", help="ATOM repository.")
 @click.option("--aiter-repo", metavar="URL|PATH", help="aiter repository.")
-@click.option("--base-image", help="Base image reference (default: [image] base_image).")
+@click.option(
+    "--auto", "auto_aiter", is_flag=True, help="Pin the newest aiter compatible with ATOM (`pin --auto`)."
+)
+@click.option(
+    "--base-image",
+    metavar="REF",
+    help="Base image; NAME:TAG@sha256:DIGEST where no registry answers ([image] base_image).",
+)
+@click.option(
+    "--submodules",
+    type=click.Choice(["mirror", "in-build"]),
+    help="aiter's submodules from our mirrors, or fetched in the build at their pinned SHA.",
+)
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Build exactly this lock file instead of pinning.")  # fmt: skip
 @click.option("--from", "from_stage", type=click.Choice(STAGE_ORDER), help="First stage to run.")
@@ -91,7 +62,9 @@ def command(
     aiter_ref: str | None,
     atom_repo: str | None,
     aiter_repo: str | None,
+    auto_aiter: bool,
     base_image: str | None,
+    submodules: str | None,
     lock_file: Path | None,
     from_stage: str | None,
     until: str | None,
@@ -103,7 +76,7 @@ def command(
     nocache: bool,
     as_json: bool,
 ) -> None:
-    """Run the whole chain for a model (pin → check → patch → render → build → smoke → tag),
+    """Run the whole chain for a model (pin → patch → check → render → build → smoke → tag),
     or, with --context DIR, build an already rendered context.
 
     \b
@@ -112,14 +85,21 @@ def command(
     --resume skips what already succeeded for the same inputs and starts at the failure.
     Without MI355 GPUs the run stops after build (exit 9) with the image kept as a candidate.
     """
+    settings = app.settings(
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+        docker_host=docker_host,
+        registry=registry,
+        base_image=base_image,
+        submodules=submodules,
+    )
     if context_dir is not None:
-        _build_context(app, context_dir, tag=tag, docker_host=docker_host, nocache=nocache, as_json=as_json)
+        _build_context(app, context_dir, tag=tag, nocache=nocache, as_json=as_json)
         return
     if model is None and resume is None:
         raise UsageError("pass --model MODEL (the whole chain) or --context DIR (build a rendered context).")
-    settings = app.settings(
-        atom_repo=atom_repo, aiter_repo=aiter_repo, docker_host=docker_host, registry=registry
-    )
+    from pipeline.orchestrate import BuildRequest, RunResult, execute
+
     req = BuildRequest(
         model=model or "",
         atom_ref=atom_ref,
@@ -129,18 +109,17 @@ def command(
         from_stage=from_stage,
         until=until,
         resume=resume,
-        docker_host=docker_host,
         registry=registry,
         offline=offline,
+        auto_aiter=auto_aiter,
     )
     result: RunResult | None = None
     try:
         result = execute(req, settings, app.log, app.env)
     finally:
-        table = _summary_table(result, app)
-        app.log.info("\n" + table)
-        title = f"pipeline build {model or resume}"
-        app.log.publish_summary(title)
+        if app.log.stages:  # nothing ran: no empty table
+            app.log.info("\n" + _summary_table(app))
+            app.log.publish_summary(f"pipeline build {model or resume}")
     if as_json:
         app.emit_json(
             {
@@ -153,24 +132,43 @@ def command(
         raise result.error
 
 
-def _build_context(
-    app: App, context_dir: Path, *, tag: str | None, docker_host: str | None, nocache: bool, as_json: bool
-) -> None:
-    outcome = build_context_command(app, context_dir, tag=tag, docker_host=docker_host, nocache=nocache)
+def _build_context(app: App, context_dir: Path, *, tag: str | None, nocache: bool, as_json: bool) -> None:
+    from pipeline.render import read_manifest
+    from pipeline.stages import build
+
+    ctx = app.context("build")
+    try:
+        with app.log.stage("build", str(context_dir)) as rec:
+            out = build.run(
+                ctx,
+                build.Inputs(
+                    context=context_dir,
+                    inputs_digest=read_manifest(context_dir).inputs_digest,
+                    tag=tag,
+                    nocache=nocache,
+                    registry=ctx.settings.tag.registry,
+                    repository=ctx.settings.image.repository,
+                ),
+            )
+            rec.status = "skipped" if out.skipped else "ok"
+            rec.figure = out.figure()
+    finally:
+        ctx.close()
     if as_json:
         app.emit_json(
             {
-                "image_id": outcome.image_id,
-                "image_ref": outcome.image_ref,
-                "skipped": outcome.skipped,
-                "found_in": outcome.found_in,
-                "inputs_digest": outcome.inputs_digest,
-                "steps": outcome.steps,
-                "cached_steps": outcome.cached_steps,
-                "aiter_cached": outcome.aiter_cached,
-                "log": str(outcome.log_path) if outcome.log_path else None,
+                "image_id": out.image,
+                "image_ref": out.ref,
+                "skipped": out.skipped,
+                "found_in": out.found_in,
+                "pushed": out.pushed,
+                "inputs_digest": read_manifest(context_dir).inputs_digest,
+                "steps": out.steps,
+                "cached_steps": out.cached_steps,
+                "aiter_cached": out.aiter_cached,
+                "log": str(out.log) if out.log else None,
             }
         )
     else:
-        state = "exists (not rebuilt)" if outcome.skipped else "built"
-        app.echo(f"{outcome.image_ref}  {outcome.image_id[:19]}  {state}")
+        state = "exists (not rebuilt)" if out.skipped else "built"
+        app.echo(f"{out.ref}  {out.image[:19]}  {state}")

@@ -8,22 +8,24 @@ exists, after printing the report; usage and source problems keep their codes.
 from __future__ import annotations
 
 import contextlib
-import json
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.compat import CheckReport, run_check
-from pipeline.compat.reach import Reach, gate_model
-from pipeline.config import Settings
 from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
 from pipeline.fsutil import atomic_write_text
-from pipeline.gitw import GitRepo
-from pipeline.lock import Lock
-from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.recipe import find_recipe, load_recipe
-from pipeline.sources import is_local, mirrors_for_lock, open_mirror
+from pipeline.stages.base import Context
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.gitw import GitRepo
+
+# Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
+# local refs needs none of them (start-up time, issue 12 §5).
 
 
 @click.command(name="check")
@@ -107,6 +109,8 @@ def command(
     --atom-repo/--aiter-repo (a local path is read as it is; a URL through its mirror).
     Exit 0 compatible, 4 incompatible (after the report), 2 usage, 3 source problems.
     """
+    from pipeline.stages import check
+
     if lock_path is not None and (atom_ref or aiter_ref):
         raise UsageError(
             "--lock and --atom/--aiter both name the commits to check.",
@@ -116,127 +120,118 @@ def command(
         atom_repo=atom_repo, aiter_repo=aiter_repo, atom_ref=atom_ref, aiter_ref=aiter_ref
     )
     log = app.log
+    if recipe_path is None and model is not None:  # named explicitly: a missing recipe is an error
+        from pipeline.recipe import find_recipe
+
+        recipe_path = find_recipe(validate.model(model), Path(settings.paths.recipes_dir))
     if lock_path is not None:
-        lock = Lock.load(lock_path)
-        atom, aiter = _repos_for_lock(settings, lock, atom_repo, aiter_repo)
-        atom_rev, aiter_rev = lock.atom.sha, lock.aiter.sha
-        dated_by: str | None = None
-        if lock.applied_patches and not unpatched:
-            series = PatchSeries.load(patches_dir or Path(settings.paths.patches_dir))
-            applied = patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha)
-            if {p.name for p in applied.applied} != {p.name for p in lock.applied_patches}:
-                log.warn(
-                    "the patch series applies differently from what the lock records "
-                    f"({', '.join(p.name for p in applied.applied) or 'none'} now, "
-                    f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
-                    "checking the series as it applies now."
-                )
-            atom_rev, dated_by = applied.head_sha, lock.atom.sha
-            log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(applied.applied)} patch(es))")
+        inputs = _lock_inputs(app, lock_path, atom_repo, aiter_repo, patches_dir, unpatched, recipe_path)
     else:
-        atom = open_repo(settings, settings.sources.atom_repo, "ATOM")
-        aiter = open_repo(settings, settings.sources.aiter_repo, "aiter")
-        atom_rev, aiter_rev = settings.sources.atom_ref, settings.sources.aiter_ref
-        dated_by = None
-
-    with log.stage("check", f"ATOM {atom_rev[:12]} × aiter {aiter_rev[:12]}") as rec:
-        report = run_check(
-            atom,
-            atom_rev,
-            aiter,
-            aiter_rev,
-            baseline_aiter_rev=baseline_aiter,
-            cache_dir=settings.cache_dir / "compat",
-            dated_by=dated_by,
+        inputs = check.Inputs(
+            model=model or "",
+            atom_rev=validate.ref(settings.sources.atom_ref, what="ATOM ref"),
+            aiter_rev=validate.ref(settings.sources.aiter_ref, what="aiter ref"),
+            atom_repo=_repo_path(settings, settings.sources.atom_repo, "ATOM"),
+            aiter_repo=_repo_path(settings, settings.sources.aiter_repo, "aiter"),
+            recipe=recipe_path,
+            reports_dir=Path("."),
         )
-        rec.figure = (
-            f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), "
-            f"{report.calls_checked} calls checked, {report.calls_unchecked} unchecked"
-        )
-        recipes_dir = Path(settings.paths.recipes_dir)
-        reach: Reach | None = None
-        if recipe_path is None and model is not None:
-            recipe_path = find_recipe(model, recipes_dir)  # named explicitly: a missing one is an error
-        if recipe_path is None and lock_path is not None:
-            with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
-                recipe_path = find_recipe(lock.model, recipes_dir)
-        if recipe_path is not None:
-            gate = gate_model(
-                report,
-                atom,
-                load_recipe(recipe_path),
-                cache_dir=settings.cache_dir / "compat",
-                waivers=not no_waivers,
-            )
-            report, reach = gate.report, gate.reach
-            if gate.reach is not None:
-                off = sum(1 for f in report.findings if f.reach == "off-path")
-                rec.figure += f", {off} off {gate.reach.facts.architecture}'s path"
-                log.detail(gate.reach.edges_summary())
-            if gate.waived:
-                rec.figure += f", {gate.waived} waived by {recipe_path.name}"
-            for msg in gate.warnings:
-                log.warn(msg)
-            for note in gate.notes:
-                log.warn(note.message)
-        if not report.ok:
-            rec.status = "failed"
-
-    text = render(report, fmt, reach=reach)
+    inputs = inputs.model_copy(update={"baseline_aiter": baseline_aiter, "waivers": not no_waivers})
+    with tempfile.TemporaryDirectory(prefix="pipeline-check-") as reports:
+        inputs = inputs.model_copy(update={"reports_dir": Path(reports)})
+        ctx = Context(settings=settings, log=log, env=app.env, work_dir=Path(reports))
+        failed: IncompatibleError | None = None
+        with log.stage("check", f"ATOM {inputs.atom_rev[:12]} × aiter {inputs.aiter_rev[:12]}") as rec:
+            try:
+                out = check.run(ctx, inputs)
+                rec.figure = out.figure()
+            except IncompatibleError as e:
+                rec.status, rec.figure, failed = "failed", e.message.splitlines()[0], e
+        name = {"text": "check.txt", "json": "check.json", "sarif": "check.sarif"}[fmt]
+        text = (Path(reports) / name).read_text(encoding="utf-8")
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")
     else:
         click.echo(app.log.redact(text), nl=False)
-    if log.github:
-        for f in report.errors:
-            log.error(f.message, file=f.path, line=f.line)
-    if not report.ok:
-        raise IncompatibleError(
-            f"ATOM {report.atom_sha[:10]} is not compatible with aiter {report.aiter_sha[:10]}: "
-            f"{len(report.errors)} breaking call(s).",
-            hint="Pin another aiter (`pipeline pin --auto` finds the newest compatible one) "
-            "or add a patch for ATOM (`pipeline patch`).",
+    if failed is not None:
+        raise failed
+
+
+def _lock_inputs(
+    app: App,
+    lock_path: Path,
+    atom_repo: str | None,
+    aiter_repo: str | None,
+    patches_dir: Path | None,
+    unpatched: bool,
+    recipe_path: Path | None,
+) -> Any:
+    """The locked commits; when the lock records applied patches, the patched tree (the patch stage's)."""
+    from pipeline.lock import Lock
+    from pipeline.recipe import find_recipe
+    from pipeline.stages import check, patch
+
+    settings = app.settings()
+    lock = Lock.load(lock_path)
+    atom = _repo_path(settings, atom_repo, "ATOM") if atom_repo else None
+    aiter = _repo_path(settings, aiter_repo, "aiter") if aiter_repo else None
+    atom_rev, dated_by = lock.atom.sha, None
+    if lock.applied_patches and not unpatched:
+        ctx = Context(settings=settings, log=app.log, env=app.env, work_dir=Path("."))
+        patched = patch.run(
+            ctx,
+            patch.Inputs(
+                lock=lock,
+                patches_dir=patches_dir or Path(settings.paths.patches_dir),
+                out=None,
+                atom_repo=atom,
+                aiter_repo=aiter,
+            ),
         )
+        if patched.applied != tuple(p.name for p in lock.applied_patches):
+            app.log.warn(
+                "the patch series applies differently from what the lock records "
+                f"({', '.join(patched.applied) or 'none'} now, "
+                f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
+                "checking the series as it applies now."
+            )
+        atom_rev, dated_by = patched.head, lock.atom.sha
+        app.log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(patched.applied)} patch(es))")
+    if recipe_path is None:
+        with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
+            recipe_path = find_recipe(lock.model, Path(settings.paths.recipes_dir))
+    return check.Inputs(
+        model=lock.model,
+        atom_rev=atom_rev,
+        aiter_rev=lock.aiter.sha,
+        lock=lock,
+        atom_repo=atom,
+        aiter_repo=aiter,
+        dated_by=dated_by,
+        recipe=recipe_path,
+        reports_dir=Path("."),
+    )
 
 
-def render(report: CheckReport, fmt: str, *, reach: Reach | None = None) -> str:
-    if fmt == "json":
-        data = report.to_json()
-        if reach is not None:
-            data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
-        return json.dumps(data, indent=2) + "\n"
-    if fmt == "sarif":
-        return json.dumps(report.to_sarif(), indent=2) + "\n"
-    text = report.to_text() + "\n"
-    return text + (f"reach: {reach.edges_summary()}\n" if reach is not None else "")
-
-
-def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
+def _repo_path(settings: Settings, url: str, name: str) -> Path:
     """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
+    from pipeline.sources import is_local, open_mirror
+
+    validate.url(url, what=f"{name} repository")
     path = Path(url).expanduser()
     if is_local(url) and path.exists():
-        return GitRepo(path)
+        return path
     if is_local(url):
         raise SourceError(
             f"the {name} repository path {url} does not exist.",
             hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
         )
-    return open_mirror(settings, url, fetch=False)
+    return Path(open_mirror(settings, url, fetch=False).path)
 
 
-def _repos_for_lock(
-    settings: Settings, lock: Lock, atom_repo: str | None, aiter_repo: str | None
-) -> tuple[GitRepo, GitRepo]:
-    if not atom_repo and not aiter_repo:
-        return mirrors_for_lock(settings, lock)
-    atom = open_repo(settings, atom_repo or lock.atom.url, "ATOM")
-    aiter = open_repo(settings, aiter_repo or lock.aiter.url, "aiter")
-    for repo, pin, name in ((atom, lock.atom, "ATOM"), (aiter, lock.aiter, "aiter")):
-        if repo.rev_parse(pin.sha) is None:
-            raise SourceError(
-                f"the locked {name} commit {pin.sha} is not in {repo.path}.",
-                hint="Run `pipeline pin` again, or point --atom-repo/--aiter-repo at a repository "
-                "that has it.",
-            )
-    return atom, aiter
+def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
+    """A local repository as it is, else the mirror of the URL (no fetch)."""
+    from pipeline.gitw import GitRepo
+
+    return GitRepo(_repo_path(settings, url, name))

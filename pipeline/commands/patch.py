@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from pipeline import validate
 from pipeline.app import App, pass_app
 from pipeline.errors import PatchError, UsageError
-from pipeline.gitw import GitRepo
-from pipeline.lock import Lock, default_lock_path
-from pipeline.patchq import (
-    PatchSeries,
-    apply_series,
-    check_series,
-    export_series,
-    import_series,
-    new_patch,
-)
-from pipeline.patchq.model import AITER_AFTER, AITER_REQUIRES, RANGE, VERSION
+from pipeline.lock import Lock
+from pipeline.patchq.model import AITER_AFTER, AITER_REQUIRES, RANGE, VERSION, PatchSeries
+
+if TYPE_CHECKING:
+    from pipeline.gitw import GitRepo
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +63,7 @@ def _lock_path(app: App, lock_file: Path | None, model: str | None) -> Path:
         return lock_file
     locks_dir = Path(app.settings().paths.locks_dir)
     if model:
-        return default_lock_path(locks_dir, model)
+        return locks_dir / f"{validate.model(model)}.toml"
     found = sorted(locks_dir.glob("*.toml")) if locks_dir.is_dir() else []
     if len(found) == 1:
         return found[0]
@@ -80,19 +74,12 @@ def _lock_path(app: App, lock_file: Path | None, model: str | None) -> Path:
 
 
 def _repos(app: App, lock: Lock, atom_repo: Path | None, aiter_repo: Path | None) -> tuple[GitRepo, GitRepo]:
-    if atom_repo is not None and aiter_repo is not None:
-        return GitRepo(atom_repo), GitRepo(aiter_repo)
-    try:
-        sources = importlib.import_module("pipeline.sources")
-    except ImportError:
-        sources = None
-    if sources is not None and hasattr(sources, "mirrors_for_lock"):
-        atom, aiter = sources.mirrors_for_lock(app.settings(), lock)
-        return (GitRepo(atom_repo) if atom_repo else atom), (GitRepo(aiter_repo) if aiter_repo else aiter)
-    raise UsageError(
-        "where are the ATOM and aiter repositories?",
-        hint="Pass --atom-repo PATH and --aiter-repo PATH (local clones or mirrors).",
-    )
+    from pipeline.stages import patch
+    from pipeline.stages.base import Context
+
+    ctx = Context(settings=app.settings(), log=app.log, env=app.env, work_dir=Path("."))
+    atom, aiter = patch.repos(ctx, lock, atom_repo, aiter_repo)
+    return atom, aiter
 
 
 @click.group(name="patch")
@@ -175,6 +162,9 @@ def check_cmd(
     as_json: bool,
 ) -> None:
     """Each patch: applies, not-needed, already-upstream or conflict (exit 5 on a conflict)."""
+    from pipeline.gitw import GitRepo
+    from pipeline.patchq import check_series
+
     series = _series(app, patches_dir)
     lock = None
     if atom_rev is None or aiter_rev is None or atom_repo is None or aiter_repo is None:
@@ -262,30 +252,34 @@ def apply_cmd(
     their range or aiter condition) or already upstream are dropped with a
     note. The lock's `patches` entries record what was applied (sha256).
     """
-    series = _series(app, patches_dir)
+    from pipeline.stages import patch
+
     lock_path = _lock_path(app, lock_file, model)
     lock = Lock.load(lock_path)
-    atom, aiter = _repos(app, lock, atom_repo, aiter_repo)
-    workdir = workdir or app.settings().cache_dir / "patched"
+    ctx = app.context()
+    inputs = patch.Inputs(
+        lock=lock,
+        patches_dir=patches_dir or Path(ctx.settings.paths.patches_dir),
+        out=None if no_lock_update else lock_path,
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+        workdir=workdir or ctx.settings.cache_dir / "patched",
+    )
     with app.log.stage("patch apply") as rec:
-        result = apply_series(series, atom, lock.atom.sha, aiter, lock.aiter.sha, workdir=workdir)
-        rec.figure = f"{len(result.applied)}/{len(series)} applied"
-    for note in result.notes:
-        app.log.info(note)
-    if not no_lock_update and lock.with_patches(result.pins).save(lock_path):
-        app.log.info(f"recorded {len(result.pins)} patch(es) in {lock_path}")
+        out = patch.run(ctx, inputs)
+        rec.figure = out.figure()
     if as_json:
         app.emit_json(
             {
-                "head": result.head_sha,
-                "branch": result.branch,
-                "worktree": result.worktree,
-                "patches": [p.model_dump() for p in result.pins],
-                "notes": result.notes,
+                "head": out.head,
+                "branch": out.branch,
+                "worktree": out.worktree,
+                "patches": [p.model_dump() for p in out.lock.patches],
+                "notes": list(out.notes),
             }
         )
     else:
-        app.echo(result.head_sha)
+        app.echo(out.head)
 
 
 @command.command(name="import")
@@ -312,6 +306,9 @@ def import_cmd(
     force: bool,
 ) -> None:
     """Apply every patch (no range checks) as commits on a branch of an ATOM work tree, to edit."""
+    from pipeline.gitw import GitRepo
+    from pipeline.patchq import import_series
+
     series = _series(app, patches_dir)
     base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
     name, head = import_series(series, GitRepo(repo), base, branch=branch, force=force)
@@ -340,6 +337,9 @@ def export_cmd(
     tip: str,
 ) -> None:
     """Regenerate the patch files and `series` from the commits BASE..TIP (one patch per commit)."""
+    from pipeline.gitw import GitRepo
+    from pipeline.patchq import export_series
+
     directory = patches_dir or Path(app.settings().paths.patches_dir)
     base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
     for path in export_series(GitRepo(repo), base, tip, directory):
@@ -382,6 +382,9 @@ def new_cmd(
     patch_version: int | None,
 ) -> None:
     """Append one commit to the series as the next NNNN-slug.patch, with DEP-3 headers."""
+    from pipeline.gitw import GitRepo
+    from pipeline.patchq import new_patch
+
     directory = patches_dir or Path(app.settings().paths.patches_dir)
     base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
     overrides = {

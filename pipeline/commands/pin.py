@@ -1,4 +1,4 @@
-"""`pipeline pin`: resolve ATOM and aiter refs to full SHAs and write the lock file.
+"""`pipeline pin`: resolve ATOM and aiter refs to full SHAs and write the lock file (the pin stage).
 
 Every later stage reads only the lock file this writes. Writing is atomic and
 skipped when nothing changed (the file keeps its mtime).
@@ -7,21 +7,18 @@ skipped when nothing changed (the file keeps its mtime).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.config import Settings
-from pipeline.lock import Lock, SourcePin, default_lock_path
-from pipeline.sources import (
-    PinResult,
-    auto_aiter_chooser,
-    commit_json,
-    pin,
-    submodule_mirror,
-    validate_model,
-)
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.lock import SourcePin
+    from pipeline.stages.pin import Outputs
 
 
 @click.command(name="pin")
@@ -44,6 +41,9 @@ from pipeline.sources import (
     "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object on stdout.")
+@click.option(
+    "--keep-failed-run", is_flag=True, help="Keep the run directory (and its log) when the pin fails."
+)
 @pass_app
 def command(
     app: App,
@@ -57,6 +57,7 @@ def command(
     offline: bool,
     auto: bool,
     as_json: bool,
+    keep_failed_run: bool,
 ) -> None:
     """Resolve ATOM and aiter refs to full SHAs and write the lock file.
 
@@ -66,56 +67,53 @@ def command(
     under the cache dir (PIPELINE_CACHE_DIR) and fetched incrementally; later
     stages read only the lock file and these mirrors.
     """
-    validate_model(model)
+    from pipeline.lock import Lock
+    from pipeline.recipe import find_recipe
+    from pipeline.stages import pin
+
+    validate.model(model)
     settings = app.settings(
         atom_repo=atom_repo,
         aiter_repo=aiter_repo,
         atom_ref=atom_ref,
         aiter_ref=aiter_ref,
+    )
+    validate.check_tag_templates(settings)  # a bad tag template fails now, not after build and smoke
+    if base_image is not None:
+        validate.image_reference(base_image, what="--base-image")
+    recipe = find_recipe(model, Path(settings.paths.recipes_dir))  # an unknown model writes no lock
+    path = lock_path or Path(settings.paths.locks_dir) / f"{model}.toml"
+    if path.is_file():
+        Lock.load(path)  # a corrupt lock stops here, naming file and line
+    inputs = pin.Inputs(
+        model=model,
+        atom_repo=validate.url(settings.sources.atom_repo, what="ATOM repository"),
+        aiter_repo=validate.url(settings.sources.aiter_repo, what="aiter repository"),
+        atom_ref=validate.ref(settings.sources.atom_ref, what="ATOM ref"),
+        aiter_ref=validate.ref(settings.sources.aiter_ref, what="aiter ref"),
         base_image=base_image,
+        out=path,
+        previous=path if path.is_file() else None,
+        offline=offline,
+        auto=auto,
+        recipe=recipe,
+        patches_dir=Path(settings.paths.patches_dir),
     )
-    path = lock_path or default_lock_path(Path(settings.paths.locks_dir), model)
-    previous = Lock.load(path) if path.is_file() else None  # a corrupt lock stops here, naming file and line
-
-    app.open_run(f"pin-{model}")
-    log = app.log
-    auto_report: dict[str, Any] = {}
-    chooser = (
-        auto_aiter_chooser(
-            settings.cache_dir,
-            log,
-            auto_report,
-            Path(settings.paths.patches_dir),
-            Path(settings.paths.recipes_dir) / f"{model}.yaml",
-        )
-        if auto
-        else None
-    )
-
-    with log.stage("pin", model) as rec:
-        result = pin(
-            settings,
-            model=model,
-            atom_ref=settings.sources.atom_ref,
-            aiter_ref=settings.sources.aiter_ref,
-            base_image=settings.image.base_image,
-            log=log,
-            offline=offline,
-            previous=previous,
-            choose_aiter=chooser,
-            env=app.env,
-        )
-        lock = result.lock
-        changed = lock.save(path)
-        rec.figure = f"ATOM {lock.atom.short} · aiter {lock.aiter.short}" + (
-            "" if changed else " (unchanged)"
-        )
-
-    dropped = previous is not None and bool(previous.patches) and not lock.patches
+    previous = Lock.load(path) if path.is_file() else None
+    ctx = app.context(f"pin-{model}")
+    try:
+        with app.log.stage("pin", model) as rec:
+            out = pin.run(ctx, inputs)
+            rec.figure = out.figure()
+    except PipelineError:
+        if not keep_failed_run:
+            app.discard_run()  # a failed pin leaves no run directory behind
+        raise
+    dropped = previous is not None and bool(previous.patches) and not out.lock.patches
     if as_json:
-        app.emit_json(_as_json(result, path, changed, dropped, auto_report, settings=settings))
+        app.emit_json(_as_json(out, dropped, settings=settings))
     else:
-        app.echo(_as_text(result, path, changed, dropped, auto_report, settings=settings))
+        app.echo(_as_text(out, dropped, settings=settings))
 
 
 def _pin_json(p: SourcePin) -> dict[str, Any]:
@@ -129,50 +127,36 @@ def _pin_json(p: SourcePin) -> dict[str, Any]:
     }
 
 
-def _as_json(
-    result: PinResult,
-    path: Path,
-    changed: bool,
-    dropped: bool,
-    auto: dict[str, Any],
-    *,
-    settings: Settings,
-) -> dict[str, Any]:
-    lock = result.lock
+def _as_json(out: Outputs, dropped: bool, *, settings: Settings) -> dict[str, Any]:
+    lock = out.lock
     atom = _pin_json(lock.atom)
     aiter = _pin_json(lock.aiter)
     for sub in aiter["submodules"]:
         sub["mirrored"] = _sub_mirrored(settings, sub["url"], sub["sha"])
-    out: dict[str, Any] = {
+    data: dict[str, Any] = {
         "model": lock.model,
-        "lock": str(path),
-        "changed": changed,
+        "lock": str(out.lock_path),
+        "changed": out.changed,
         "lock_sha256": lock.digest(),
         "sources": {"atom": atom, "aiter": aiter},
         "base_image": {"ref": lock.base_image.ref, "digest": lock.base_image.digest or None},
         "patches_kept": len(lock.patches),
         "patches_dropped": dropped,
     }
-    if auto:
-        out["auto"] = {**auto, "requested": commit_json(result.aiter_requested)}
-    return out
+    if out.auto is not None:
+        data["auto"] = out.auto.model_dump(mode="json")
+    return data
 
 
 def _sub_mirrored(settings: Settings, url: str, sha: str) -> bool:
+    from pipeline.sources import submodule_mirror
+
     repo = submodule_mirror(settings, url)
     return repo is not None and repo.rev_parse(sha) is not None
 
 
-def _as_text(
-    result: PinResult,
-    path: Path,
-    changed: bool,
-    dropped: bool,
-    auto: dict[str, Any],
-    *,
-    settings: Settings,
-) -> str:
-    lock = result.lock
+def _as_text(out: Outputs, dropped: bool, *, settings: Settings) -> str:
+    lock = out.lock
     lines = []
     for name, p in (("ATOM", lock.atom), ("aiter", lock.aiter)):
         lines.append(f"{name:<6} {p.url}")
@@ -180,14 +164,14 @@ def _as_text(
         for s in p.submodules:
             state = "mirrored" if _sub_mirrored(settings, s.url, s.sha) else "NOT mirrored"
             lines.append(f"       submodule {s.path} {s.sha} ({s.url or 'no URL'}; {state})")
-    if auto:
-        req = result.aiter_requested
+    if out.auto is not None:
+        req = out.auto.requested
         lines.append(
             f"auto   requested aiter head {req.sha[:10]}; pinned newest compatible {lock.aiter.short}"
         )
-        fb = auto.get("first_breaking")
+        fb = out.auto.first_breaking
         if fb:
-            lines.append(f"       first breaking aiter commit {fb['sha'][:10]} {fb['subject']}")
+            lines.append(f"       first breaking aiter commit {fb.sha[:10]} {fb.subject}")
     base = lock.base_image
     digest = base.digest or "(no digest: kept as given)"
     lines.append(f"base   {base.ref}  {digest}")
@@ -195,5 +179,5 @@ def _as_text(
         lines.append("patches: dropped from the lock (ATOM or aiter changed); run `pipeline patch` again")
     elif lock.patches:
         lines.append(f"patches: {len(lock.patches)} kept (ATOM and aiter unchanged)")
-    lines.append(f"{'lock written' if changed else 'lock unchanged'}: {path}")
+    lines.append(f"{'lock written' if out.changed else 'lock unchanged'}: {out.lock_path}")
     return "\n".join(lines)

@@ -2,125 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.config import Settings
 from pipeline.errors import PatchError, UsageError
-from pipeline.gitw import GitRepo
-from pipeline.lock import Lock, default_lock_path
-from pipeline.patchq import PatchSeries, patched_commit
-from pipeline.render import RenderedContext, render_context
-from pipeline.sources import mirrors_for_lock, submodule_mirror, validate_model
+
+if TYPE_CHECKING:
+    from pipeline.lock import Lock
+    from pipeline.stages.base import Context
 
 
-def source_date_epoch(env: Mapping[str, str]) -> int | None:
-    raw = env.get("SOURCE_DATE_EPOCH")
-    if raw in (None, ""):
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"SOURCE_DATE_EPOCH={raw!r} is not an integer (seconds since 1970).") from None
-
-
-def _mirrors(
-    settings: Settings, lock: Lock, atom_repo: Path | None, aiter_repo: Path | None
-) -> tuple[GitRepo, GitRepo]:
-    """The repositories holding the locked commits: the flags, else the pipeline's mirrors."""
-    if atom_repo is not None and aiter_repo is not None:
-        return GitRepo(atom_repo), GitRepo(aiter_repo)
-    atom, aiter = mirrors_for_lock(settings, lock)
-    return GitRepo(atom_repo) if atom_repo else atom, GitRepo(aiter_repo) if aiter_repo else aiter
-
-
-def _submodule_repos(settings: Settings, lock: Lock, given: tuple[str, ...]) -> dict[str, GitRepo | None]:
-    """PATH=REPO flags first, else the mirror of each submodule URL (None when there is none)."""
-    repos: dict[str, GitRepo | None] = {}
+def _submodule_repos(given: tuple[str, ...]) -> tuple[tuple[str, Path], ...]:
+    """PATH=REPO flags (the mirrors of the submodule URLs serve the rest)."""
+    out = []
     for item in given:
         path, sep, repo = item.partition("=")
         if not sep or not path or not repo:
-            raise UsageError(f"--submodule-repo {item!r}: expected SUBMODULE_PATH=REPOSITORY.")
-        repos[path] = GitRepo(Path(repo))
-    for sub in lock.aiter.submodules:
-        if sub.path not in repos:
-            repos[sub.path] = submodule_mirror(settings, sub.url)
-    return repos
-
-
-def _atom_tree(
-    settings: Settings, lock: Lock, given: str | None, atom: GitRepo, aiter: GitRepo, patches_dir: Path | None
-) -> str:
-    """The patched ATOM commit: --atom-tree, else the series applied to the locked commit.
-
-    The series is applied in the ATOM object store only (no work tree, no
-    branch): the same commit `pipeline patch apply` makes. It must apply
-    exactly the patches the lock records.
-    """
-    if given:
-        sha = atom.rev_parse(given)
-        if sha is None:
-            raise UsageError(f"--atom-tree {given!r} is not a commit in {atom.path}.")
-        return sha
-    if not lock.applied_patches:
-        return lock.atom.sha
-    directory = patches_dir or Path(settings.paths.patches_dir)
-    result = patched_commit(PatchSeries.load(directory), atom, lock.atom.sha, aiter, lock.aiter.sha)
-    applied = [(p.name, p.sha256) for p in result.applied]
-    recorded = [(p.name, p.sha256) for p in lock.applied_patches]
-    if applied != recorded:
-        names = ", ".join(n for n, _ in applied) or "nothing"
-        raise PatchError(
-            f"the patch series in {directory} applies {names} to ATOM {lock.atom.short}, but the lock "
-            "records " + (", ".join(n for n, _ in recorded)) + " (names and sha256 must match).",
-            hint=f"Run `pipeline patch apply --model {lock.model}` to record the series in the lock, "
-            "then render again.",
-        )
-    return result.head_sha
-
-
-def render_command(
-    app: App,
-    *,
-    model: str,
-    out_dir: Path,
-    lock_path: Path | None = None,
-    submodules: str | None = None,
-    atom_repo: Path | None = None,
-    aiter_repo: Path | None = None,
-    atom_tree: str | None = None,
-    submodule_repos: tuple[str, ...] = (),
-    recipe: Path | None = None,
-    patches_dir: Path | None = None,
-) -> RenderedContext:
-    """What `pipeline render` does; callable by the orchestrator."""
-    settings = app.settings(submodules=submodules)
-    validate_model(model)
-    lock = Lock.load(lock_path or default_lock_path(Path(settings.paths.locks_dir), model))
-    if lock.model != model:
-        raise UsageError(f"the lock is for model {lock.model!r}, not {model!r}.")
-    with app.log.stage("render", model) as rec:
-        atom, aiter = _mirrors(settings, lock, atom_repo, aiter_repo)
-        tree = _atom_tree(settings, lock, atom_tree, atom, aiter, patches_dir)
-        recipe_path = recipe or Path(settings.paths.recipes_dir) / f"{model}.yaml"
-        ctx = render_context(
-            lock=lock,
-            atom=atom,
-            atom_tree_sha=tree,
-            aiter=aiter,
-            submodule_repos=_submodule_repos(settings, lock, submodule_repos),
-            recipe_path=recipe_path,
-            settings=settings,
-            out_dir=out_dir,
-            templates_dir=Path(settings.paths.templates_dir),
-            source_date_epoch=source_date_epoch(app.env),
-        )
-        rec.figure = f"inputs {ctx.inputs_digest[:12]}"
-        app.log.detail(f"Dockerfile: {ctx.dockerfile}")
-    return ctx
+            raise UsageError(f"--submodule-repo {validate.shown(item)}: expected SUBMODULE_PATH=REPOSITORY.")
+        out.append((path, Path(repo)))
+    return tuple(out)
 
 
 @click.command(name="render")
@@ -201,28 +105,79 @@ def command(
     pipeline's mirrors, nothing is cloned inside the build. Same lock, patches,
     recipe and template: byte-identical Dockerfile.
     """
-    ctx = render_command(
-        app,
-        model=model,
-        out_dir=out_dir,
-        lock_path=lock_path,
-        submodules=submodules,
-        atom_repo=atom_repo,
-        aiter_repo=aiter_repo,
-        atom_tree=atom_tree,
-        submodule_repos=submodule_repos,
-        recipe=recipe,
-        patches_dir=patches_dir,
-    )
+    from pipeline.lock import Lock
+    from pipeline.recipe import find_recipe
+    from pipeline.stages import render
+
+    validate.model(model)
+    settings = app.settings(submodules=submodules)
+    lock = Lock.load(lock_path or Path(settings.paths.locks_dir) / f"{model}.toml")
+    if lock.model != model:
+        raise UsageError(f"the lock is for model {lock.model!r}, not {model!r}.")
+    recipe = recipe or find_recipe(model, Path(settings.paths.recipes_dir))
+    ctx = app.context(work_dir=out_dir.parent)
+    with app.log.stage("render", model) as rec:
+        tree = atom_tree
+        if tree is None and lock.applied_patches:
+            tree = _patched_tree(ctx, lock, patches_dir, atom_repo, aiter_repo)
+        inputs = render.Inputs(
+            lock=lock,
+            atom_tree=_commit(ctx, lock, tree, atom_repo, aiter_repo) if tree else lock.atom.sha,
+            recipe=recipe,
+            out_dir=out_dir,
+            templates_dir=Path(settings.paths.templates_dir),
+            image=settings.image,
+            source_date_epoch=render.source_date_epoch(app.env),
+            atom_repo=atom_repo,
+            aiter_repo=aiter_repo,
+            submodule_repos=_submodule_repos(submodule_repos),
+        )
+        out = render.run(ctx, inputs)
+        rec.figure = out.figure()
+        app.log.detail(f"Dockerfile: {out.dockerfile}")
     if as_json:
         app.emit_json(
             {
-                "context": str(ctx.dir),
-                "dockerfile": str(ctx.dockerfile),
-                "inputs_digest": ctx.inputs_digest,
-                "image_ref": ctx.image_ref,
-                "labels": ctx.labels,
+                "context": str(out.context),
+                "dockerfile": str(out.dockerfile),
+                "inputs_digest": out.inputs_digest,
+                "image_ref": out.image_ref,
+                "labels": out.labels,
             }
         )
     else:
-        app.echo(f"{ctx.dir}  inputs {ctx.inputs_digest[:12]}  → {ctx.image_ref}")
+        app.echo(f"{out.context}  inputs {out.inputs_digest[:12]}  → {out.image_ref}")
+
+
+def _commit(ctx: Context, lock: Lock, rev: str, atom_repo: Path | None, aiter_repo: Path | None) -> str:
+    from pipeline.stages import patch
+
+    atom, _ = patch.repos(ctx, lock, atom_repo, aiter_repo)
+    sha: str | None = atom.rev_parse(rev)
+    if sha is None:
+        raise UsageError(f"--atom-tree {validate.shown(rev)} is not a commit in {atom.path}.")
+    return sha
+
+
+def _patched_tree(
+    ctx: Context, lock: Lock, patches_dir: Path | None, atom_repo: Path | None, aiter_repo: Path | None
+) -> str:
+    """The series applied to the locked commit by the patch stage; it must apply what the lock records."""
+    from pipeline.stages import patch
+
+    directory = patches_dir or Path(ctx.settings.paths.patches_dir)
+    out = patch.run(
+        ctx,
+        patch.Inputs(lock=lock, patches_dir=directory, out=None, atom_repo=atom_repo, aiter_repo=aiter_repo),
+    )
+    applied = [(p.name, p.sha256) for p in out.lock.applied_patches]
+    recorded = [(p.name, p.sha256) for p in lock.applied_patches]
+    if applied != recorded:
+        names = ", ".join(n for n, _ in applied) or "nothing"
+        raise PatchError(
+            f"the patch series in {directory} applies {names} to ATOM {lock.atom.short}, but the lock "
+            "records " + (", ".join(n for n, _ in recorded)) + " (names and sha256 must match).",
+            hint=f"Run `pipeline patch apply --model {lock.model}` to record the series in the lock, "
+            "then render again.",
+        )
+    return out.head

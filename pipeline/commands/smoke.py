@@ -7,10 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.app import App, pass_app
-from pipeline.errors import SmokeFailed, UsageError
-from pipeline.recipe import find_recipe, load_recipe
-from pipeline.smoke import SmokeOptions, run_smoke
-from pipeline.smoke.verdict import VERDICT_FILE
+from pipeline.errors import UsageError
 
 
 def _concurrencies(raw: str | None) -> tuple[int, ...] | None:
@@ -97,6 +94,9 @@ def command(
     serving benchmark. Writes verdict.json, summary.md and junit.xml to the run
     directory. Exit 0 passed, 8 a gate failed, 9 no GPUs/model here.
     """
+    from pipeline.recipe import find_recipe, load_recipe
+    from pipeline.stages import smoke
+
     if (model is None) == (recipe_file is None):
         raise UsageError("give exactly one of --model NAME or --recipe FILE.")
     settings = app.settings(
@@ -106,7 +106,12 @@ def command(
         recipe_file if recipe_file is not None else find_recipe(str(model), Path(settings.paths.recipes_dir))
     )
     recipe = load_recipe(path)
-    options = SmokeOptions(
+    ctx = app.context(f"smoke-{recipe.name}", work_dir=run_dir)
+    inputs = smoke.Inputs(
+        image=image,
+        model=recipe.name,
+        recipe=path,
+        out_dir=ctx.work_dir,
         run_all=settings.smoke.run_all_checks,
         quick=quick,
         gsm8k_limit=gsm8k_limit,
@@ -114,33 +119,15 @@ def command(
         bench_tolerance=bench_tolerance,
         ready_timeout_s=ready_timeout,
         preflight_via=preflight_via,  # type: ignore[arg-type]  # click.Choice guarantees the literal
-        labels=_labels(extra_labels),
+        labels=tuple(_labels(extra_labels).items()),
+        docker_host=settings.smoke.docker_host,
     )
-    rd = app.open_run(f"smoke-{recipe.name}", run_dir)
-    from pipeline.dockerw import Engine  # imported here: `pipeline smoke --help` needs no docker SDK
-
-    engine = Engine.connect(settings.smoke.docker_host or None, env=app.env, log=app.log)
     try:
-        verdict = run_smoke(
-            engine,
-            image=image,
-            recipe=recipe,
-            recipe_path=path,
-            settings=settings,
-            env=app.env,
-            run_dir=rd,
-            log=app.log,
-            options=options,
-        )
+        out = smoke.run(ctx, inputs)
     finally:
-        engine.close()
-    app.log.publish_summary(f"smoke {recipe.name}", (rd / "summary.md").read_text(encoding="utf-8"))
-    if as_json:
-        app.emit_json(verdict.to_json())
-    if not verdict.passed:
-        raise SmokeFailed(
-            f"smoke test of {image} with {recipe.name} failed: {verdict.reason}",
-            hint=f"Verdict, summary and server log: {rd / VERDICT_FILE}, {rd / 'summary.md'}, "
-            f"{rd / 'server.log'}.",
-        )
-    app.log.info(f"smoke test passed: {verdict.reason}; verdict {rd / VERDICT_FILE}")
+        if as_json and (ctx.work_dir / "verdict.json").is_file():
+            from pipeline.smoke import load_verdict
+
+            app.emit_json(load_verdict(ctx.work_dir / "verdict.json").to_json())
+        ctx.close()
+    app.log.detail(f"verdict {out.verdict}")

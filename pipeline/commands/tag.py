@@ -75,36 +75,50 @@ def command(
     Credentials: PIPELINE_REGISTRY_USER / PIPELINE_REGISTRY_PASSWORD or the
     Docker config; never printed.
     """
-    from pipeline.dockerw import Engine
-    from pipeline.tag import check_passed, read_tag_verdict, tag_verified
+    from pipeline.stages import tag
+    from pipeline.tag import check_passed, read_tag_verdict
 
-    settings = app.settings(registry=registry, repository=repository, cosign=cosign, push_latest=push_latest)
-    app.open_run("tag")
+    settings = app.settings(
+        registry=registry,
+        repository=repository,
+        cosign=cosign,
+        push_latest=push_latest,
+        docker_host=docker_host,
+    )
+    ctx = app.context("tag")
     # a missing or failed verdict is refused before reaching for the engine or the registry
     with app.log.stage("verdict", str(verdict_path)):
         check_passed(read_tag_verdict(verdict_path), image)
-    engine = Engine.connect(docker_host or settings.smoke.docker_host or None, env=app.env, log=app.log)
+    inputs = tag.Inputs(
+        image=image,
+        verdict=verdict_path,
+        lock=lock_path,
+        recipe=recipe_path,
+        registry=settings.tag.registry,
+        repository=settings.image.repository,
+        tag=settings.tag,
+        allow_older=allow_older,
+    )
     try:
         with app.log.stage("tag", image) as rec:
-            result = tag_verified(
-                engine,
-                image=image,
-                verdict_path=verdict_path,
-                lock=lock_path,
-                recipe_path=recipe_path,
-                settings=settings,
-                registry=None,  # already folded into settings above
-                log=app.log,
-                env=app.env,
-                allow_older=allow_older,
-            )
-            rec.figure = f"{result.immutable_ref} @ {result.digest[:19]}"
+            out = tag.run(ctx, inputs)
+            rec.figure = f"{out.ref} @ {out.digest[:19]}"
     finally:
-        engine.close()
+        ctx.close()
     if as_json:
-        app.emit_json(result.as_json())
+        app.emit_json(
+            {
+                "immutable_ref": out.ref,
+                "digest": out.digest,
+                "moved": list(out.moved),
+                "record_path": str(out.record),
+                "pinned_ref": out.pinned_ref,
+                "pushed": out.pushed,
+                "attested": out.attested,
+            }
+        )
     else:
-        app.echo(result.pinned_ref)
-        for tag in result.moved:
-            app.echo(f"  {tag} → {result.digest}")
-        app.echo(f"record: {result.record_path}")
+        app.echo(out.pinned_ref)
+        for moved in out.moved:
+            app.echo(f"  {moved} → {out.digest}")
+        app.echo(f"record: {out.record}")

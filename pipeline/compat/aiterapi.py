@@ -16,18 +16,28 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.compat.extbind import SOURCES as EXT_SOURCES
+from pipeline.compat.extbind import extension_names, is_extension_module
 from pipeline.compat.pysource import (
     SummaryCache,
     Tree,
+    def_spans,
     module_files,
     parse_source,
     resolve_relative,
     strip_bodies,
 )
+
+# References from ATOM (pipeline.compat.calls): `(module, attribute chain)`, where the segment CALL
+# means "the result of calling what precedes it", and the module TORCH_OPS holds the ops registered
+# as `aiter::name`.
+CALL = "()"
+TORCH_OPS = "torch.ops.aiter"
 
 ParamKind = Literal["posonly", "pos", "vararg", "kwonly", "varkw"]
 
@@ -55,6 +65,13 @@ class Signature:
     # A compiled or registered op (`@compile_ops`, `torch.library.custom_op`, ...), or a plain
     # wrapper of one defined beside it: its schema enforces the annotations. Plain Python does not.
     compiled: bool = False
+    # The return annotation as written, or for an unannotated function a hint read from its
+    # body: "call:X" (every `return` is `return X(...)`) or "name:X" (every `return` is `return X`).
+    returns: str | None = None
+    # How aiter registers it as a torch op (`torch.ops.aiter.<name>`): "compile_ops" or
+    # "torch_compile_guard" (schema inferred from this signature, a leading `Tensor dummy` added when
+    # the first parameter is not a Tensor), "custom_op" (schema as written); None: plain Python.
+    op: str | None = None
 
     def bound_params(self) -> tuple[Param, ...]:
         return self.params
@@ -63,12 +80,34 @@ class Signature:
         return tuple((p.name, p.kind, p.has_default, p.annotation) for p in self.params)
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    kind: Literal["method", "static", "class", "property"]
+    sig: Signature  # as written (self/cls included)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassInfo:
+    """What a class defines: enough to resolve `obj.method(...)` on its instances."""
+
+    name: str
+    path: str
+    line: int
+    init: Signature | None  # its own __init__ (self dropped), None when inherited
+    members: dict[str, Member] = field(default_factory=dict)
+    attrs: frozenset[str] = frozenset()  # class-body assignments, nested classes, `self.x = ...`
+    attr_ann: dict[str, str] = field(default_factory=dict)  # annotated attributes: name -> annotation
+    bases: tuple[tuple[str, ...] | None, ...] = ()  # attribute paths (None: not a plain name)
+    dynamic: bool = False  # __getattr__ / __getattribute__: any attribute may exist
+
+
 # Binding events: (name, kind, payload, line)
 #  def    -> Signature
-#  class  -> Signature | None (its own __init__, self dropped; None when inherited)
+#  class  -> ClassInfo
 #  from   -> (absolute module, original name)
 #  module -> absolute module
 #  alias  -> tuple of names (same-module attribute path, e.g. ("f",) or ("ops", "g"))
+#  inst   -> ("call", attribute path) `x = X(...)`, or ("ann", annotation) `x: X | None = ...`
 #  value  -> None (something that is not a function we can see)
 Event = tuple[str, str, object, int]
 
@@ -83,9 +122,43 @@ class ModSummary:
     dynamic: bool = False  # module-level __getattr__ or globals() tricks
     compat_map: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    # `direct_register_custom_op("name", func, ...)` at module level: op name -> attribute path of func
+    registered: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def find_sig(self, name: str) -> Signature | None:
+        """The signature `name` denotes in this module: `f`, `C` (its __init__), `C.m` or `C().m`."""
+        head, sep, member = name.partition(".")
+        via_instance = head.endswith("()")
+        head = head.removesuffix("()")
+        for ev_name, kind, payload, _ in reversed(self.events):
+            if ev_name != head or kind not in ("def", "class"):
+                continue
+            if kind == "def":
+                return payload if not sep and isinstance(payload, Signature) else None
+            if not isinstance(payload, ClassInfo):
+                return None
+            if not sep:
+                return payload.init
+            m = payload.members.get(member)
+            return member_sig(payload, member, m, via_instance) if m is not None else None
+        return None
 
 
-def sig_from_def(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool) -> Signature:
+def member_sig(cls: ClassInfo, name: str, m: Member, via_instance: bool) -> Signature | None:
+    """A method as its call binds it: `obj.m(...)` without self, `C.m(obj, ...)` with it."""
+    if m.kind == "property":
+        return None
+    params = m.sig.params
+    drop = m.kind == "class" or (m.kind == "method" and via_instance)
+    if drop and params and params[0].kind in ("posonly", "pos"):
+        params = params[1:]
+    qual = f"{cls.name}().{name}" if via_instance else f"{cls.name}.{name}"
+    return Signature(qual, m.sig.path, m.sig.line, params, m.sig.compiled, returns=m.sig.returns, op=m.sig.op)
+
+
+def sig_from_def(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool, returns: str | None = None
+) -> Signature:
     a = fn.args
     params: list[Param] = []
     pos = [*a.posonlyargs, *a.args]
@@ -103,7 +176,7 @@ def sig_from_def(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_fir
         params.append(Param(a.kwarg.arg, "varkw", True, _ann(a.kwarg.annotation)))
     if drop_first and params and params[0].kind in ("posonly", "pos"):
         params = params[1:]
-    return Signature(fn.name, path, fn.lineno, tuple(params), _is_op(fn))
+    return Signature(fn.name, path, fn.lineno, tuple(params), _is_op(fn), returns=_ann(fn.returns) or returns)
 
 
 # Decorators that turn a Python def into a torch op with a schema (aiter's JIT and torch.library).
@@ -146,12 +219,132 @@ def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
 
 
-def _class_init(cls: ast.ClassDef, path: str) -> Signature | None:
-    for node in cls.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "__init__":
-            sig = sig_from_def(node, path, drop_first=True)
-            return Signature(cls.name, path, cls.lineno, sig.params)
+_RETURN_RE = re.compile(r"^[ \t]*return[ \t]+([A-Za-z_][\w.]*)[ \t]*(\(?)")
+_SELF_SET_RE = re.compile(r"\bself\.(\w+)[ \t]*(?::[ \t]*([^=\n]+?))?[ \t]*=(?!=)")
+
+
+def _return_hint(body: list[bytes]) -> str | None:
+    """`call:X` / `name:X` when every `return` of an unannotated body says the same `X(...)` / `X`."""
+    hints: set[str] = set()
+    for raw in body:
+        if b"return" not in raw:
+            continue
+        line = raw.decode("utf-8", "replace")
+        if not line.lstrip().startswith("return"):
+            continue
+        m = _RETURN_RE.match(line)
+        if m is None:
+            return None
+        hints.add(("call:" if m.group(2) else "name:") + m.group(1))
+    return hints.pop() if len(hints) == 1 else None
+
+
+def _decorator_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    out: set[str] = set()
+    for d in fn.decorator_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        if isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.Name):
+            out.add(node.id)
+    return out
+
+
+_LITERALS: dict[type, str] = {
+    ast.Dict: "dict", ast.DictComp: "dict", ast.List: "list", ast.ListComp: "list", ast.Tuple: "tuple",
+    ast.Set: "set", ast.SetComp: "set", ast.JoinedStr: "str",
+}  # fmt: skip
+_LITERAL_TYPES = tuple(_LITERALS)
+
+
+def _op_kind(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    for d in fn.decorator_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name in ("compile_ops", "torch_compile_guard"):
+            return name
+        if name == "custom_op" and isinstance(d, ast.Call) and d.args:
+            first = d.args[0]
+            if isinstance(first, ast.Constant) and str(first.value).startswith("aiter::"):
+                return "custom_op"
     return None
+
+
+def _registration(call: ast.Call) -> tuple[str, tuple[str, ...]] | None:
+    """`direct_register_custom_op("name", func, ...)` (or op_name=/op_func=): (name, path of func)."""
+    f = call.func
+    fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    if fname != "direct_register_custom_op":
+        return None
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    name = call.args[0] if call.args else kw.get("op_name")
+    func = call.args[1] if len(call.args) > 1 else kw.get("op_func")
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)) or func is None:
+        return None
+    path = _attr_path(func)
+    return (name.value, path) if path else None
+
+
+class _Hints:
+    """Return hints of unannotated functions, computed only for the functions a summary records."""
+
+    def __init__(self, body_of: dict[int, tuple[int, int]], lines: list[bytes]) -> None:
+        self.body_of, self.lines = body_of, lines
+
+    def of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+        if fn.returns is not None or not fn.body:
+            return None
+        got = self.body_of.get(fn.body[0].lineno)
+        return _return_hint(self.lines[got[0] : got[1]]) if got is not None else None
+
+
+def _class_info(cls: ast.ClassDef, path: str, lines: list[bytes], end: int, hint: _Hints) -> ClassInfo:
+    """Methods (signatures as written), attributes and bases of a class; `end` bounds its raw text."""
+    init: Signature | None = None
+    members: dict[str, Member] = {}
+    attrs: set[str] = set()
+    ann: dict[str, str] = {}
+    dynamic = False
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if node.name in ("__getattr__", "__getattribute__"):
+                dynamic = True
+            decos = _decorator_names(node)
+            kind: Literal["method", "static", "class", "property"] = "method"
+            if "staticmethod" in decos:
+                kind = "static"
+            elif "classmethod" in decos:
+                kind = "class"
+            elif decos & {"property", "cached_property", "setter", "getter", "deleter"}:
+                kind = "property"
+            sig = sig_from_def(node, path, False, hint.of(node))
+            if node.name == "__init__":
+                init = Signature(cls.name, path, cls.lineno, sig.params[1:], sig.compiled)
+            if kind == "property" and node.name in members and members[node.name].kind == "property":
+                continue  # the setter of a property keeps the getter's return type
+            members[node.name] = Member(kind, sig)
+        elif isinstance(node, ast.ClassDef):
+            attrs.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    attrs.add(t.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            attrs.add(node.target.id)
+            a = _ann(node.annotation)
+            if a:
+                ann[node.target.id] = a
+    for raw in lines[cls.lineno - 1 : end]:
+        if b"self." not in raw:
+            continue
+        for m in _SELF_SET_RE.finditer(raw.decode("utf-8", "replace")):
+            attrs.add(m.group(1))
+            if m.group(2) and m.group(1) not in ann:
+                ann[m.group(1)] = m.group(2).strip()
+    bases = tuple(_attr_path(b.value if isinstance(b, ast.Subscript) else b) for b in cls.bases)
+    return ClassInfo(
+        cls.name, path, cls.lineno, init, members, frozenset(attrs - set(members)), ann, bases, dynamic
+    )
 
 
 def _attr_path(node: ast.expr) -> tuple[str, ...] | None:
@@ -168,13 +361,20 @@ def _attr_path(node: ast.expr) -> tuple[str, ...] | None:
 def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
     is_pkg = path.endswith("__init__.py")
     s = ModSummary(module, is_pkg)
-    stripped = strip_bodies(data)
+    spans = def_spans(data)
+    stripped = strip_bodies(data, spans=spans) if spans is not None else None
     tree = parse_source(stripped, path) if stripped is not None else "not stripped"
     if isinstance(tree, str):
         tree = parse_source(data, path)
     if isinstance(tree, str):
         s.error = tree
         return s
+    lines = spans[0] if spans is not None else data.split(b"\n")
+    # Return hints of unannotated functions, by def line (bodies are stripped from the tree).
+    body_of = {j + 1: (b0, k) for j, _c, b0, k in spans[1]} if spans is not None else {}
+    hint = _Hints(body_of, lines)
+    top = tree.body
+    ends = {id(st): (top[i + 1].lineno - 1 if i + 1 < len(top) else len(lines)) for i, st in enumerate(top)}
     hook = False
     str_maps: list[dict[str, str]] = []
 
@@ -186,9 +386,14 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     if st.name == "__getattr__":
                         hook = True
                     continue
-                s.events.append((st.name, "def", sig_from_def(st, path, False), st.lineno))
+                sig = sig_from_def(st, path, False, hint.of(st))
+                op = _op_kind(st)
+                if op is not None:
+                    sig = dataclasses.replace(sig, op=op)
+                s.events.append((st.name, "def", sig, st.lineno))
             elif isinstance(st, ast.ClassDef):
-                s.events.append((st.name, "class", _class_init(st, path), st.lineno))
+                end = ends.get(id(st), getattr(st, "end_lineno", None) or len(lines))
+                s.events.append((st.name, "class", _class_info(st, path, lines, end, hint), st.lineno))
             elif isinstance(st, ast.ImportFrom):
                 base = resolve_relative(module, is_pkg, st.level, st.module)
                 if base is None:
@@ -230,6 +435,13 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                     ap = _attr_path(value) if value is not None else None
                     if ap is not None:
                         s.events.append((t.id, "alias", ap, st.lineno))
+                    elif isinstance(st, ast.AnnAssign) and _ann(st.annotation):
+                        # `_TP: GroupCoordinator | None = None`: a module-level singleton slot
+                        s.events.append((t.id, "inst", ("ann", _ann(st.annotation)), st.lineno))
+                    elif isinstance(value, _LITERAL_TYPES):
+                        s.events.append((t.id, "inst", ("ann", _LITERALS[type(value)]), st.lineno))
+                    elif isinstance(value, ast.Call) and (fp := _attr_path(value.func)) is not None:
+                        s.events.append((t.id, "inst", ("call", fp), st.lineno))  # `tgemm = TunedGemm()`
                     elif isinstance(value, ast.Constant) and value.value is None:
                         continue  # `f = None` fallback after a failed import: not a definition
                     else:
@@ -247,6 +459,9 @@ def summarize_module(data: bytes, path: str, module: str) -> ModSummary:
                 visit(st.body)
             elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
                 f = st.value.func
+                reg = _registration(st.value)
+                if reg is not None:
+                    s.registered[reg[0]] = reg[1]
                 # sys.meta_path.insert(0, finder) / globals().update(...)
                 ap = _attr_path(f)
                 if ap and ap[:2] == ("sys", "meta_path"):
@@ -283,12 +498,68 @@ Dep = tuple[str, str, bool, str]
 class Target:
     """What `aiter.<path>` is at one commit."""
 
-    kind: Literal["func", "class", "module", "value", "missing", "unknown"]
+    # instance: an object of an aiter class; foreign: a value of a type that is not aiter's
+    # (a Tensor, an int, a logging.Logger): calls on it are not calls of aiter.
+    kind: Literal["func", "class", "instance", "module", "value", "foreign", "missing", "unknown"]
     sig: Signature | None = None
     module: str | None = None  # for kind == "module", or the module where it was looked up
-    missing_what: str | None = None  # "function" / "module" for kind == "missing"
+    missing_what: str | None = None  # "function" / "module" / "method" for kind == "missing"
     # kind == "unknown" only because the module has a __getattr__ hook: `from m import *` ignores it.
     dynamic_miss: bool = False
+    cls: ClassInfo | None = None  # kind == "class" / "instance"
+    reason: str | None = None  # why an "unknown" cannot be resolved, for the unchecked list
+
+
+# Types whose values are never aiter objects (calls on them are not calls of aiter).
+_FOREIGN_ROOTS = frozenset(
+    {
+        "torch", "typing", "typing_extensions", "collections", "logging", "numpy", "np", "enum",
+        "dataclasses", "functools", "os", "sys", "re", "abc", "math", "pathlib", "json", "threading",
+        "multiprocessing", "ctypes", "contextlib", "itertools", "triton", "subprocess", "queue",
+    }
+)  # fmt: skip
+_BUILTIN_TYPES = frozenset(
+    {
+        "int", "float", "str", "bool", "bytes", "list", "dict", "tuple", "set", "frozenset", "None",
+        "object", "type", "List", "Dict", "Tuple", "Set", "Sequence", "Iterable", "Iterator",
+        "Generator", "Mapping", "Callable", "Tensor", "dtype", "device", "Enum", "IntEnum",
+    }
+)  # fmt: skip
+_HARMLESS_BASES = frozenset({"object", "ABC", "Generic", "Protocol"})
+
+
+_CYCLE = Target("unknown", reason="(import cycle)")
+
+
+def _nearest(cache: SummaryCache, tree: Tree) -> tuple[ApiIndex | None, frozenset[str] | None]:
+    """The recent index of the same repository whose tree differs least, and the modules that differ.
+
+    A changed module is one whose file changed, appeared or went away, and for the last two, every
+    package above it (namespace packages exist because of their files).
+    """
+    best: tuple[int, ApiIndex, set[str]] | None = None
+    for other in reversed(cache.recent):
+        if other.tree.repo is not tree.repo and other.tree.repo.path != tree.repo.path:
+            continue
+        a, b = other.tree.blobs, tree.blobs
+        paths = {p for p, sha in b.items() if a.get(p) != sha} | (a.keys() - b.keys())
+        if best is None or len(paths) < best[0]:
+            best = (len(paths), other, paths)
+    if best is None:
+        return None, None
+    _, other, paths = best
+    changed: set[str] = set()
+    for p in paths:
+        m = module_from_path(p)
+        changed.add(m)
+        if (p in tree.blobs) != (p in other.tree.blobs):
+            parts = m.split(".")
+            changed.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return other, frozenset(changed)
+
+
+# Reasons that describe a value (the callee is that value, or a member of it), not a statement.
+VALUE_REASONS = ("the result of", "attribute `", "property `", "annotated `", "annotation `")
 
 
 class ApiIndex:
@@ -298,20 +569,42 @@ class ApiIndex:
         self.tree = tree
         self.cache = cache
         self.root = root
-        self.mods = module_files({p: s for p, s in tree.blobs.items() if p.split("/")[0] == root})
-        # Directories without __init__.py are namespace packages: importable, no attributes of their own.
-        self.namespaces: set[str] = set()
-        for m in self.mods:
-            parts = m.split(".")
-            for i in range(1, len(parts)):
-                pkg = ".".join(parts[:i])
-                if pkg not in self.mods:
-                    self.namespaces.add(pkg)
+        # The nearest of the last few indexes of this run (a search walks adjacent commits): its
+        # resolutions are reused when no module they read changed in between.
+        self._prev, self._changed = _nearest(cache, tree)
+        if self._prev is not None:
+            self._prev._prev = None  # keep chains short: a search builds hundreds of indexes
+        self.mods: dict[str, str]
+        self.namespaces: set[str]
+        if self._prev is not None and self._prev.tree.blobs.keys() == tree.blobs.keys():
+            self.mods, self.namespaces = self._prev.mods, self._prev.namespaces
+        else:
+            self.mods = module_files({p: s for p, s in tree.blobs.items() if p.split("/")[0] == root})
+            # Directories without __init__.py are namespace packages: importable, no attributes of their own.
+            self.namespaces = set()
+            for m in self.mods:
+                parts = m.split(".")
+                for i in range(1, len(parts)):
+                    pkg = ".".join(parts[:i])
+                    if pkg not in self.mods:
+                        self.namespaces.add(pkg)
+        # ref -> (target, modules it read, (module, name) pairs whose text it relied on not naming it)
+        self._smemo: dict[tuple[str, str, bool], tuple[bool, frozenset[Dep]]] = {}  # star checks
+        self._ref_deps: dict[
+            tuple[str, tuple[str, ...]], tuple[Target, frozenset[str], tuple[tuple[str, str], ...]]
+        ] = {}
+        recent: list[ApiIndex] = cache.recent
+        recent.append(self)
+        del recent[:-4]
         self._summaries: dict[str, ModSummary] = {}
         self._memo: dict[tuple[str, str], tuple[Target, frozenset[Dep]]] = {}
         self._deps: list[set[Dep]] = []  # open dependency collectors (see resolve_attr)
         self.ref_memo: dict[tuple[str, tuple[str, ...]], Target] = {}
         self._raw_read: set[str] = set()
+        # Names ATOM calls as `torch.ops.aiter.<name>` (set by the checker): looked up in every aiter file.
+        self.op_names: frozenset[str] = frozenset()
+        self._op_files: dict[str, list[str]] | None = None
+        self._ext: tuple[frozenset[str] | None] | None = None  # (names,) once read
 
     # -- dependencies -----------------------------------------------------
     # A resolution depends on the blobs it read and on which modules exist.
@@ -332,6 +625,8 @@ class ApiIndex:
         return r
 
     def _valid(self, deps: frozenset[Dep]) -> bool:
+        # Blob and existence checks first (dict look-ups); "does not mention" checks read text.
+        soft = [(dotted, name, flag) for kind, dotted, flag, name in deps if kind == "n"]
         for kind, dotted, flag, sha in deps:
             if kind == "e":
                 if (dotted in self.mods or dotted in self.namespaces) != flag:
@@ -339,6 +634,10 @@ class ApiIndex:
             elif kind == "f":
                 if (dotted in self.mods) != flag:
                     return False
+            elif kind == "x":
+                return False  # read the C++ bindings: not shared between commits
+            elif kind == "n":
+                continue
             else:
                 path = self.mods.get(dotted)
                 if path is None:
@@ -346,7 +645,7 @@ class ApiIndex:
                         return False
                 elif self.tree.blobs.get(path) != sha:
                     return False
-        return True
+        return all(self._star_may_export(dotted, name) == flag for dotted, name, flag in soft)
 
     # -- loading ----------------------------------------------------------
     def summary(self, module: str) -> ModSummary | None:
@@ -425,12 +724,15 @@ class ApiIndex:
                 return hit
         if depth > 40:
             return Target("unknown")
-        self._memo[key] = (Target("unknown"), frozenset())  # cycle guard
+        self._memo[key] = (_CYCLE, frozenset())  # cycle guard
         self._deps.append(set())
         try:
             t = self._resolve_attr(module, name, depth)
         finally:
             deps = frozenset(self._deps.pop())
+        if t.reason == _CYCLE.reason:
+            del self._memo[key]  # found only through an import cycle: look again next time
+            return t
         self._memo[key] = (t, deps)
         if self._deps:
             self._deps[-1].update(deps)
@@ -456,13 +758,21 @@ class ApiIndex:
             if kind == "star":
                 assert isinstance(payload, str)
                 if not payload.startswith(self.root + ".") and payload != self.root:
-                    fallback = fallback or Target("unknown")
+                    ext = self._extension_names() if is_extension_module(payload) else None
+                    if ext is None:
+                        fallback = fallback or Target("unknown")
+                    elif name in ext:
+                        return Target(
+                            "unknown",
+                            reason=f"defined by aiter's compiled extension `{payload}` "
+                            f"(bound in {EXT_SOURCES}/ C++, no Python signature)",
+                        )
                     continue
                 if not self._star_may_export(payload, name):
                     continue
                 t = self.resolve_attr(payload, name, depth + 1)
-                if t.kind == "missing" or t.dynamic_miss:
-                    continue
+                if t.kind == "missing" or t.dynamic_miss or t.reason == _CYCLE.reason:
+                    continue  # (a module re-exporting the package's own name back to it binds it later)
                 return t
             if ev_name != name:
                 continue
@@ -470,7 +780,8 @@ class ApiIndex:
                 assert isinstance(payload, Signature)
                 return Target("func", sig=payload, module=module)
             if kind == "class":
-                return Target("class", sig=payload if isinstance(payload, Signature) else None, module=module)
+                assert isinstance(payload, ClassInfo)
+                return Target("class", sig=self._init_of(payload, module, depth), module=module, cls=payload)
             if kind == "from":
                 assert isinstance(payload, tuple)
                 base_mod: str = payload[0]
@@ -478,8 +789,17 @@ class ApiIndex:
                 return self._resolve_from(base_mod, orig_name, depth)
             if kind == "module":
                 assert isinstance(payload, str)
+                if payload.split(".")[0] in _FOREIGN_ROOTS:
+                    return Target("foreign", module=module, reason=f"module `{payload}`")
                 t = self.resolve_module_path(payload)
                 return t if t.kind == "module" else Target("unknown")
+            if kind == "inst":
+                assert isinstance(payload, tuple)
+                how: str = payload[0]
+                if how == "ann":
+                    return self._type_of(module, payload[1], depth + 1)
+                t = self._resolve_path(module, payload[1], depth + 1)
+                return self.attr_of(t, "()", depth + 1)
             if kind == "alias":
                 ap: tuple[str, ...] = payload  # type: ignore[assignment]
                 if ap[0] == name and len(ap) == 1:
@@ -507,6 +827,8 @@ class ApiIndex:
         return Target("missing", module=module, missing_what="function")
 
     def _resolve_from(self, base: str, orig: str, depth: int) -> Target:
+        if base.split(".")[0] in _FOREIGN_ROOTS:
+            return Target("foreign", reason=f"`{base}.{orig}`")
         if base != self.root and not base.startswith(self.root + "."):
             return Target("unknown")
         m = self.resolve_module_path(base)
@@ -523,51 +845,378 @@ class ApiIndex:
 
         Most star-imported modules of aiter/__init__.py never mention the name
         looked up; neither do the modules they star-import in turn. Only a
-        module that mentions it is parsed.
+        module that mentions it is parsed. "Does not mention" is its own kind
+        of dependency ("n"): a later commit that changes the module but still
+        does not mention the name keeps every resolution that relied on it.
         """
         if name.startswith("_"):
             return False
+        key = (module, name, module in self._summaries)  # a parsed module answers from its summary
+        got = self._smemo.get(key)
+        if got is None:
+            self._deps.append(set())
+            try:
+                found = self._star_may_export_here(module, name, depth)
+            finally:
+                deps = frozenset(self._deps.pop())
+            got = self._smemo[key] = (found, deps)
+        if self._deps:
+            self._deps[-1].update(got[1])
+        return got[0]
+
+    def _star_may_export_here(self, module: str, name: str, depth: int) -> bool:
         path = self.mods.get(module)
-        self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
         s = self._summaries.get(module)
         if s is not None:
+            self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
             return name in s.all_names if s.all_names is not None else True
         if path is None:
+            self._dep(("m", module, True, ""))
             return False
         sha = self.tree.blobs[path]
-        memo_key = (sha, path, name)
-        got = self.cache.mentions.get(memo_key)
+        self._raw_read.add(module)
+        key = (sha, path, name)
+        direct = self.cache.mentions.get(key)
+        if direct is None:
+            direct = self.cache.mentions[key] = name.encode() in self._raw(sha)
+        if direct:
+            self._dep(("m", module, True, sha))
+            return True
+        self._dep(("n", module, False, name))
+        if depth < 10:
+            for target in self._star_targets(module, path, sha):
+                if self._star_may_export(target, name, depth + 1):
+                    return True
+        return False
+
+    def _raw(self, sha: str) -> bytes:
+        raw = self.cache.raw.get(sha)
+        if raw is None:
+            raw = self.cache.raw[sha] = next(iter(self.tree.repo.read_blobs([sha])))[1]
+        return raw
+
+    def _star_targets(self, module: str, path: str, sha: str) -> list[str]:
+        key = (sha, path)
+        got: list[str] | None = self.cache.star_targets.get(key)
         if got is None:
-            raw = self.cache.raw.get(sha)
-            if raw is None:
-                raw = next(iter(self.tree.repo.read_blobs([sha])))[1]
-                self.cache.raw[sha] = raw
-            self._raw_read.add(module)
-            if name.encode() in raw:
-                got = True
-            else:
-                got = False
-                if depth < 10:
-                    for m in _STAR_RE.finditer(raw):
-                        level = len(m.group(1))
-                        target = resolve_relative(
-                            module, path.endswith("__init__.py"), level, m.group(2).decode() or None
-                        )
-                        if target and self._star_may_export(target, name, depth + 1):
-                            got = True
-                            break
-            self.cache.mentions[memo_key] = got
-        else:
-            self._raw_read.add(module)
+            got = []
+            for m in _STAR_RE.finditer(self._raw(sha)):
+                target = resolve_relative(
+                    module, path.endswith("__init__.py"), len(m.group(1)), m.group(2).decode() or None
+                )
+                if target:
+                    got.append(target)
+            self.cache.star_targets[key] = got
         return got
 
     def attr_of(self, t: Target, name: str, depth: int = 0) -> Target:
+        """`t.name`, or with name "()" the result of calling `t`."""
+        if depth > 40:
+            return Target("unknown")
         if t.kind == "module":
             assert t.module is not None
+            if name == "()":
+                return Target("unknown")
             return self.resolve_attr(t.module, name, depth)
-        if t.kind == "missing":
+        if t.kind in ("missing", "foreign"):
             return t
+        if name == "()":
+            if t.kind == "class" and t.cls is not None:
+                return Target("instance", module=t.module, cls=t.cls)
+            if t.kind == "instance" and t.cls is not None:
+                return self._call_instance(t, depth + 1)
+            if t.kind == "func" and t.sig is not None:
+                return self._returns(t, depth + 1)
+            return Target("unknown", reason=t.reason)
+        if t.kind in ("class", "instance") and t.cls is not None:
+            return self._member(t, name, depth + 1)
+        if t.kind == "unknown":
+            return Target("unknown", reason=t.reason)
         return Target("unknown")
+
+    # -- objects ----------------------------------------------------------
+    def _resolve_path(self, module: str, path: tuple[str, ...], depth: int) -> Target:
+        """A dotted name as the code of `module` sees it."""
+        if path[0] in _BUILTIN_TYPES and not self._binds(module, path[0]):
+            return Target("foreign", reason=f"`{path[0]}`")
+        t = self.resolve_attr(module, path[0], depth)
+        for p in path[1:]:
+            t = self.attr_of(t, p, depth)
+        return t
+
+    def _binds(self, module: str, name: str) -> bool:
+        s = self.summary(module)
+        return s is not None and any(ev[0] == name for ev in s.events)
+
+    def _type_of(self, module: str, ann: str, depth: int) -> Target:
+        """A value annotated `ann` in `module`: an instance of an aiter class, or foreign."""
+        node = _parse_annotation(ann)
+        if node is None:
+            return Target("unknown", reason=f"annotation `{ann}`")
+        return self._type_node(module, node, ann, depth)
+
+    def _type_node(self, module: str, node: ast.expr, ann: str, depth: int) -> Target:
+        if isinstance(node, ast.Constant):
+            if node.value is None:
+                return Target("foreign", reason="None")
+            if isinstance(node.value, str):
+                return self._type_of(module, node.value, depth + 1)
+        members: list[ast.expr] | None = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            members = [node.left, node.right]
+        elif isinstance(node, ast.Subscript):
+            head = _attr_path(node.value)
+            if head and head[-1] in ("Optional", "Union"):
+                members = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+            elif head and (head[-1] in _BUILTIN_TYPES or head[0] in _FOREIGN_ROOTS):
+                return Target("foreign", reason=f"`{ann}`")
+            else:
+                return Target("unknown", reason=f"annotation `{ann}`")
+        if members is not None:
+            kept = [m for m in members if not (isinstance(m, ast.Constant) and m.value is None)]
+            got = [self._type_node(module, m, ann, depth + 1) for m in kept]
+            aiter_objs = [g for g in got if g.kind != "foreign"]
+            if not aiter_objs:
+                return Target("foreign", reason=f"`{ann}`")
+            return aiter_objs[0] if len(aiter_objs) == 1 else Target("unknown", reason=f"`{ann}`")
+        path = _attr_path(node)
+        if path is None:
+            return Target("unknown", reason=f"annotation `{ann}`")
+        t = self._resolve_path(module, path, depth + 1)
+        if t.kind == "class":
+            return Target("instance", module=t.module, cls=t.cls)
+        if t.kind == "foreign":
+            return t
+        return Target("unknown", reason=f"annotated `{ann}`")
+
+    def _returns(self, t: Target, depth: int) -> Target:
+        """What calling the function of `t` returns, from its annotation or its `return` statements."""
+        assert t.sig is not None
+        ret, mod = t.sig.returns, t.module or self.root
+        where = f"`{t.sig.name}`"
+        if ret is None:
+            return Target("unknown", reason=f"the result of {where} (no return annotation)")
+        if ret.startswith("call:"):
+            callee = self._resolve_path(mod, tuple(ret[5:].split(".")), depth + 1)
+            got = self.attr_of(callee, "()", depth + 1)
+        elif ret.startswith("name:"):
+            param = next((p for p in t.sig.params if p.name == ret[5:]), None)
+            if param is not None:  # `return input_`: the parameter's annotation
+                if param.annotation is None:
+                    return Target("unknown", reason=f"the result of {where} (type not evident)")
+                got = self._type_of(mod, param.annotation, depth + 1)
+            else:
+                got = self._resolve_path(mod, tuple(ret[5:].split(".")), depth + 1)
+        else:
+            got = self._type_of(mod, ret, depth + 1)
+        if got.kind in ("instance", "foreign"):
+            return got
+        return Target("unknown", reason=got.reason or f"the result of {where} (type not evident)")
+
+    def _classes(self, t: Target, depth: int) -> tuple[list[tuple[ClassInfo, str]], str | None]:
+        """The class and its aiter bases (depth first, left to right), and a base we cannot see."""
+        assert t.cls is not None
+        out: list[tuple[ClassInfo, str]] = []
+        opaque: str | None = None
+        todo = [(t.cls, t.module or self.root)]
+        while todo and len(out) < 32:
+            cls, mod = todo.pop(0)
+            out.append((cls, mod))
+            for b in cls.bases:
+                if b is None:
+                    opaque = opaque or "a computed base class"
+                    continue
+                if b[-1] in _HARMLESS_BASES:
+                    continue
+                bt = self._resolve_path(mod, b, depth + 1)
+                if bt.kind == "class" and bt.cls is not None:
+                    todo.append((bt.cls, bt.module or mod))
+                else:
+                    opaque = opaque or f"base class `{'.'.join(b)}`"
+        return out, opaque
+
+    def _call_instance(self, t: Target, depth: int) -> Target:
+        """`obj(...)`: its `__call__`, or for a torch module (a base named `Module`) its `forward`."""
+        chain, _ = self._classes(t, depth)
+        torch_module = any(b is not None and b[-1] == "Module" for cls, _m in chain for b in cls.bases)
+        for name in ("__call__", "forward") if torch_module else ("__call__",):
+            for cls, mod in chain:
+                m = cls.members.get(name)
+                if m is not None and m.kind == "method":
+                    sig = member_sig(cls, name, m, True)
+                    assert sig is not None
+                    return Target("func", sig=sig, module=mod)
+        assert t.cls is not None
+        return Target("unknown", reason=f"calling a `{t.cls.name}` object (no `__call__` we can see)")
+
+    def _init_of(self, cls: ClassInfo, module: str, depth: int) -> Signature | None:
+        if cls.init is not None or not cls.bases:
+            return cls.init
+        chain, _ = self._classes(Target("class", module=module, cls=cls), depth)
+        for base, _mod in chain[1:]:
+            if base.init is not None:
+                return dataclasses.replace(base.init, name=cls.name)
+        return None
+
+    def _member(self, t: Target, name: str, depth: int) -> Target:
+        via_instance = t.kind == "instance"
+        chain, opaque = self._classes(t, depth)
+        assert t.cls is not None
+        for cls, mod in chain:
+            m = cls.members.get(name)
+            if m is not None:
+                if m.kind == "property":
+                    if not via_instance:
+                        return Target("value", module=mod)
+                    if m.sig.returns and not m.sig.returns.startswith(("call:", "name:")):
+                        return self._type_of(mod, m.sig.returns, depth + 1)
+                    return Target("unknown", reason=f"property `{cls.name}.{name}` (type not evident)")
+                sig = member_sig(cls, name, m, via_instance)
+                return Target("func", sig=sig, module=mod)
+            if name in cls.attrs:
+                ann = cls.attr_ann.get(name)
+                if ann is not None:
+                    got = self._type_of(mod, ann, depth + 1)
+                    if got.kind != "unknown":
+                        return got
+                return Target("unknown", reason=f"attribute `{cls.name}.{name}` (type not evident)")
+            if cls.dynamic:
+                return Target("unknown", reason=f"`{cls.name}` defines __getattr__")
+        if opaque is not None or name.startswith("__"):
+            return Target("unknown", reason=f"`{t.cls.name}.{name}` may come from {opaque or 'object'}")
+        return Target("missing", module=t.module, missing_what="method")
+
+    def resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
+        """What a reference from ATOM denotes: `(module, attribute chain with "()" for calls)`."""
+        got = self.ref_memo.get(ref)
+        if got is not None:
+            return got
+        if self._prev is not None and self._changed is not None and ref[0] != TORCH_OPS:
+            hit = self._prev._ref_deps.get(ref)
+            if hit is not None and hit[1].isdisjoint(self._changed):
+                changed = self._changed
+                if all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed):
+                    self.ref_memo[ref] = hit[0]
+                    self._ref_deps[ref] = hit
+                    return hit[0]
+        self._deps.append(set())
+        try:
+            t = self._resolve_ref(ref)
+        finally:
+            deps = self._deps.pop()
+        self.ref_memo[ref] = t
+        if not any(d[0] == "x" for d in deps):
+            hard = frozenset(d[1] for d in deps if d[0] != "n")
+            soft = tuple(sorted({(d[1], d[3]) for d in deps if d[0] == "n"}))
+            self._ref_deps[ref] = (t, hard, soft)
+        return t
+
+    def _resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
+        mod, attrs = ref
+        if mod == TORCH_OPS:
+            t = self._torch_op(attrs)
+        else:
+            t = self.resolve_module_path(mod)
+            for i, a in enumerate(attrs):
+                if t.kind == "unknown":
+                    if CALL in attrs[i + 1 :]:
+                        # A call on what an unresolved call returned: the chain is listed once, at its
+                        # first link that cannot be resolved.
+                        t = Target("foreign", reason="derived from an unresolved aiter value")
+                    elif t.reason and t.reason.startswith(VALUE_REASONS):
+                        t = Target("unknown", reason=f"method or attribute of {t.reason}")
+                if t.kind in ("missing", "unknown", "foreign"):
+                    break
+                t = self.attr_of(t, a)
+            if t.kind == "instance":
+                t = self.attr_of(t, CALL)  # the callee is an aiter object: its __call__ (or forward)
+        return t
+
+    def _torch_op(self, attrs: tuple[str, ...]) -> Target:
+        """`torch.ops.aiter.<name>[.default]`: an op aiter registers, with the schema its wrapper infers."""
+        if not attrs or attrs[1:] not in ((), ("default",)):
+            return Target("unknown", reason="an attribute of a registered op")
+        name = attrs[0]
+        t = self.resolve((name,))
+        sig = t.sig if t.kind == "func" and t.sig is not None and t.sig.op else None
+        if sig is None:
+            for summ in list(self._summaries.values()):
+                path = summ.registered.get(name)
+                if path is not None:
+                    ft = self._resolve_path(summ.module, path, 1)
+                    if ft.kind == "func" and ft.sig is not None:
+                        sig = dataclasses.replace(ft.sig, op="custom_op")
+                        t = ft
+                        break
+        if sig is None:
+            for file in self._files_mentioning_ops().get(name, []):
+                found = self.summary(module_from_path(file))
+                if found is None:
+                    continue
+                reg = found.registered.get(name)
+                ft = (
+                    self._resolve_path(found.module, reg, 1) if reg else self.resolve_attr(found.module, name)
+                )
+                if ft.kind == "func" and ft.sig is not None and (reg or ft.sig.op):
+                    sig = ft.sig if ft.sig.op else dataclasses.replace(ft.sig, op="custom_op")
+                    t = ft
+                    break
+        if sig is None:
+            return Target("unknown", reason="no aiter source file registers an op of this name")
+        params = sig.params
+        if sig.op in ("compile_ops", "torch_compile_guard"):
+            first = params[0] if params else None
+            if first is None or (first.annotation or "") not in ("torch.Tensor", "Tensor"):
+                params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
+        return Target(
+            "func",
+            sig=Signature(
+                f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op
+            ),
+            module=t.module,
+        )
+
+    def _extension_names(self) -> frozenset[str] | None:
+        self._dep(("x", EXT_SOURCES, True, ""))
+        if self._ext is None:
+            self._ext = (extension_names(self.tree.repo, self.tree.sha, self.cache),)
+        return self._ext[0]
+
+    def _files_mentioning_ops(self) -> dict[str, list[str]]:
+        """{op name: aiter files whose text names it}, for the names in `op_names`.
+
+        What each blob mentions is kept in the cache (by blob SHA), so a search over many aiter
+        commits reads only the blobs that changed; a cold commit is searched with one `git grep`.
+        """
+        if self._op_files is not None:
+            return self._op_files
+        names = sorted(self.op_names)
+        self._op_files = {}
+        if not names:
+            return self._op_files
+        key = "op-mentions:" + ",".join(names)
+        table: dict[str, frozenset[str]] = self.cache.data.setdefault(key, {})
+        blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(self.root + "/")}
+        todo = {p: b for p, b in blobs.items() if b not in table}
+        if todo:
+            word = re.compile(rb"\b(" + b"|".join(re.escape(n.encode()) for n in names) + rb")\b")
+            if len(todo) > 64:
+                pats = [x for n in names for x in ("-e", n)]
+                res = self.tree.repo.run(
+                    "grep", "-l", "-F", "-w", *pats, self.tree.sha, "--", f"{self.root}/"
+                )
+                hits = {line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line}
+                for p, b in todo.items():
+                    if p not in hits:
+                        table[b] = frozenset()
+                todo = {p: b for p, b in todo.items() if p in hits}
+            for sha, data in self.tree.repo.read_blobs(sorted(set(todo.values()))):
+                table[sha] = frozenset(m.decode() for m in word.findall(data))
+            self.cache.dirty = True
+        for p, b in blobs.items():
+            for n in table.get(b, ()):
+                self._op_files.setdefault(n, []).append(p)
+        return self._op_files
 
     def resolve(self, path: tuple[str, ...]) -> Target:
         """`aiter.a.b.c` as an attribute chain from the root package."""
@@ -577,6 +1226,14 @@ class ApiIndex:
             if t.kind in ("missing", "unknown"):
                 return t
         return t
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_annotation(ann: str) -> ast.expr | None:
+    try:
+        return ast.parse(ann, mode="eval").body
+    except SyntaxError:
+        return None
 
 
 def module_from_path(path: str) -> str:

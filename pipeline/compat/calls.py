@@ -18,8 +18,14 @@ import bisect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
+
+if TYPE_CHECKING:
+    from pipeline.compat.aiterapi import Target
+
 
 ROOT = "aiter"
 
@@ -50,7 +56,15 @@ class RawCall:
 
     @property
     def qualname(self) -> str:
-        return ".".join([self.ref[0], *self.ref[1]])
+        return qualname(self.ref)
+
+
+def qualname(ref: Ref) -> str:
+    """`aiter.dist.parallel_state.get_tp_group().all_reduce`: how the reference reads in Python."""
+    out = ref[0]
+    for part in ref[1]:
+        out += part if part == CALL else f".{part}"
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +81,33 @@ class FileCalls:
     calls: list[RawCall] = field(default_factory=list)
     unchecked: list[Unchecked] = field(default_factory=list)
     error: str | None = None
+    ops: tuple[str, ...] = ()  # ops this ATOM file registers in the `aiter` namespace itself
+
+
+STAR_ONLY = "arguments passed only through *args/**kwargs"
+_UNKNOWN = "resolved through dynamic attribute access or an unparseable module"
+
+
+def atom_ops(files: list[FileCalls]) -> dict[str, str]:
+    """{op name: ATOM path} for the ops ATOM registers as `torch.ops.aiter.<name>` itself."""
+    return {op: fc.path for fc in files for op in fc.ops}
+
+
+def unchecked_reason(call: RawCall, t: Target, ops: dict[str, str]) -> str:
+    """Why a call that resolves to no signature cannot be checked (for the unchecked list)."""
+    if call.ref[0] == TORCH_OPS and call.ref[1] and call.ref[1][0] in ops:
+        return f"an op ATOM registers in the `aiter` namespace itself ({ops[call.ref[1][0]]}), not aiter's"
+    if t.kind == "class":
+        return "class whose __init__ is inherited from a class we cannot see"
+    if t.kind == "value":
+        return "callable object, not a function aiter defines"
+    if t.kind == "instance":
+        return "calling an aiter object (no static signature for its __call__)"
+    if t.reason:
+        if t.reason.startswith(VALUE_REASONS):
+            return f"calling {t.reason}"
+        return t.reason
+    return _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +124,10 @@ _TORCH_FACTORIES = {
     "empty_strided", "cat", "stack", "from_numpy", "linspace",
 }  # fmt: skip
 _INT_METHODS = {"size", "dim", "numel", "stride", "element_size", "nelement", "ndimension", "get_device"}
+
+
+_WORD_RE = re.compile(r"[A-Za-z_]\w*")
+_NOT_WRAPPERS = {"view", "to", "type", "astype", "get", "append", "add", "index", "fill_", "copy_"}
 
 
 def _handler_catches_import(h: ast.ExceptHandler) -> bool:
@@ -162,14 +207,25 @@ def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[s
     return None
 
 
-def _attr_chain(node: ast.expr) -> tuple[str, list[str]] | None:
+def _attr_chain(node: ast.expr, *, through_calls: bool = False) -> tuple[str, list[str]] | None:
+    """`a.b.c` -> ("a", ["b", "c"]); with `through_calls`, `f(x).m` -> ("f", ["()", "m"])."""
     parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif through_calls and isinstance(node, ast.Call) and not _is_getattr(node):
+            parts.append(CALL)
+            node = node.func
+        else:
+            break
     if isinstance(node, ast.Name):
         return node.id, list(reversed(parts))
     return None
+
+
+def _is_getattr(node: ast.Call) -> bool:
+    return isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "isinstance")
 
 
 _GUARD_RE = re.compile(
@@ -187,8 +243,28 @@ class _Scanner:
         self.hot_lines: list[int] = []
         # Inside a function: the lines mentioning a name of that function's environment.
         self.fn_hot: list[list[int]] = []
+        self.fn_dicts: list[dict[str, ast.expr]] = []  # per function: dict literals spread with `**`
         self.lines = text.split("\n")
-        self._patterns: dict[frozenset[str], re.Pattern[str]] = {}
+        self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
+
+    def _text(self, node: ast.expr, limit: int = 60) -> str:
+        """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
+        lo, hi = node.lineno, node.end_lineno
+        if lo == hi and hi is not None and node.end_col_offset is not None:
+            line = self.lines[lo - 1]
+            if line.isascii():
+                seg = line[node.col_offset : node.end_col_offset]
+                if not any(c in seg for c in "'\"#\\"):
+                    seg = " ".join(seg.split())
+                    return seg if len(seg) <= limit else seg[: limit - 1] + "…"
+        return _short(node, limit)
+
+    def _words(self, i: int) -> frozenset[str]:
+        """The identifiers on line i (1-based), computed once per line."""
+        got = self._line_words[i - 1]
+        if got is None:
+            got = self._line_words[i - 1] = frozenset(_WORD_RE.findall(self.lines[i - 1]))
+        return got
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
@@ -197,14 +273,16 @@ class _Scanner:
         self.hot_lines = [i for i, line in enumerate(self.lines, 1) if pat.search(line)]
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
-        key = frozenset(n for n in names if n.isidentifier())
-        pat = self._patterns.get(key)
-        if pat is None:
-            pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, key))) + r")\b")
-            self._patterns[key] = pat
         lo = getattr(fn, "lineno", 1)
         hi = getattr(fn, "end_lineno", None) or lo
-        return [lo + i for i, line in enumerate(self.lines[lo - 1 : hi]) if pat.search(line)]
+        return self._lines_naming(names, lo, hi)
+
+    def _lines_naming(self, names: set[str], lo: int, hi: int) -> list[int]:
+        out = []
+        for i in range(lo, hi + 1):
+            if not self._words(i).isdisjoint(names):
+                out.append(i)
+        return out
 
     def hot(self, node: ast.AST) -> bool:
         hot_lines = self.fn_hot[-1] if self.fn_hot else self.hot_lines
@@ -235,10 +313,12 @@ class _Scanner:
                 guarded = base.guarded or len(node.args) >= 3
                 return Binding((base.ref[0], (*base.ref[1], name.value)), guarded, base.line)
             return None
-        chain = _attr_chain(node)
+        chain = _attr_chain(node, through_calls=True)
         if chain is None:
             return None
         head, attrs = chain
+        if head == "torch" and attrs[:2] == ["ops", ROOT] and "torch" not in env:
+            return Binding((TORCH_OPS, tuple(attrs[2:])), False, node.lineno)
         if head == "self" and attrs and attrs[0] in cls_env:
             cb = cls_env[attrs[0]]
             return Binding((cb.ref[0], (*cb.ref[1], *attrs[1:])), cb.guarded, cb.line)
@@ -256,8 +336,10 @@ class _Scanner:
         if self.ref_of(node.func, env, cls_env) is not None:
             return None
         fn = _attr_chain(node.func)
-        if (fn and fn[0] in ("functools", "partial")) or (fn and fn[1][-1:] == ["partial"]):
+        if fn is None or fn[0] in ("functools", "partial") or fn[1][-1:] == ["partial"]:
             return None
+        if fn[1] and fn[1][-1] in _NOT_WRAPPERS:
+            return None  # `x.view(aiter.dtypes.fp8)`: a method taking an aiter value, not a wrapper
         return self.ref_of(node.args[0], env, cls_env)
 
     # -- environments ----------------------------------------------------
@@ -454,6 +536,63 @@ class _Scanner:
                             out[t.attr] = b
         return out
 
+    def _constant_dict(self, node: ast.expr) -> list[tuple[str, ast.expr]] | None:
+        """`**{"k": v}`, `**dict(k=v)` or `**params` (a local dict literal never changed): its items."""
+        if isinstance(node, ast.Name) and self.fn_dicts:
+            got = self.fn_dicts[-1].get(node.id)
+            if got is None:
+                return None
+            node = got
+        if isinstance(node, ast.Dict):
+            items: list[tuple[str, ast.expr]] = []
+            for k, v in zip(node.keys, node.values, strict=True):
+                if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                    return None
+                items.append((k.value, v))
+            return items
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "dict"
+            and not node.args
+            and all(k.arg is not None for k in node.keywords)
+        ):
+            return [(str(k.arg), k.value) for k in node.keywords]
+        return None
+
+    def _dict_literals(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr]:
+        """Names assigned once to a dict literal and only ever used as `**name`."""
+        assigned: dict[str, list[ast.expr]] = {}
+        loads: list[ast.Name] = []
+        spread: set[int] = set()
+        for node in _walk_scope(fn):
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    loads.append(node)
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    for n in _names_in_target(t):
+                        assigned.setdefault(n, []).append(node.value)
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
+                assigned.setdefault(node.target.id, []).extend([ast.Constant(None), ast.Constant(None)])
+            elif isinstance(node, ast.Call):
+                spread.update(
+                    id(k.value) for k in node.keywords if k.arg is None and isinstance(k.value, ast.Name)
+                )
+        cands = {
+            n: vs[0]
+            for n, vs in assigned.items()
+            if len(vs) == 1 and not isinstance(vs[0], ast.Name) and self._constant_dict(vs[0]) is not None
+        }
+        for name in loads:
+            if name.id in cands and id(name) not in spread:
+                cands.pop(name.id)  # read, changed or passed on: its keys may not be the literal's
+        a = fn.args
+        for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+            if p is not None:
+                cands.pop(p.arg, None)
+        return cands
+
     def _scan_function(
         self,
         fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
@@ -484,10 +623,17 @@ class _Scanner:
             if name in env and name not in self._aiter_assigned(fn, env, cls_env):
                 env.pop(name, None)
         self.fn_hot.append(self._function_hot(fn, {ROOT, *env, *cls_env}))
+        self.fn_dicts.append(self._dict_literals(fn) if "**" in self._fn_text(fn) else {})
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
             self.fn_hot.pop()
+            self.fn_dicts.pop()
+
+    def _fn_text(self, fn: ast.AST) -> str:
+        lo = getattr(fn, "lineno", 1)
+        hi = getattr(fn, "end_lineno", None) or lo
+        return "\n".join(self.lines[lo - 1 : hi])
 
     def _aiter_assigned(
         self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding], cls_env: dict[str, Binding]
@@ -564,7 +710,7 @@ class _Scanner:
         guarded: bool,
     ) -> None:
         f = node.func
-        display = _short(f, 80)
+        display = self._text(f, 80)
         # getattr(aiter, name)(...) with a non-constant name: dynamic.
         if (
             isinstance(f, ast.Call)
@@ -579,21 +725,35 @@ class _Scanner:
         b = self.ref_of(f, env, cls_env)
         if b is None:
             return
-        if not b.ref[1] and b.ref[0] == ROOT:
+        if not b.ref[1] and b.ref[0] in (ROOT, TORCH_OPS):
             return  # calling the package itself: not a function call
         args: list[Arg] = []
         star_args = star_kwargs = False
         for a in node.args:
             if isinstance(a, ast.Starred):
-                star_args = True
+                v = a.value
+                if (
+                    not star_args
+                    and isinstance(v, ast.List | ast.Tuple)
+                    and not any(isinstance(e, ast.Starred) for e in v.elts)
+                ):
+                    # `*(x, y)`: as good as writing them out
+                    args.extend(Arg(self._text(e), evident_type(e, local_types, env)) for e in v.elts)
+                    continue
+                star_args = True  # later positionals land at positions we cannot know
                 continue
-            args.append(Arg(_short(a), evident_type(a, local_types, env)))
+            if not star_args:
+                args.append(Arg(self._text(a), evident_type(a, local_types, env)))
         kwargs: list[tuple[str, Arg]] = []
         for k in node.keywords:
-            if k.arg is None:
+            if k.arg is not None:
+                kwargs.append((k.arg, Arg(self._text(k.value), evident_type(k.value, local_types, env))))
+                continue
+            items = self._constant_dict(k.value)
+            if items is None:
                 star_kwargs = True
                 continue
-            kwargs.append((k.arg, Arg(_short(k.value), evident_type(k.value, local_types, env))))
+            kwargs.extend((key, Arg(self._text(v), evident_type(v, local_types, env))) for key, v in items)
         name = (b.ref[1][-1:] or (b.ref[0].rsplit(".", 1)[-1],))[0]
         self.out.calls.append(
             RawCall(
@@ -674,7 +834,21 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
+def worth_scanning(data: bytes) -> bool:
+    """Can this file call aiter or register an op? (Most of ATOM cannot: skipped unread.)"""
+    return b"aiter" in data or b"_op(" in data or b"torch_compile_guard" in data
+
+
 def scan_file(data: bytes, path: str) -> FileCalls:
+    """Calls of aiter in one ATOM file, and the ops it registers in the `aiter` namespace."""
+    out = _scan_file(data, path)
+    if b"direct_register_custom_op" in data or b"torch_compile_guard" in data or b"_op(" in data:
+        text = data.decode("utf-8", "replace")
+        out.ops = tuple(sorted({m.group(1) or m.group(2) for m in _REGISTERS_RE.finditer(text)}))
+    return out
+
+
+def _scan_file(data: bytes, path: str) -> FileCalls:
     """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
 
     Speed: the module skeleton (all function bodies stripped, line numbers
@@ -682,7 +856,7 @@ def scan_file(data: bytes, path: str) -> FileCalls:
     bodies that mention one of them (or `aiter`, or an instance attribute set
     from one) are parsed. A body that mentions none cannot call aiter.
     """
-    if ROOT.encode() not in data or not _IMPORTS_AITER.search(data):
+    if ROOT.encode() not in data or (not _IMPORTS_AITER.search(data) and b"torch.ops.aiter" not in data):
         return FileCalls(path)  # says `aiter` (rocm_aiter, torch.ops.aiter, ...) but never imports it
     text = data.decode("utf-8", "replace")
     tree: ast.Module | str | None = None
@@ -711,3 +885,12 @@ def scan_file(data: bytes, path: str) -> FileCalls:
     if isinstance(tree, str):
         return FileCalls(path, error=tree)
     return _Scanner(path, tree, text).scan()
+
+
+# ATOM registering its own ops in the `aiter` namespace: `direct_register_custom_op("name", ...)`, or a
+# registering decorator (aiter's `@torch_compile_guard(...)`, ATOM's `@mark_spliting_op(...)`) on `def name(`.
+_REGISTERS_RE = re.compile(
+    r"""direct_register_custom_op\(\s*(?:op_name\s*=\s*)?["'](\w+)["']"""
+    r"""|@(?:torch_compile_guard|mark_spliting_op|custom_op|register_custom_op)\b(?:\([^@]*?\)\s*\n|\s*\n)"""
+    r"""(?:[ \t]*@[^\n]*\n)*[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)"""
+)

@@ -135,6 +135,8 @@ class History:
     def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
         if blob is None:
             return None
+        if "." in name:  # a method (`C().m`, `C.m`): read from the module summary
+            return self.summary(path, blob).find_sig(name)
         key = f"sig:{blob}:{name}"
         if self.facts is not None and key in self.facts.data:
             got: Signature | None = self.facts.data[key]
@@ -146,11 +148,7 @@ class History:
         fast = one if isinstance(one, Signature) else None
         if one is False:  # not a plain single top-level def: summarize the module
             self.cache.raw[blob] = raw
-            s = self.summary(path, blob)
-            for ev_name, kind, payload, _ in reversed(s.events):
-                if ev_name == name and kind in ("def", "class"):
-                    fast = payload if isinstance(payload, Signature) else None
-                    break
+            fast = self.summary(path, blob).find_sig(name)
         if self.facts is not None:
             self.facts.data[key] = fast
             self.facts.dirty = True

@@ -24,12 +24,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.compat.aiterapi import ApiIndex, Signature, Target
+from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex, Signature, Target
 from pipeline.compat.bind import Binding, bind
-from pipeline.compat.calls import FileCalls, RawCall, scan_file
+from pipeline.compat.calls import (
+    STAR_ONLY,
+    FileCalls,
+    RawCall,
+    atom_ops,
+    scan_file,
+    unchecked_reason,
+    worth_scanning,
+)
 from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
-from pipeline.compat.pysource import SummaryCache, Tree
+from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
 from pipeline.gitw import CommitInfo, GitRepo
@@ -47,7 +55,7 @@ class Caches:
     atom: SummaryCache
     aiter: SummaryCache
     facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
-    reports: SummaryCache  # whole reports, keyed by every SHA they depend on
+    reports: ReportStore  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
 
     @classmethod
@@ -56,7 +64,7 @@ class Caches:
             SummaryCache.open("atom", cache_dir),
             SummaryCache.open("aiter", cache_dir),
             SummaryCache.open("facts", cache_dir),
-            SummaryCache.open("reports", cache_dir),
+            ReportStore("reports", cache_dir),
             cache_dir,
         )
 
@@ -68,7 +76,7 @@ class Caches:
         return self._logs
 
     def save(self) -> None:
-        for c in (self.atom, self.aiter, self.facts, self.reports, self._logs):
+        for c in (self.atom, self.aiter, self.facts, self._logs):
             if c is not None:
                 c.save()
 
@@ -111,7 +119,7 @@ def _scan_one(i: int) -> FileCalls:
 
 def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
     global _WORK
-    todo = [i for i, (_, d) in enumerate(work) if b"aiter" in d]
+    todo = [i for i, (_, d) in enumerate(work) if worth_scanning(d)]
     out = [FileCalls(p) for p, _ in work]
     if not todo:
         return out
@@ -179,17 +187,7 @@ def baseline_for(atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str) -
 
 
 def target_of(index: ApiIndex, call: RawCall) -> Target:
-    got = index.ref_memo.get(call.ref)
-    if got is not None:
-        return got
-    mod, attrs = call.ref
-    t = index.resolve_module_path(mod)
-    for a in attrs:
-        if t.kind in ("missing", "unknown"):
-            break
-        t = index.attr_of(t, a)
-    index.ref_memo[call.ref] = t
-    return t
+    return index.resolve_ref(call.ref)
 
 
 def _day(c: CommitInfo) -> str:
@@ -217,6 +215,8 @@ class Checker:
         self.tip = tip
         self.explicit_baseline = explicit_baseline
         self.files = scan_atom(atom, atom_sha, caches)
+        self.atom_ops = atom_ops(self.files)
+        self.op_names = frozenset(c.ref[1][0] for fc in self.files for c in fc.calls if c.ref[0] == TORCH_OPS)
         self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
@@ -235,6 +235,7 @@ class Checker:
         got = self._index.get(aiter_sha)
         if got is None:
             got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
+            got.op_names = self.op_names
             self._index[aiter_sha] = got
         return got
 
@@ -308,10 +309,8 @@ class Checker:
             for call in fc.calls:
                 t = target_of(idx, call)
                 if t.kind in ("func", "class") and t.sig is not None:
-                    if call.star_args or call.star_kwargs:
-                        unchecked.append(
-                            UncheckedCall(call.path, call.line, call.qualname, "*args/**kwargs at the call")
-                        )
+                    if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
+                        unchecked.append(UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY))
                         continue
                     checked += 1
                     f = self._check_call(call, t.sig, aiter_sha, with_causes)
@@ -320,18 +319,10 @@ class Checker:
                 elif t.kind == "missing":
                     checked += 1
                     findings.append(self._missing(call, t, aiter_sha, with_causes))
-                elif t.kind == "module":
-                    continue  # an attribute chain ending on a module: not a call of an aiter function
+                elif t.kind in ("module", "foreign"):
+                    continue  # a module, or a value of a type that is not aiter's: not a call of aiter
                 else:
-                    reason = {
-                        "class": "class whose __init__ is inherited",
-                        "value": "callable object, not a function aiter defines",
-                        "unknown": "resolved through dynamic attribute access or an unparseable module",
-                    }[t.kind]
-                    if t.kind == "unknown" and call.ref[1]:
-                        owner = target_of(idx, dataclasses.replace(call, ref=(call.ref[0], call.ref[1][:-1])))
-                        if owner.kind in ("class", "value", "func"):
-                            reason = "method or attribute of an aiter object (no static signature)"
+                    reason = unchecked_reason(call, t, self.atom_ops)
                     unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
@@ -818,16 +809,13 @@ def run_check(
     # Everything a report depends on is named by these SHAs (trees and histories are immutable).
     dated = resolve_sha(atom, dated_by, "ATOM") if dated_by else None
     key = f"{atom_sha}:{aiter_sha}:{explicit or ''}:{tip}:{dated or ''}"
-    got = caches.reports.data.get(key)
+    got = caches.reports.get(key)  # a warm run reads this one small file and nothing else
     if isinstance(got, CheckReport):
         return got
     try:
         checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit, dated_by=dated)
         report = checker.check(aiter_sha)
-        if len(caches.reports.data) > 256:
-            caches.reports.data.clear()
-        caches.reports.data[key] = report
-        caches.reports.dirty = True
+        caches.reports.put(key, report)
         return report
     finally:
         caches.save()

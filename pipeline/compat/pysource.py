@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import os
 import pickle
 import re
@@ -22,7 +23,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 15  # bump when a summary's shape or its extraction rules change
+SCHEMA = 16  # bump when a summary's shape or its extraction rules change
 
 
 @dataclass
@@ -52,33 +53,35 @@ def parse_source(data: bytes, path: str) -> ast.Module | str:
 
 @dataclass
 class SummaryCache:
-    """`{blob sha: summary}` for one kind of summary, persisted as one pickle."""
+    """`{blob sha: summary}` for one kind of summary, persisted as one pickle (read on first use)."""
 
     kind: str
     cache_dir: Path | None
-    data: dict[str, Any] = field(default_factory=dict)
+    _data: dict[str, Any] | None = None
     dirty: bool = False
     raw: dict[str, bytes] = field(default_factory=dict)  # blob sha -> bytes, this run only
     mentions: dict[tuple[str, str, str], bool] = field(default_factory=dict)  # (sha, path, name)
     resolved: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # shared resolutions
+    recent: list[Any] = field(default_factory=list)  # the last indexes built over this cache (a run's)
+    star_targets: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (sha, path) -> modules
 
     @property
     def file(self) -> Path | None:
         return self.cache_dir / f"compat-{self.kind}-v{SCHEMA}.pickle" if self.cache_dir else None
 
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._data is None:
+            self._data = _load(self.file)
+        return self._data
+
+    @data.setter
+    def data(self, value: dict[str, Any]) -> None:
+        self._data = value
+
     @classmethod
     def open(cls, kind: str, cache_dir: Path | None) -> SummaryCache:
-        c = cls(kind, cache_dir)
-        f = c.file
-        if f is not None and f.is_file():
-            try:
-                with f.open("rb") as fh:
-                    loaded = pickle.load(fh)
-                if isinstance(loaded, dict):
-                    c.data = loaded
-            except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
-                c.data = {}  # a corrupt or stale cache is only a slower run
-        return c
+        return cls(kind, cache_dir)
 
     def get_many(
         self,
@@ -111,18 +114,63 @@ class SummaryCache:
 
     def save(self) -> None:
         f = self.file
-        if f is None or not self.dirty:
+        if f is None or not self.dirty or self._data is None:
             return
+        if _dump(f, self._data):
+            self.dirty = False
+
+
+def _load(f: Path | None) -> dict[str, Any]:
+    if f is None or not f.is_file():
+        return {}
+    try:
+        with f.open("rb") as fh:
+            loaded = pickle.load(fh)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+        return {}  # a corrupt or stale cache is only a slower run
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _dump(f: Path, value: object) -> bool:
+    """Write atomically (temp file + rename); False when the cache dir is not writable."""
+    try:
         f.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=f.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                pickle.dump(self.data, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, f)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, f)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False
+    return True
+
+
+class ReportStore:
+    """Whole results, one small pickle per key: a warm run reads only the one it needs."""
+
+    def __init__(self, kind: str, cache_dir: Path | None, keep: int = 256) -> None:
+        self.dir = cache_dir / f"compat-{kind}-v{SCHEMA}" if cache_dir else None
+        self.keep = keep
+
+    def _file(self, key: str) -> Path | None:
+        return self.dir / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".pickle") if self.dir else None
+
+    def get(self, key: str) -> Any:
+        f = self._file(key)
+        got = _load(f).get(key) if f is not None else None
+        return got
+
+    def put(self, key: str, value: object) -> None:
+        f = self._file(key)
+        if f is None or not _dump(f, {key: value}):
             return
-        self.dirty = False
+        assert self.dir is not None
+        files = sorted(self.dir.glob("*.pickle"), key=lambda p: p.stat().st_mtime)
+        for old in files[: max(0, len(files) - self.keep)]:
+            old.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=65536)

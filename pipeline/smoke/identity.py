@@ -278,9 +278,7 @@ def check_port_free(
     if not found:
         return
     named = "; ".join(h.describe() for h in holders) or (
-        "a process this probe cannot see (socket inode "
-        + ", ".join(str(f.get("inode")) for f in found)
-        + ")"
+        "a process this probe cannot see (socket inode " + ", ".join(str(f.get("inode")) for f in found) + ")"
     )
     live_run = any(h.container is not None and "still running" in h.owner for h in holders)
     raise InfraError(

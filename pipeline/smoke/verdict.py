@@ -115,7 +115,6 @@ class Verdict(_Model):
         return data
 
 
-
 @dataclass(frozen=True)
 class VerdictFile:
     """A verdict as read from disk: where, its exact bytes' sha256, the model."""

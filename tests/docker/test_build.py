@@ -277,4 +277,7 @@ def test_image_in_target_registry_is_not_rebuilt(
     assert main(["build", "--context", str(ctx.dir), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["skipped"] is True and out["found_in"] == f"{remote_repo}:{remote_tag}@{digest}"
-    assert engine.image(ctx.image_ref) is None  # nothing was built or pulled
+    # nothing was built: the registry's image was pulled, so smoke and tag get a real image ID
+    assert out["image_id"] == built.image_id
+    pulled = engine.image(ctx.image_ref)
+    assert pulled is not None and pulled.id == built.image_id

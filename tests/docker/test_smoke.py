@@ -493,9 +493,7 @@ def test_sigkilled_runs_server_is_removed_and_never_answers_the_next_run(
     finally:
         if first.poll() is None:
             first.kill()
-    leaked = [
-        c for c in engine.containers(CASE_LABEL, docker_cleanup.case_id) if c.status == "running"
-    ]
+    leaked = [c for c in engine.containers(CASE_LABEL, docker_cleanup.case_id) if c.status == "running"]
     assert len(leaked) == 1 and answers(port)  # the leak the issue saw
     assert leaked[0].labels[labels.OWNER_PID] == str(first.pid)
 

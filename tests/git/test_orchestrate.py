@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 
@@ -73,9 +74,9 @@ def test_chain_until_render_then_resume_skips_everything(
 ) -> None:
     assert main(["build", "--model", MODEL, "--until", "render"]) == 0
     run = only_run(tmp_path)
-    assert states(run) == {"pin": "ok", "check": "ok", "patch": "ok", "render": "ok"}
+    assert states(run) == {"pin": "ok", "patch": "ok", "check": "ok", "render": "ok"}
     spec = json.loads((run / "run.json").read_text())
-    assert spec["model"] == MODEL and spec["stages"] == ["pin", "check", "patch", "render"]
+    assert spec["model"] == MODEL and spec["stages"] == ["pin", "patch", "check", "render"]
     lock = (run / "lock.toml").read_text()
     assert world.atom_sha in lock and world.aiter_sha in lock and 'status = "applied"' in lock
     # the pristine pin breaks; the patched tree binds: the check says both
@@ -91,20 +92,21 @@ def test_chain_until_render_then_resume_skips_everything(
 
     assert main(["build", "--resume", str(run), "--until", "render"]) == 0
     err = capsys.readouterr().err
-    for stage in ("pin", "check", "patch", "render"):
+    for stage in ("pin", "patch", "check", "render"):
         assert f"↷ {stage}" in err, err
 
 
-def test_patch_change_reruns_from_check_not_pin(world: BuildRepos, tmp_path: Path) -> None:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
+def test_patch_change_reruns_from_patch_not_pin(world: BuildRepos, tmp_path: Path) -> None:
+    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
     run = only_run(tmp_path)
-    before = json.loads((run / "stages" / "check.json").read_text())
+    before = {s: json.loads((run / "stages" / f"{s}.json").read_text()) for s in ("pin", "patch", "check")}
     patch = next((tmp_path / "patches").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
-    assert main(["build", "--resume", str(run), "--until", "patch"]) == 0
-    after = json.loads((run / "stages" / "check.json").read_text())
-    assert after["inputs_digest"] != before["inputs_digest"]
-    assert json.loads((run / "stages" / "pin.json").read_text())["status"] == "ok"
+    assert main(["build", "--resume", str(run), "--until", "check"]) == 0
+    after = {s: json.loads((run / "stages" / f"{s}.json").read_text()) for s in ("pin", "patch", "check")}
+    assert after["pin"] == before["pin"]  # not re-run: the same record, the same duration
+    assert after["patch"]["inputs_digest"] != before["patch"]["inputs_digest"]
+    assert after["check"]["inputs_digest"] != before["check"]["inputs_digest"]
 
 
 def break_aiter(repos: BuildRepos) -> str:
@@ -126,7 +128,7 @@ def test_unfixed_break_stops_before_render_and_names_the_cause(
     breaking = break_aiter(world)
     assert main(["build", "--model", MODEL]) == ExitCode.INCOMPATIBLE
     run = only_run(tmp_path)
-    assert states(run) == {"pin": "ok", "check": "failed"}
+    assert states(run) == {"pin": "ok", "patch": "ok", "check": "failed"}
     assert not (run / "context").exists()
     err = capsys.readouterr().err
     assert "atom/models/minimax_m3.py" in err
@@ -224,3 +226,136 @@ def test_a_patch_past_its_range_is_reported_obsolete(world: BuildRepos, tmp_path
     assert 'status = "not-needed"' in (run / "lock.toml").read_text()
     (note,) = obsolete_patches(load_settings(env=dict(os.environ), cwd=tmp_path), run)
     assert "0001-minimax-m3-split-kv-cache.patch is obsolete" in note and "past its range" in note
+
+
+def records(run: Path) -> dict[str, dict[str, object]]:
+    return {p.stem: json.loads(p.read_text()) for p in (run / "stages").glob("*.json")}
+
+
+@pytest.mark.parametrize(
+    ("edit", "first_rerun"),
+    [("patch", "patch"), ("recipe", "check"), ("template", "render")],
+)
+def test_changing_one_input_file_reruns_its_stage_and_those_after_it_and_nothing_before(
+    world: BuildRepos,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    edit: str,
+    first_rerun: str,
+) -> None:
+    templates = tmp_path / "templates"
+    shutil.copytree(REPO / "dockerfiles", templates)
+    monkeypatch.setenv("PIPELINE_TEMPLATES_DIR", str(templates))
+    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
+    run = only_run(tmp_path)
+    before = records(run)
+    dockerfile = (run / "context" / "Dockerfile").read_text()
+    if edit == "patch":
+        f = next((tmp_path / "patches").glob("0001-*.patch"))
+        f.write_text(f.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
+    elif edit == "recipe":
+        world.recipe.write_text(world.recipe.read_text() + "\n# reviewed again\n")
+    else:
+        f = templates / "Dockerfile.j2"
+        f.write_text(f.read_text().replace("FROM ", "# edited template\nFROM ", 1))
+    capsys.readouterr()
+    assert main(["build", "--resume", str(run), "--until", "render"]) == 0
+    after = records(run)
+    err = capsys.readouterr().err
+    order = ["pin", "patch", "check", "render"]
+    for stage in order:
+        if order.index(stage) < order.index(first_rerun):
+            assert after[stage] == before[stage] and f"↷ {stage}" in err, stage
+        else:
+            assert after[stage]["inputs_digest"] != before[stage]["inputs_digest"], stage
+            assert f"✓ {stage}" in err, stage
+    if edit == "template":  # the resumed render wrote the edited template's Dockerfile
+        assert "# edited template" in (run / "context" / "Dockerfile").read_text()
+        assert "# edited template" not in dockerfile
+
+
+def test_source_date_epoch_sets_created_in_build_as_in_render(
+    world: BuildRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
+    run = only_run(tmp_path)
+    built = json.loads((run / "context" / "render.json").read_text())
+    assert built["labels"]["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
+    args = [
+        "render",
+        "--model",
+        MODEL,
+        "--lock",
+        str(run / "lock.toml"),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--json",
+    ]
+    capsys.readouterr()
+    assert main(args) == 0
+    rendered = json.loads(capsys.readouterr().out)
+    assert rendered["inputs_digest"] == built["inputs_digest"]
+
+
+def test_build_takes_a_digested_base_image_other_than_the_configured_one(
+    world: BuildRepos, tmp_path: Path
+) -> None:
+    other = "other.invalid/img:2@sha256:" + "cd" * 32
+    assert main(["build", "--model", MODEL, "--until", "render", "--base-image", other]) == 0
+    assert f"FROM {other}" in (only_run(tmp_path) / "context" / "Dockerfile").read_text()
+
+
+def test_a_plain_pin_keeps_the_digest_given_by_hand(
+    world: BuildRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIPELINE_BASE_IMAGE", "example.invalid/base:1")  # no digest, no registry answers
+    digested = f"example.invalid/base:1@{FAKE_DIGEST}"
+    assert main(["pin", "--model", MODEL, "--base-image", digested]) == 0
+    assert main(["pin", "--model", MODEL, "--offline"]) == 0
+    lock = (tmp_path / "locks" / f"{MODEL}.toml").read_text()
+    assert FAKE_DIGEST in lock
+
+
+def test_build_with_a_lock_shows_the_locks_sources(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
+    lock = only_run(tmp_path) / "lock.toml"
+    shutil.move(str(only_run(tmp_path)), str(tmp_path / "first"))
+    lock = tmp_path / "first" / "lock.toml"
+    capsys.readouterr()
+    assert main(["build", "--model", MODEL, "--until", "pin", "--lock", str(lock)]) == 0
+    err = capsys.readouterr().err
+    assert f"ATOM       {world.atom} @ {world.atom_sha}" in err and "@ main" not in err
+
+
+def test_bad_values_fail_at_the_start_with_one_short_message(
+    world: BuildRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = "M" * 120_000
+    assert main(["pin", "--model", long]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "(120000 characters)" in err and len(err) < 1000
+    assert main(["patch", "apply", "--model", "../../x"]) == ExitCode.USAGE
+    assert "invalid model name" in capsys.readouterr().err
+    monkeypatch.setenv("PIPELINE_TAG_TEMPLATE", "{model.zzz}")
+    for args in (["pin", "--model", MODEL], ["build", "--model", MODEL]):
+        assert main(args) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert "tag_template" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "locks").exists()
+
+
+def test_a_failed_pin_leaves_no_run_directory_and_build_no_empty_table(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["pin", "--model", MODEL, "--atom", "no-such-branch"]) == ExitCode.SOURCE
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert main(["pin", "--model", MODEL, "--atom", "no-such-branch", "--keep-failed-run"]) == ExitCode.SOURCE
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+    capsys.readouterr()
+    assert main(["build", "--model", "No-Such-Model"]) == ExitCode.USAGE
+    assert "stage  status" not in capsys.readouterr().err

@@ -29,7 +29,12 @@ def ups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstreams:
         if name.startswith("PIPELINE_") or name.startswith("GITHUB_"):
             monkeypatch.delenv(name)
     work = tmp_path / "work"
-    work.mkdir()
+    (work / "recipes").mkdir(parents=True)
+    recipe = (Path(__file__).resolve().parents[1] / "servers" / "recipe-test.yaml").read_text()
+    for model in ("MiniMax-M3-MXFP4", "M"):  # pin refuses a model without a recipe
+        (work / "recipes" / f"{model}.yaml").write_text(
+            recipe.replace("name: Smoke-Test-Tiny", f"name: {model}")
+        )
     monkeypatch.chdir(work)
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
     return make_upstreams(tmp_path)

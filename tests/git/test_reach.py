@@ -196,3 +196,46 @@ def test_check_model_gates_on_the_models_path(
     assert code == ExitCode.OK
     assert json.loads(text)["compatible"] is True
     assert {f["reach"] for f in json.loads(text)["findings"]} == {"off-path"}
+
+
+@pytest.mark.parametrize(
+    ("model", "arch", "code"), [("Gamma", "GammaForCausalLM", 0), ("Alpha", "AlphaForCausalLM", 4)]
+)
+def test_the_build_check_stage_gates_on_the_models_path(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, arch: str, code: int
+) -> None:
+    from tests.fixtures.build_repos import AITER_BUILD_CMD, ATOM_INSTALL_CMD
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / f"{model}.yaml").write_text(recipe_yaml(model, arch))
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "series").write_text("")
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        "PIPELINE_ATOM_REPO": str(fx.atom),
+        "PIPELINE_AITER_REPO": str(fx.aiter),
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
+        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
+        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
+        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
+        "PIPELINE_TEMPLATES_DIR": str(root / "dockerfiles"),
+        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
+        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
+        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
+        "PIPELINE_FETCH_RETRIES": "0",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--model", model, "--until", "check"]) == code
+    (run,) = sorted((tmp_path / "runs").iterdir())
+    findings = {f["path"]: f for f in json.loads((run / "check.json").read_text())["findings"]}
+    if code == 0:
+        stage = json.loads((run / "stages" / "check.json").read_text())
+        assert stage["outputs"]["off_path"] == 3 and stage["outputs"]["architecture"] == arch
+        assert "3 off the model's path" in stage["figure"]
+        assert {f["reach"] for f in findings.values()} == {"off-path"}
+    else:  # Alpha's own break gates; the two off its path are warnings
+        assert findings[BROKEN]["reach"] == "on-path" and findings[BROKEN]["severity"] == "error"
+        assert {findings[p]["severity"] for p in (ORPHAN, QUANT)} == {"warning"}

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+import pipeline.gitw  # noqa: F401  (GitPython runs `git version` on import: at collection, not in a test)
 from pipeline import __version__
 from pipeline.cli import COMMANDS, main
 from pipeline.errors import ExitCode
@@ -37,8 +38,33 @@ def test_config_error_exit_code_and_message(
     assert "run_all_checks" in err and "boolean" in err
 
 
-def test_every_registered_command_imports() -> None:
+def test_every_registered_command_imports_and_the_stages_are_the_table() -> None:
     import importlib
 
-    for module in COMMANDS.values():
-        assert importlib.import_module(f"pipeline.commands.{module}").command is not None
+    from pipeline.stages import STAGE_ORDER, TABLE
+
+    assert list(COMMANDS)[: len(STAGE_ORDER)] == list(TABLE) == list(STAGE_ORDER)
+    assert STAGE_ORDER == ("pin", "patch", "check", "render", "build", "smoke", "tag")
+    for name in COMMANDS:
+        assert importlib.import_module(f"pipeline.commands.{name}").command.name == name
+    for name, entry in TABLE.items():
+        stage = entry.load()
+        assert name == stage.NAME
+        assert stage.Inputs.model_config["frozen"] and stage.Outputs.model_config["frozen"]
+        for fn in (stage.plan, stage.reads, stage.run):
+            assert callable(fn)
+
+
+def test_help_lists_the_commands_without_importing_any(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.cli
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"--help imported {name}")
+
+    monkeypatch.setattr(pipeline.cli.importlib, "import_module", refuse)
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "pin → patch → check → render → build → smoke → tag" in out
+    assert "Resolve ATOM and aiter refs" in out

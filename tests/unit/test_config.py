@@ -71,3 +71,10 @@ def test_invalid_toml_and_missing_explicit_file(tmp_path: Path) -> None:
 def test_literal_choice(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'mirror' or 'in-build'"):
         load_settings(cwd=tmp_path, env={"PIPELINE_SUBMODULES": "git"})
+
+
+def test_negative_fetch_retries_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings(cwd=tmp_path, env={"PIPELINE_FETCH_RETRIES": "-5"})
+    msg = str(e.value)
+    assert "[sources] fetch_retries" in msg and "greater than or equal to 0" in msg and "-5" in msg

@@ -1,0 +1,132 @@
+"""The one stage shape: typed, frozen `Inputs`/`Outputs`, one `run(ctx, inputs) -> Outputs`.
+
+A stage module (pipeline/stages/<name>.py) defines
+
+    NAME                          its name in STAGE_ORDER
+    Inputs, Outputs               frozen pydantic models (`StageData`); nothing untyped between stages
+    plan(ctx, spec, up) -> Inputs  the Inputs of a `pipeline build` run: from the spec and the
+                                  Outputs of the stages before it (`up`)
+    reads(ctx, inputs) -> paths   the files and directories it reads (templates, recipe, patches)
+    run(ctx, inputs) -> Outputs   the work; `pipeline <stage>` calls this same function
+    STOPS                         error classes that stop a run without failing it (e.g. no GPUs)
+
+The inputs digest of a stage is computed here, from its Inputs and the content of
+what it reads, so no stage keeps a hand-written list of what it depends on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.dockerw import Engine
+    from pipeline.log import Logger
+
+DIGEST_SCHEMA = 2
+
+
+class StageData(BaseModel):
+    """Base of every stage's Inputs and Outputs: frozen, no unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=False)
+
+    def figure(self) -> str:
+        """The key figure shown in the stage table (Outputs override it)."""
+        return ""
+
+
+@dataclass
+class Context:
+    """What every stage's `run` receives: resolved settings, the log, the environment, a work dir.
+
+    `work_dir` is the run directory (`pipeline build`) or the command's own run
+    directory; `resume_command` is set by the orchestrator so a stage that stops
+    the run can say how to go on.
+    """
+
+    settings: Settings
+    log: Logger
+    env: Mapping[str, str]
+    work_dir: Path
+    resume_command: str | None = None
+    _engine: Engine | None = field(default=None, repr=False)
+
+    def engine(self) -> Engine:
+        """The Docker engine ([smoke] docker_host, else DOCKER_HOST or the local socket), opened once."""
+        if self._engine is None:
+            from pipeline.dockerw import Engine
+
+            self._engine = Engine.connect(self.settings.smoke.docker_host or None, env=self.env, log=self.log)
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+T = TypeVar("T", bound=StageData)
+
+
+class Upstream:
+    """The Outputs of the stages before this one in a run, by stage name."""
+
+    def __init__(self, outputs: Mapping[str, StageData] | None = None) -> None:
+        self._outputs: dict[str, StageData] = dict(outputs or {})
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._outputs
+
+    def set(self, name: str, outputs: StageData) -> None:
+        self._outputs[name] = outputs
+
+    def get(self, name: str, kind: type[T]) -> T:
+        out = self._outputs.get(name)
+        if out is None:
+            raise UsageError(
+                f"this stage needs the result of the {name} stage, which this run has not produced.",
+                hint=f"Run the {name} stage first: drop --from, or resume a run that got past {name}.",
+            )
+        if not isinstance(out, kind):
+            raise TypeError(f"{name} outputs are {type(out).__name__}, not {kind.__name__}")
+        return out
+
+
+def _content_digest(path: Path) -> str:
+    """sha256 over a file, or over every file under a directory (names included); 'absent' if none."""
+    if path.is_file():
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    if path.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(path.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                h.update(p.relative_to(path).as_posix().encode() + b"\0")
+                h.update(_content_digest(p).encode() + b"\0")
+        return h.hexdigest()
+    return "absent"
+
+
+def inputs_digest(name: str, inputs: StageData, reads: Iterable[Path]) -> str:
+    """The digest a stage record is keyed by: its Inputs plus the content of what it reads."""
+    data: dict[str, Any] = {
+        "schema": DIGEST_SCHEMA,
+        "stage": name,
+        "inputs": inputs.model_dump(mode="json"),
+        "reads": {str(p): _content_digest(p) for p in reads},
+    }
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,192 @@
+"""check: gate exactly the tree the image is built from (the patch stage's commit) against aiter.
+
+Static: every ATOM call of an aiter function is bound against aiter's
+signature at the pinned commit (pipeline.compat). The pristine pin is checked
+too, for the record (what the patch series fixes). A recipe's reviewed waivers
+turn matching errors into warnings that stay in every report.
+
+With a recipe, the check gates for that model (pipeline.compat.reach): errors in
+calls off the model's code path become warnings carrying the evidence, then the
+recipe's reviewed waivers apply. Counts, the same everywhere: an *error* is an
+error-severity finding after that; a *warning* is every other finding (off-path
+and waived ones included); *off path* and *waived* say how many errors each turned
+into warnings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.lock import Lock
+from pipeline.stages import patch as patch_stage
+from pipeline.stages.base import Context, StageData, Upstream
+from pipeline.stages.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from pipeline.gitw import GitRepo
+
+NAME = "check"
+STOPS: tuple[type[Exception], ...] = ()
+REPORTS = ("check.txt", "check.json", "check.sarif")
+
+
+class Inputs(StageData):
+    model: str
+    atom_rev: str  # the tree to gate (the patched commit)
+    aiter_rev: str
+    lock: Lock | None = None  # the repositories are the lock's mirrors (else atom_repo/aiter_repo)
+    atom_repo: Path | None = None
+    aiter_repo: Path | None = None
+    pristine: str | None = None  # the pinned ATOM commit, checked for the record when it differs
+    dated_by: str | None = None  # the commit whose date says "written when" (the pin, for a patched tree)
+    baseline_aiter: str | None = None
+    recipe: Path | None = None  # gate for its model: its code path (reach), then its reviewed waivers
+    waivers: bool = True
+    reports_dir: Path  # check.txt/json/sarif (and check-pristine.json) are written here
+    show_report: bool = False  # also print the text report when the gate fails (in a run)
+
+
+class Outputs(StageData):
+    atom_sha: str
+    aiter_sha: str
+    errors: int
+    warnings: int
+    waived: int
+    checked: int
+    unchecked: int
+    off_path: int = 0
+    architecture: str | None = None  # the model's, when its reach was computed
+    pristine_errors: int | None = None  # errors of the unpatched pin, when it was checked
+
+    def figure(self) -> str:
+        gated = self.errors + self.waived + self.off_path
+        fixed = ""
+        if self.pristine_errors is not None and self.pristine_errors > gated:
+            fixed = f"{self.pristine_errors - gated} fixed by patches, "
+        if self.off_path:
+            fixed += f"{self.off_path} off the model's path, "
+        return (
+            f"{self.errors} error(s), {self.warnings} warning(s), {self.checked} calls bind "
+            f"({fixed}{self.waived} waived by the recipe, {self.unchecked} unchecked)"
+        )
+
+
+def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
+    patched = up.get("patch", patch_stage.Outputs)
+    lock = patched.lock
+    return Inputs(
+        model=spec.model,
+        atom_rev=patched.head,
+        aiter_rev=lock.aiter.sha,
+        lock=lock,
+        pristine=lock.atom.sha,
+        dated_by=lock.atom.sha if patched.head != lock.atom.sha else None,
+        recipe=spec.recipe_path,
+        reports_dir=ctx.work_dir,
+        show_report=True,
+    )
+
+
+def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
+    return [inputs.recipe] if inputs.recipe is not None else []
+
+
+def run(ctx: Context, inputs: Inputs) -> Outputs:
+    import json
+
+    from pipeline.compat import run_check
+    from pipeline.compat.reach import gate_model
+    from pipeline.errors import IncompatibleError
+    from pipeline.fsutil import atomic_write_json, atomic_write_text
+    from pipeline.recipe import load_recipe
+
+    atom, aiter = _repos(ctx, inputs)
+    cache = ctx.settings.cache_dir / "compat"
+    report = run_check(
+        atom,
+        inputs.atom_rev,
+        aiter,
+        inputs.aiter_rev,
+        baseline_aiter_rev=inputs.baseline_aiter,
+        cache_dir=cache,
+        dated_by=inputs.dated_by,
+    )
+    pristine_errors = None
+    if inputs.pristine is not None:
+        pristine = report
+        if atom.rev_parse(inputs.pristine) != report.atom_sha:
+            pristine = run_check(atom, inputs.pristine, aiter, inputs.aiter_rev, cache_dir=cache)
+        atomic_write_json(inputs.reports_dir / "check-pristine.json", pristine.to_json())
+        pristine_errors = len(pristine.errors)
+    waived = off_path = 0
+    reach = None
+    if inputs.recipe is not None:
+        gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
+        report, waived, off_path, reach = gate.report, gate.waived, gate.off_path, gate.reach
+        if reach is not None:
+            ctx.log.detail(reach.edges_summary())
+        for msg in (*gate.warnings, *(n.message for n in gate.notes)):
+            ctx.log.warn(msg)
+    text = report.to_text() + (f"\nreach: {reach.edges_summary()}" if reach is not None else "")
+    data = report.to_json()
+    if reach is not None:
+        data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
+    atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
+    atomic_write_text(inputs.reports_dir / "check.json", json.dumps(data, indent=2) + "\n")
+    atomic_write_text(inputs.reports_dir / "check.sarif", json.dumps(report.to_sarif(), indent=2) + "\n")
+    if ctx.log.github:
+        for f in report.errors:
+            ctx.log.error(f.message, file=f.path, line=f.line)
+    out = Outputs(
+        atom_sha=report.atom_sha,
+        aiter_sha=report.aiter_sha,
+        errors=len(report.errors),
+        warnings=len(report.findings) - len(report.errors),
+        waived=waived,
+        checked=report.calls_checked,
+        unchecked=report.calls_unchecked,
+        off_path=off_path,
+        architecture=reach.facts.architecture if reach is not None else None,
+        pristine_errors=pristine_errors,
+    )
+    if out.errors:
+        patched = " (with the patch series)" if inputs.dated_by else ""
+        model = f" --model {inputs.model}" if inputs.model else ""
+        raise IncompatibleError(
+            f"ATOM {report.atom_sha[:10]}{patched} is not compatible with aiter {report.aiter_sha[:10]}: "
+            f"{out.errors} breaking call(s); nothing was built."
+            + (f"\n{text}" if inputs.show_report else ""),
+            hint="Add or fix a patch under patches/atom (`pipeline patch new`), or pin an aiter that "
+            f"this ATOM supports (`pipeline pin{model} --auto`).",
+        )
+    return out
+
+
+def _repos(ctx: Context, inputs: Inputs) -> tuple[GitRepo, GitRepo]:
+    """The repositories given, else the mirrors of the lock's sources (where the patched commit lives)."""
+    from pipeline.errors import SourceError, UsageError
+    from pipeline.gitw import GitRepo
+    from pipeline.sources import open_mirror
+
+    lock = inputs.lock
+    found = []
+    for given, url, rev, name in (
+        (inputs.atom_repo, lock.atom.url if lock else None, inputs.atom_rev, "ATOM"),
+        (inputs.aiter_repo, lock.aiter.url if lock else None, inputs.aiter_rev, "aiter"),
+    ):
+        if given is not None:
+            repo = GitRepo(given)
+        elif url is not None:
+            repo = open_mirror(ctx.settings, url, fetch=False)
+        else:
+            raise UsageError(f"which {name} repository? Pass --lock or --{name.lower()}-repo.")
+        if repo.rev_parse(rev) is None:
+            raise SourceError(
+                f"the {name} commit {rev} is not in {repo.path}.",
+                hint="Run `pipeline pin` again, or point --atom-repo/--aiter-repo at a repository "
+                "that has it.",
+            )
+        found.append(repo)
+    return found[0], found[1]

@@ -1,0 +1,114 @@
+"""smoke: serve the model's recipe from the image on MI355 and gate on what it really answers.
+
+Chat, GSM8K through lm_eval, the serving benchmark (pipeline.smoke); the verdict
+is bound to the image, recipe and lock. No GPUs here stops a run (not a
+failure): the image stays a candidate and the hint says how to finish on a GPU host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pipeline.errors import NoHardware
+from pipeline.stages import build as build_stage
+from pipeline.stages.base import Context, StageData, Upstream
+from pipeline.stages.spec import BuildSpec
+
+NAME = "smoke"
+STOPS: tuple[type[Exception], ...] = (NoHardware,)
+
+
+class Inputs(StageData):
+    image: str  # image ID (or reference) on the engine
+    candidate: str = ""  # the tag to name in hints (the candidate)
+    model: str
+    recipe: Path
+    out_dir: Path  # verdict.json, summary.md, junit.xml, server logs
+    run_all: bool = False
+    quick: bool = False
+    gsm8k_limit: int | None = None
+    bench_concurrencies: tuple[int, ...] | None = None
+    bench_tolerance: float | None = None
+    ready_timeout_s: float | None = None
+    preflight_via: Literal["auto", "local", "container"] = "auto"
+    labels: tuple[tuple[str, str], ...] = ()
+    docker_host: str = ""  # recorded so a run on another engine is a different run
+
+
+class Outputs(StageData):
+    verdict: Path
+    passed: bool
+    reason: str
+
+    def figure(self) -> str:
+        return "all gates passed" if self.passed else self.reason
+
+
+def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
+    built = up.get("build", build_stage.Outputs)
+    return Inputs(
+        image=built.image,
+        candidate=built.ref,
+        model=spec.model,
+        recipe=spec.recipe_path,
+        out_dir=ctx.work_dir / "smoke",
+        run_all=ctx.settings.smoke.run_all_checks,
+        docker_host=ctx.settings.smoke.docker_host,
+    )
+
+
+def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
+    return [inputs.recipe]
+
+
+def run(ctx: Context, inputs: Inputs) -> Outputs:
+    from pipeline.errors import SmokeFailed
+    from pipeline.recipe import load_recipe
+    from pipeline.smoke import SmokeOptions, run_smoke
+    from pipeline.smoke.verdict import VERDICT_FILE
+
+    recipe = load_recipe(inputs.recipe)
+    options = SmokeOptions(
+        run_all=inputs.run_all,
+        quick=inputs.quick,
+        gsm8k_limit=inputs.gsm8k_limit,
+        bench_concurrencies=inputs.bench_concurrencies,
+        bench_tolerance=inputs.bench_tolerance,
+        ready_timeout_s=inputs.ready_timeout_s,
+        preflight_via=inputs.preflight_via,
+        labels=dict(inputs.labels),
+    )
+    try:
+        verdict = run_smoke(
+            ctx.engine(),
+            image=inputs.image,
+            recipe=recipe,
+            recipe_path=inputs.recipe,
+            settings=ctx.settings,
+            env=ctx.env,
+            run_dir=inputs.out_dir,
+            log=ctx.log,
+            options=options,
+        )
+    except NoHardware as e:
+        if ctx.resume_command:
+            ref = inputs.candidate or inputs.image
+            e.hint = (
+                f"The image is kept as an untagged candidate ({ref}). Smoke it on an MI355 host with "
+                f"`pipeline smoke --image {ref} --model {inputs.model} --docker-host ssh://USER@GPU-HOST`, "
+                f"then run `{ctx.resume_command}`."
+            )
+        raise
+    path = inputs.out_dir / VERDICT_FILE
+    summary = inputs.out_dir / "summary.md"
+    if summary.is_file():
+        ctx.log.publish_summary(f"smoke {recipe.name}", summary.read_text(encoding="utf-8"))
+    if not verdict.passed:
+        raise SmokeFailed(
+            f"smoke test of {inputs.image} with {recipe.name} failed: {verdict.reason}.",
+            hint=f"Verdict, summary and server log: {path}, {summary}, {inputs.out_dir / 'server.log'}.",
+        )
+    ctx.log.info(f"smoke test passed: {verdict.reason}; verdict {path}")
+    return Outputs(verdict=path, passed=True, reason=verdict.reason)

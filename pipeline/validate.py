@@ -1,0 +1,122 @@
+"""One place that validates each value a user gives, where it enters, for every command.
+
+Model names, git refs, image references, tag templates, repository URLs and
+numeric settings are checked here, by the CLI flags, by configuration loading and by the
+stages, so a bad value fails at `pin` or at the start of `build` with one
+message, not an hour later in the tag stage. Echoed values are cut (`shown`):
+a 120 kB argument does not fill the log.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.imageref import ImageRef
+
+MODEL_MAX = 100
+_MODEL = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_MAX - 1}}}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SHOWN_MAX = 80
+
+# sample values of every tag-template field, to try a template before anything is built
+TEMPLATE_SAMPLE = {
+    "model": "MiniMax-M3-MXFP4",
+    "date": "20260101",
+    "atom7": "ab9eb78",
+    "aiter7": "08f04b8",
+    "patchset": "1a2b3c4d",
+    "inputs7": "0123456",
+}
+
+
+def shown(value: str, limit: int = SHOWN_MAX) -> str:
+    """`value` quoted for a message; a long one is cut and its length said."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
+def model(name: str) -> str:
+    """A model name: also a file name (locks/<model>.toml, recipes/<model>.yaml) and a tag part."""
+    if not _MODEL.match(name) or name in (".", ".."):
+        raise UsageError(
+            f"invalid model name {shown(name)}: use letters, digits, '.', '-' and '_', starting with a "
+            f"letter or digit, at most {MODEL_MAX} characters.",
+            hint="For example: --model MiniMax-M3-MXFP4.",
+        )
+    return name
+
+
+def ref(value: str, *, what: str = "ref") -> str:
+    """A git ref as given (branch, tag, SHA, HEAD, rev~N): never an option, never a control character."""
+    text = value.strip()
+    if not text or text.startswith("-") or _CONTROL.search(text) or len(text) > 255 or ".." in text:
+        raise UsageError(
+            f"{what} {shown(value)} is not a git ref.",
+            hint="Give a branch, tag, full or short SHA, or HEAD (at most 255 characters).",
+        )
+    return text
+
+
+def url(value: str, *, what: str = "repository") -> str:
+    """A git URL or local path: no control characters, no option-looking value, no empty string."""
+    text = value.strip()
+    if not text or text.startswith("-") or _CONTROL.search(text) or len(text) > 4096:
+        raise UsageError(
+            f"{what} {shown(value)} is not a git URL or path.",
+            hint="Give a URL (https://, ssh://, git@host:path, file://) or a local path.",
+        )
+    return text
+
+
+def image_reference(value: str, *, what: str = "image reference") -> ImageRef:
+    """`[registry/]repository[:tag][@sha256:…]`, parsed by the one grammar (pipeline.imageref)."""
+    from pipeline.imageref import parse_image_ref
+
+    try:
+        return parse_image_ref(value)
+    except UsageError as e:
+        raise UsageError(f"{what}: {e.message}", hint=e.hint) from None
+
+
+def tag_template(template: str, *, setting: str) -> str:
+    """A tag template fills with the known fields into a valid registry tag."""
+    from pipeline.imageref import tag_problem
+
+    fields = ", ".join("{" + f + "}" for f in TEMPLATE_SAMPLE)
+    try:
+        for _, field, _, _ in string.Formatter().parse(template):
+            if field is not None and not field.isidentifier():
+                raise ValueError(f"{{{field}}} is not a plain field name")
+        tag = string.Formatter().vformat(template, (), dict(TEMPLATE_SAMPLE))
+    except KeyError as e:
+        raise ConfigError(
+            f"[tag] {setting} = {shown(template)} uses an unknown field {{{e.args[0]}}}.",
+            hint=f"Known fields: {fields}.",
+        ) from None
+    except (AttributeError, IndexError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"[tag] {setting} = {shown(template)} is not a valid tag template ({type(e).__name__}: {e}).",
+            hint=f"Use plain fields only: {fields}.",
+        ) from None
+    problem = tag_problem(tag)
+    if problem:
+        raise ConfigError(
+            f"[tag] {setting} = {shown(template)} makes tags like {shown(tag)}, which is not a valid "
+            f"registry tag: {problem}.",
+            hint="Change the template; a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.",
+        )
+    return template
+
+
+def check_tag_templates(settings: Settings) -> None:
+    """Every tag template of the settings ([tag] tag_template and moving_tags)."""
+    tag_template(settings.tag.tag_template, setting="tag_template")
+    for t in settings.tag.moving_tags:
+        tag_template(t, setting="moving_tags")
