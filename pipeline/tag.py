@@ -32,13 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from pipeline import labels
 from pipeline.config import Settings
 from pipeline.dockerw import EngineAPI, ImageInfo
-from pipeline.errors import ConfigError, InfraError, PipelineError, RunLocked, TagError, UsageError
-from pipeline.fsutil import sha256_file
+from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
+from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
 from pipeline.moving_tags import MoveOutcome, Mover, current
@@ -408,15 +406,13 @@ def tag_verified(
 
     lock_file = _tag_lock_path(settings.cache_dir, target)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    flock = FileLock(str(lock_file))
-    try:
-        flock.acquire(timeout=lock_timeout)
-    except Timeout:
-        raise RunLocked(
-            f"another `pipeline tag` is moving the tags of {target.name} (lock {lock_file}) and did not "
-            f"finish within {lock_timeout:.0f} s.",
-            hint="Wait for it to finish and run again; nothing was pushed.",
-        ) from None
+    flock = acquire_lock(
+        lock_file,
+        wait=lock_timeout,
+        busy=f"another `pipeline tag` is moving the tags of {target.name} (lock {lock_file}) and did not "
+        f"finish within {lock_timeout:.0f} s.",
+        hint="Wait for it to finish and run again; nothing was pushed.",
+    )
     our_created = img.labels.get(labels.OCI_CREATED, "")
     auth = creds.auth_config if creds else None
     local_ref = f"{target.name}:{immutable}"
