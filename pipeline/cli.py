@@ -12,10 +12,9 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +22,9 @@ from pipeline import __version__
 from pipeline.app import App
 from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, disk_error
 from pipeline.stages import TABLE
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 # command name -> one-line help; each command is `command` in pipeline/commands/<name>.py
 COMMANDS: dict[str, str] = {
@@ -123,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         disk = disk_error(e) if isinstance(e, OSError) else None
         if disk is not None:  # a full or read-only disk is not a bug: its own error and exit code
             return _report(disk)
+        import traceback
+
         tb = traceback.format_exc()
         if _CURRENT:
             _CURRENT[-1].log.debug(tb)
