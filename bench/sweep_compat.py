@@ -333,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                 rep, _ = replay(checker, call, pin, srcs[call.path], ref)
                 if rep.verdict == "n/a":
                     apart["n/a"] += 1
+                    rows.append({"cell": "n/a", "atom": atom_sha[:10], "aiter": pin[:10], "path": call.path,
+                                 "line": call.line, "function": call.qualname, "replay": rep.why,
+                                 "check": f"{f.severity} {f.kind}" if f else "clean"})  # fmt: skip
                     continue
                 said = f is not None
                 truth = rep.verdict == "broken"

@@ -9,6 +9,7 @@ Nothing heavy is imported until a command runs: `--help` and `--version` stay fa
 
 from __future__ import annotations
 
+import errno
 import importlib
 import signal
 import sys
@@ -20,7 +21,7 @@ import click
 
 from pipeline import __version__
 from pipeline.app import App
-from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, disk_error
+from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError, disk_error
 from pipeline.stages import TABLE
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ COMMANDS: dict[str, str] = {
     **{name: entry.help for name, entry in TABLE.items()},
     "rebuild": "The scheduled job: move the pins, rebuild what changed, report.",
     "recipe": "Import upstream ATOM recipes (recipes/*.md) and report their drift.",
+    "gc": "Remove old runs, locks nobody holds and refs/pins/* no lock file names.",
 }
 
 
@@ -121,21 +123,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(Interrupted("interrupted; every container this run started was removed."))
     except PipelineError as e:
         return _report(e)
-    except Exception as e:  # a bug: keep the traceback in the log, short note on screen
-        disk = disk_error(e) if isinstance(e, OSError) else None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # only a given path or name can be that long: bad input
+            return _report(too_long(e))
+        disk = disk_error(e)
         if disk is not None:  # a full or read-only disk is not a bug: its own error and exit code
             return _report(disk)
-        import traceback
-
-        tb = traceback.format_exc()
-        if _CURRENT:
-            _CURRENT[-1].log.debug(tb)
-        click.echo(tb, err=True)
-        click.echo("error: internal error in atom-image-pipeline (a bug); please report it.", err=True)
-        return int(ExitCode.INTERNAL)
+        return _bug()
+    except Exception:
+        return _bug()
     finally:
         if _CURRENT:
             _CURRENT[-1].log.close()
+
+
+def _bug() -> int:
+    """A bug: keep the traceback in the log, short note on screen."""
+    import traceback
+
+    tb = traceback.format_exc()
+    if _CURRENT:
+        _CURRENT[-1].log.debug(tb)
+    click.echo(tb, err=True)
+    click.echo("error: internal error in atom-image-pipeline (a bug); please report it.", err=True)
+    return int(ExitCode.INTERNAL)
+
+
+def too_long(e: OSError) -> UsageError:
+    name = str(e.filename) if e.filename is not None else ""
+    from pipeline.fsutil import path_problem, shorten  # imported on this path only: fast start-up
+
+    problem = path_problem(Path(name)) if name else None
+    return UsageError(
+        f"the path {shorten(name)} cannot be used: {problem or 'it is too long for the file system'}.",
+        hint="Give a shorter path (flags, pipeline.toml or PIPELINE_* variables).",
+    )
 
 
 def _report(err: PipelineError) -> int:

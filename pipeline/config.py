@@ -21,6 +21,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
+from pipeline.fsutil import read_text
 from pipeline.validate import SHOWN_MAX, shown
 
 ENV_PREFIX = "PIPELINE_"
@@ -38,6 +39,7 @@ class SourcesSettings(_Section):
     aiter_ref: str
     mirror_submodules: bool
     fetch_retries: Annotated[int, Field(ge=0)]  # retries after the first attempt
+    offline: bool
 
 
 class PathsSettings(_Section):
@@ -119,13 +121,11 @@ def _defaults() -> dict[str, dict[str, Any]]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    text = read_text(path, what="configuration file", error=ConfigError)
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}.", hint="Fix the file and run again.") from e
-    except OSError as e:
-        raise ConfigError(f"cannot read configuration file {path}: {e.strerror}.") from e
 
 
 def _coerce_env(key: str, raw: str, expected: Any) -> Any:

@@ -47,7 +47,8 @@ def unreadable(path: Path, what: str, e: OSError | UnicodeDecodeError) -> str:
     if isinstance(e, PermissionError):
         return f"{what} {path} cannot be read: permission denied."
     if e.errno == errno.ENAMETOOLONG:
-        return f"{what} path {shorten(str(path))} is too long for the file system."
+        problem = path_problem(path) or "it is too long for the file system"
+        return f"{what} path {shorten(str(path))} is too long for the file system: {problem}."
     return f"{what} {path} cannot be read: {e.strerror or e}."
 
 
@@ -82,16 +83,18 @@ def path_problem(path: Path) -> str | None:
     if len(os.fsencode(text)) >= max_path:
         return f"the path is {len(text)} characters long, over the system's limit of {max_path}"
     for part in Path(text).parts:
-        if len(os.fsencode(part)) > max_name:
-            return f"its component {shorten(part)} is over the system's limit of {max_name} bytes per name"
+        size = len(os.fsencode(part))
+        if size > max_name:
+            return f"a name in it is {size} bytes long, over the system's limit of {max_name}"
     return None
 
 
 def shorten(value: str, keep: int = 60) -> str:
-    """`value` for a message: cut to `keep` characters, saying how long it was."""
+    """`value` for a message: at most `keep` characters (its start and end), saying how long it was."""
     if len(value) <= keep:
         return repr(value)
-    return f"{value[:keep]!r}… ({len(value)} characters)"
+    half = keep // 2
+    return f"{value[:half]!r}…{value[-half:]!r} ({len(value)} characters)"
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -114,35 +117,57 @@ def new_file_mode() -> int:
     return 0o666 & ~_umask()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(
+    path: Path, text: str, *, what: str = "file", error: type[PipelineError] = UsageError
+) -> None:
     """Write via a temp file in the same directory and `os.replace` (never half a file).
 
     A new file gets the umask's mode; a rewritten file keeps its mode (mkstemp alone would
-    make every file 0600).
+    make every file 0600). A path that cannot be written (a directory, no permission, a name
+    over the limit) is `error`, naming the file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = new_file_mode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = new_file_mode()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    except OSError as e:
+        raise error(unwritable(path, what, e)) from None
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise error(unwritable(path, what, e)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def unwritable(path: Path, what: str, e: OSError) -> str:
+    if isinstance(e, IsADirectoryError):
+        return f"cannot write {what} {path}: it is a directory."
+    if e.errno == errno.ENAMETOOLONG:
+        problem = path_problem(path) or "it is too long for the file system"
+        return f"cannot write {what} {shorten(str(path))}: {problem}."
+    if isinstance(e, PermissionError):
+        return f"cannot write {what} {path}: permission denied."
+    return f"cannot write {what} {path}: {e.strerror or e}."
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def make_temp_dir(parent: Path, prefix: str) -> Path:
+def make_temp_dir(parent: Path, prefix: str, suffix: str = ".tmp") -> Path:
     """`tempfile.mkdtemp` in `parent`, with the mode `mkdir` would give (for dirs renamed into place)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
     path.chmod(0o777 & ~_umask())
     return path
 

@@ -36,16 +36,30 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import LockFileError
-from pipeline.fsutil import atomic_write_text
+from pipeline.errors import LockFileError, RunLocked
+from pipeline.fsutil import (
+    acquire_lock,
+    atomic_write_text,
+    path_problem,
+    read_text,
+    remove_held_lock,
+)
 
 LOCK_VERSION = 1
+# How long a save waits for another run's save of the same lock file (a save takes milliseconds).
+GUARD_WAIT = 10.0
+# The text of each lock file as this process last read or wrote it (to notice another run's write).
+_seen: dict[str, str] = {}
+# Lock files whose guard this process holds.
+_held: set[str] = set()
 _SHA = r"^[0-9a-f]{40}$"
 
 
@@ -142,16 +156,15 @@ class Lock(_Frozen):
     # -- I/O -------------------------------------------------------------------
     @classmethod
     def load(cls, path: Path) -> Lock:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise LockFileError(
-                f"lock file {path} does not exist.",
-                hint="Run `pipeline pin --model MODEL` first, or pass --lock with the right path.",
-            ) from None
-        except OSError as e:
-            raise LockFileError(f"cannot read lock file {path}: {e.strerror}.") from e
-        return cls.parse(text, source=str(path))
+        hint = (
+            "Run `pipeline pin --model MODEL` first, or pass --lock with the right path."
+            if not path.exists()
+            else "Restore it from version control, or delete it and run `pipeline pin` again."
+        )
+        text = read_text(path, what="lock file", error=LockFileError, hint=hint)
+        lock = cls.parse(text, source=str(path))
+        _seen[_key(path)] = text
+        return lock
 
     @classmethod
     def parse(cls, text: str, *, source: str = "<lock>") -> Lock:
@@ -184,12 +197,26 @@ class Lock(_Frozen):
             ) from e
 
     def save(self, path: Path) -> bool:
-        """Write atomically if the content differs. Returns True if written."""
+        """Write atomically if the content differs. Returns True if written.
+
+        If this process read `path` and another run has changed it since, nothing is written:
+        `RunLocked` (exit 13) says so, rather than the last writer silently winning.
+        """
         text = self.to_toml()
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
-            return False
-        atomic_write_text(path, text)
-        return True
+        with _guarded(path):
+            current = read_text(path, what="lock file", error=LockFileError) if path.exists() else None
+            seen = _seen.get(_key(path), current)
+            if current != seen:
+                raise RunLocked(
+                    f"lock file {path} was changed by another run since this one read it; "
+                    "nothing was written.",
+                    hint="Run again: it starts from the lock as the other run left it.",
+                )
+            if current == text:
+                return False
+            atomic_write_text(path, text, what="lock file", error=LockFileError)
+            _seen[_key(path)] = text
+            return True
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -200,3 +227,53 @@ def _line_of(text: str, key: str) -> int | None:
 
 def default_lock_path(locks_dir: Path, model: str) -> Path:
     return locks_dir / f"{model}.toml"
+
+
+def _key(path: Path) -> str:
+    return str(path.absolute())
+
+
+def guard_path(path: Path) -> Path:
+    """The file whose lock guards a read-modify-write of lock file `path` (it exists only meanwhile)."""
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextmanager
+def updating(path: Path) -> Iterator[Lock | None]:
+    """Hold lock file `path` for a read-modify-write; yields its current content (None if absent).
+
+    Two `pin`s (or a `pin` and a `patch apply`) on one lock file would otherwise both read
+    it and the last writer would win, silently. The second one is refused at once (exit 13);
+    nothing has been fetched or written by it.
+    """
+    problem = path_problem(path)
+    if problem is not None:
+        raise LockFileError(f"lock file path cannot be used: {problem}.", hint="Pass --lock FILE.")
+    if path.is_dir():
+        raise LockFileError(
+            f"lock file {path} is a directory, not a file.", hint="Remove it, or pass --lock FILE."
+        )
+    with _guarded(path, wait=0):
+        yield Lock.load(path) if path.exists() else None
+
+
+@contextmanager
+def _guarded(path: Path, *, wait: float = GUARD_WAIT) -> Iterator[None]:
+    """Hold the guard of lock file `path` (re-entrant within this process); it is removed after."""
+    key = _key(path)
+    if key in _held:
+        yield
+        return
+    guard = acquire_lock(
+        guard_path(path),
+        wait=wait,
+        busy=f"another `pipeline` run is updating lock file {path}.",
+        hint="Wait for it to finish, then run again (it may change what this run would write).",
+    )
+    _held.add(key)
+    try:
+        yield
+    finally:
+        _held.discard(key)
+        remove_held_lock(guard)
+        guard.release()

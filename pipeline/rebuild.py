@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config import Settings
-from pipeline.errors import ExitCode, IncompatibleError, PipelineError
+from pipeline.errors import ExitCode, IncompatibleError, PipelineError, UsageError
+from pipeline.fsutil import read_text
 from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.orchestrate import BuildRequest, execute
@@ -48,8 +49,14 @@ def _read_released(settings: Settings, model: str) -> dict[str, Any]:
     p = released_state_path(Path(settings.paths.locks_dir), model)
     if not p.is_file():
         return {}
-    data: dict[str, Any] = json.loads(p.read_text())
-    return data
+    text = read_text(p, what="release record")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(
+            f"release record {p} is not valid JSON: {e}.", hint="Delete it: the next release rewrites it."
+        ) from None
+    return data if isinstance(data, dict) else {}
 
 
 def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:

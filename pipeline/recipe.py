@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import ConfigError
+from pipeline.fsutil import read_text
 
 RECIPE_SCHEMA = "atom-image-pipeline/recipe/v1"
 
@@ -385,10 +386,7 @@ def parse_recipe(text: str, path: Path | str = "<recipe>") -> Recipe:
 
 def load_recipe(path: Path) -> Recipe:
     """Read and validate a recipe file; `ConfigError` names the file, key and problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read recipe {path}: {e.strerror}.") from None
+    text = read_text(Path(path), what="recipe", error=ConfigError)
     return parse_recipe(text, path)
 
 

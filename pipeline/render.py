@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import __version__, labels
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
-from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
+from pipeline.fsutil import atomic_write_json, atomic_write_text, make_temp_dir, sha256_bytes, sha256_file
 from pipeline.lock import Lock
 
 if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the manifest
@@ -635,7 +635,7 @@ def render_context(
             hint="Pass an empty or new directory with -o.",
         )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.", suffix="")  # the umask's mode, not 0700
     try:
         export_tree(atom, atom_tree_sha, stage / "atom")
         export_tree(aiter, lock.aiter.sha, stage / "aiter")

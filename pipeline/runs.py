@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from filelock import FileLock, Timeout
-
-from pipeline.errors import RunLocked, UsageError
-from pipeline.fsutil import atomic_write_json
+from pipeline.errors import UsageError
+from pipeline.fsutil import acquire_lock, atomic_write_json
 
 if TYPE_CHECKING:
+    from filelock import BaseFileLock
+
     from pipeline.stages.spec import BuildSpec
 
 # ok: done (a later run with the same inputs digest skips it); failed: a resumed run starts here;
@@ -49,7 +49,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.stages_dir = path / "stages"
-        self._lock = FileLock(str(path / ".run.lock"))
+        self._lock: BaseFileLock | None = None
 
     @classmethod
     def new(cls, runs_dir: Path, model: str) -> RunDir:
@@ -68,16 +68,17 @@ class RunDir:
         return cls(path)
 
     def acquire(self) -> None:
-        try:
-            self._lock.acquire(timeout=0.5)
-        except Timeout:
-            raise RunLocked(
-                f"another pipeline process is driving {self.path}.",
-                hint="Wait for it to finish, or start a new run without --resume.",
-            ) from None
+        self._lock = acquire_lock(
+            self.path / ".run.lock",
+            wait=0.5,
+            busy=f"another pipeline process is driving {self.path}.",
+            hint="Wait for it to finish, or start a new run without --resume.",
+        )
 
     def release(self) -> None:
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- spec and stage records ----------------------------------------------
     def write_spec(self, spec: BuildSpec) -> None:

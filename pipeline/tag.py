@@ -32,13 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from filelock import FileLock, Timeout
-
 from pipeline import labels
 from pipeline.config import Settings
 from pipeline.dockerw import ImageInfo
-from pipeline.errors import ConfigError, InfraError, PipelineError, RunLocked, TagError, UsageError
-from pipeline.fsutil import sha256_file
+from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
+from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
 from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
@@ -411,15 +409,13 @@ def tag_verified(
 
     lock_file = _tag_lock_path(settings.cache_dir, target)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    flock = FileLock(str(lock_file))
-    try:
-        flock.acquire(timeout=lock_timeout)
-    except Timeout:
-        raise RunLocked(
-            f"another `pipeline tag` is moving the tags of {target.name} (lock {lock_file}) and did not "
-            f"finish within {lock_timeout:.0f} s.",
-            hint="Wait for it to finish and run again; nothing was pushed.",
-        ) from None
+    flock = acquire_lock(
+        lock_file,
+        wait=lock_timeout,
+        busy=f"another `pipeline tag` is moving the tags of {target.name} (lock {lock_file}) and did not "
+        f"finish within {lock_timeout:.0f} s.",
+        hint="Wait for it to finish and run again; nothing was pushed.",
+    )
     try:
         # 1. immutable tag: never moved once it exists
         existing = client.manifest_digest(repo, immutable)

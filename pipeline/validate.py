@@ -36,10 +36,10 @@ TEMPLATE_SAMPLE = {
 
 
 def shown(value: str, limit: int = SHOWN_MAX) -> str:
-    """`value` quoted for a message; a long one is cut and its length said."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
+    """`value` quoted for a message; a long one is cut and its length said (fsutil.shorten)."""
+    from pipeline.fsutil import shorten
+
+    return shorten(value, limit)
 
 
 def model(name: str) -> str:

@@ -48,7 +48,12 @@ def _summary_table(app: App) -> str:
 @click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Resume this run directory: stages done for the same inputs are skipped.")  # fmt: skip
 @click.option("--registry", help="Registry to push verified tags to (default: [tag] registry).")
-@click.option("--offline", is_flag=True, help="Do not fetch: pin from the existing mirrors only.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="No network for pin: local-path sources are mirrored, URLs read from existing mirrors, no "
+    "registry asked ([sources] offline).",
+)
 @click.option("--tag", help="With --context: tag for the built image.")
 @click.option("--docker-host", help="Docker engine, e.g. ssh://user@host (default: $DOCKER_HOST or local).")
 @click.option("--no-cache", "nocache", is_flag=True, help="With --context: do not use the build cache.")

@@ -11,7 +11,7 @@ import click
 from pipeline import validate
 from pipeline.app import App, pass_app
 from pipeline.errors import PatchError, UsageError
-from pipeline.lock import Lock
+from pipeline.lock import Lock, updating
 from pipeline.patchq.model import AITER_AFTER, AITER_REQUIRES, RANGE, VERSION, PatchSeries
 
 if TYPE_CHECKING:
@@ -255,7 +255,8 @@ def apply_cmd(
     from pipeline.stages import patch
 
     lock_path = _lock_path(app, lock_file, model)
-    lock = Lock.load(lock_path)
+    # held until the command ends: a pin of this lock file meanwhile gets exit 13
+    lock = click.get_current_context().with_resource(updating(lock_path)) or Lock.load(lock_path)
     ctx = app.context()
     inputs = patch.Inputs(
         lock=lock,

@@ -36,7 +36,12 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Lock file to write (default: <locks_dir>/<model>.toml).",
 )
-@click.option("--offline", is_flag=True, help="Do not fetch: resolve from the existing mirrors only.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="No network: local-path sources are mirrored, URLs read from existing mirrors, no registry "
+    "asked ([sources] offline).",
+)
 @click.option(
     "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
 )
@@ -67,7 +72,7 @@ def command(
     under the cache dir (PIPELINE_CACHE_DIR) and fetched incrementally; later
     stages read only the lock file and these mirrors.
     """
-    from pipeline.lock import Lock
+    from pipeline.lock import Lock, updating
     from pipeline.recipe import find_recipe
     from pipeline.stages import pin
 
@@ -99,7 +104,8 @@ def command(
         recipe=recipe,
         patches_dir=Path(settings.paths.patches_dir),
     )
-    previous = Lock.load(path) if path.is_file() else None
+    # held until the command ends: another pin or patch apply of this lock file meanwhile gets exit 13
+    previous = click.get_current_context().with_resource(updating(path))
     ctx = app.context(f"pin-{model}")
     try:
         with app.log.stage("pin", model) as rec:

@@ -1091,9 +1091,9 @@ class ApiIndex:
         got = self.ref_memo.get(ref)
         if got is not None:
             return got
-        if self._prev is not None and self._changed is not None and ref[0] != TORCH_OPS:
+        if self._prev is not None and self._changed is not None:
             hit = self._prev._ref_deps.get(ref)
-            if hit is not None and hit[1].isdisjoint(self._changed):
+            if hit is not None and hit[1].isdisjoint(self._changed) and self._same_op_files(ref):
                 changed = self._changed
                 if all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed):
                     self.ref_memo[ref] = hit[0]
@@ -1110,6 +1110,18 @@ class ApiIndex:
             soft = tuple(sorted({(d[1], d[3]) for d in deps if d[0] == "n"}))
             self._ref_deps[ref] = (t, hard, soft)
         return t
+
+    def _same_op_files(self, ref: tuple[str, tuple[str, ...]]) -> bool:
+        """An op is found by the files that name it: none of them may have changed since `_prev`."""
+        if ref[0] != TORCH_OPS or not ref[1]:
+            return True
+        assert self._prev is not None and self._changed is not None
+        name = ref[1][0]
+        files = {
+            *self._files_mentioning_ops().get(name, []),
+            *self._prev._files_mentioning_ops().get(name, []),
+        }
+        return not any(module_from_path(f) in self._changed for f in files)
 
     def _resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
         mod, attrs = ref

@@ -64,6 +64,17 @@ class History:
         # One whole-history log of the tip serves every file of every commit on its first parents.
         self._all: dict[str, list[FileVersion]] | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
+        self._by_commit: dict[str, dict[str, str]] | None = None
+
+    def changed_by(self, sha: str) -> dict[str, str]:
+        """{path: new blob} of the Python files a first-parent commit changed (from the whole log)."""
+        if self._by_commit is None:
+            self._by_commit = {}
+            for path, versions in (self._all or {}).items():
+                for v in versions:
+                    if v.blob is not None:
+                        self._by_commit.setdefault(v.commit.sha, {})[path] = v.blob
+        return self._by_commit.get(sha, {})
 
     def position(self, sha: str) -> int | None:
         """Place of a commit on the tip's first parents (0: the tip), when the whole log is in use."""

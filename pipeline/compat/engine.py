@@ -226,6 +226,7 @@ class Checker:
         self._blob_at: dict[tuple[str, str], str | None] = {}
         self._on_tip: dict[str, bool] = {}
         self._first_parents: set[str] = set()
+        self._doubt: dict[tuple[int, int], tuple[RawCall, Signature, bool]] = {}
         self._oldest: dict[tuple[str, str, str, int, int], Signature | None] = {}
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
@@ -447,6 +448,16 @@ class Checker:
             self._fit[key] = best_fit(call, cands, self.written_time(call) if tied(call, cands) else None)
         return self._fit[key]
 
+    def _doubtful_memo(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
+        """`_doubtful`, once per call and definition: a search sees the same signature at many pins."""
+        key = (id(call), id(sig))
+        got = self._doubt.get(key)
+        if got is not None and got[0] is call and got[1] is sig:
+            return got[2]
+        r = self._doubtful(call, aiter_sha, sig, b)
+        self._doubt[key] = (call, sig, r)
+        return r
+
     def _doubtful(self, call: RawCall, aiter_sha: str, sig: Signature, b: Binding) -> bool:
         """Could a call that binds cleanly at the pin have been written for another layout?
 
@@ -513,7 +524,7 @@ class Checker:
         b = bind(call, sig)
         defined_at = f"{sig.path}:{sig.line}"
         head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
-        if b.ok and not self._doubtful(call, aiter_sha, sig, b):
+        if b.ok and not self._doubtful_memo(call, aiter_sha, sig, b):
             return None
         fit = self.written_for(call, aiter_sha, sig)
         if fit is None:
@@ -718,10 +729,12 @@ class Checker:
                     newer = v
                 if found and newer is not None:
                     c = newer.commit
-                    cause_info = CauseInfo(c, self.hist.parent(c.sha), f"`{name}` removed", "")
+                    to = self._moved_to(c.sha, def_name, path)
+                    change = f"`{name}` moved from {path} to {to}" if to else f"`{name}` removed"
+                    cause_info = CauseInfo(c, self.hist.parent(c.sha), change, "")
                     msg += (
-                        f". Cause: `{def_name}` removed from {path} by aiter {c.short} "
-                        f'({_day(c)}, "{c.subject}")'
+                        f". Cause: `{def_name}` {'moved' if to else 'removed'} from {path}"
+                        f'{f" to {to}" if to else ""} by aiter {c.short} ({_day(c)}, "{c.subject}")'
                     )
                     break
             if cause_info is None and not call.guarded:
@@ -737,6 +750,14 @@ class Checker:
                 )
                 msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _moved_to(self, sha: str, name: str, old_path: str) -> str | None:
+        """Another file that commit `sha` made define `name` (the function moved there), if any."""
+        self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+        for path, versions in self.hist.changed_by(sha).items():
+            if path != old_path and self.hist.sig_at(path, versions, name) is not None:
+                return path
+        return None
 
     def _deleted_by(self, aiter_sha: str, paths: list[str]) -> CommitInfo | None:
         key = f"deleted:{aiter_sha}:{','.join(paths)}"

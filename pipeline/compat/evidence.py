@@ -120,9 +120,20 @@ def tied(call: RawCall, candidates: list[Candidate]) -> bool:
     return len({lay for s, lay in scored if s == best}) > 1
 
 
-def layout(sig: Signature) -> tuple[tuple[str, str, bool, bool, str | None], ...]:
+Layout = tuple[tuple[str, str, bool, bool, str | None], ...]
+_LAYOUTS: dict[int, tuple[Signature, Layout]] = {}
+
+
+def layout(sig: Signature) -> Layout:
     """What decides how a call binds (names, kinds, defaults, None-defaults, annotations)."""
-    return tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)
+    got = _LAYOUTS.get(id(sig))
+    if got is not None and got[0] is sig:
+        return got[1]
+    if len(_LAYOUTS) > 100_000:
+        _LAYOUTS.clear()
+    lay = tuple((p.name, p.kind, p.has_default, p.default_none, p.annotation) for p in sig.params)
+    _LAYOUTS[id(sig)] = (sig, lay)
+    return lay
 
 
 def problem_keys(b: Binding) -> frozenset[str]:

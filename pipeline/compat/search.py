@@ -102,9 +102,15 @@ def search_compatible(
         candidates = [c for c in aiter.log(head, sorted(relevant), first_parent=True) if c.sha != head]
         newer: CommitInfo = aiter.commit_info(head)
         last_report = at_head
+        # The calls that broke at the last commit examined, per ATOM tree: an older commit where one of
+        # them still breaks is not compatible either, and needs no full check to say so.
+        suspects: dict[int, set[tuple[str, int, int]]] = {id(checker): _sites(at_head)}
         for cand in candidates[:max_commits]:
             checker = variants.checker_for(cand.sha)
-            report = check(checker, cand.sha, with_causes=False)
+            report = _quick(checker, cand.sha, suspects.get(id(checker), set()), adjust)
+            if report is None:
+                report = check(checker, cand.sha, with_causes=False)
+            suspects[id(checker)] = _sites(report)
             examined += 1
             # Files the check reads may differ at older commits (functions move).
             extra = _relevant_paths(checker.index(cand.sha)) - relevant
@@ -135,6 +141,9 @@ def search_compatible(
             newer = cand
             checker.drop_index(cand.sha)
             if missing_later:
+                last_report = report = check(
+                    checker, cand.sha, with_causes=False
+                )  # every break, for the record
                 names = ", ".join(sorted({f"`{f.function}`" for f in missing_later}))
                 others = sorted(
                     {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
@@ -149,6 +158,8 @@ def search_compatible(
                     f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
                     f"(older aiter commits lack them too){also}.",
                 )  # fmt: skip
+        if last_report is not at_head:
+            last_report = check(checker, newer.sha, with_causes=False)  # every break, not only the first
         return _none(
             at_head, examined, last_report, t0,
             f"no aiter commit in the {examined} examined up to {head[:10]} is compatible with ATOM "
@@ -224,6 +235,49 @@ class _Variants:
             if has != (req.verb == "has"):
                 return False
         return True
+
+
+def _sites(report: CheckReport) -> set[tuple[str, int, int]]:
+    return {(f.path, f.line, f.col) for f in report.errors}
+
+
+def _quick(
+    checker: Checker,
+    sha: str,
+    suspects: set[tuple[str, int, int]],
+    adjust: Callable[[CheckReport], CheckReport] | None,
+) -> CheckReport | None:
+    """The breaks at `sha` among the suspects and every call to a missing name, when there is one.
+
+    None when none of them breaks (then only a full check can tell). A report from here is
+    incomplete (other calls are not bound), but enough to say "not compatible" and to see the
+    missing functions that stop the walk.
+    """
+    if not suspects:
+        return None
+    from pipeline.compat.engine import target_of
+
+    idx = checker.index(sha)
+    findings: list[Finding] = []
+    for fc in checker.files:
+        for call in fc.calls:
+            t = target_of(idx, call)
+            if t.kind == "missing":
+                findings.append(checker._missing(call, t, sha, False))
+            elif (call.path, call.line, call.col) in suspects and t.kind in ("func", "class") and t.sig:
+                if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
+                    continue
+                f = checker._check_call(call, t.sig, sha, False)
+                if f is not None:
+                    findings.append(f)
+    report = CheckReport(
+        findings=findings, calls_checked=len(findings), calls_unchecked=0, unparseable=[],
+        atom_sha=checker.atom_sha, aiter_sha=sha, baseline_aiter_sha=checker.date_baseline,
+        unchecked=[], seconds=0.0,
+    )  # fmt: skip
+    if adjust is not None:
+        report = adjust(report)
+    return None if report.ok else report
 
 
 def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:

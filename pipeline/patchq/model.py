@@ -38,6 +38,7 @@ from email.utils import parseaddr
 from pathlib import Path
 
 from pipeline.errors import PatchError
+from pipeline.fsutil import read_text
 
 # -- header fields -----------------------------------------------------------
 
@@ -564,13 +565,12 @@ class PatchSeries:
     @classmethod
     def load(cls, directory: Path) -> PatchSeries:
         series = directory / "series"
-        try:
-            text = series.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not series.exists() and not series.is_symlink():
             raise PatchError(
                 f"no series file at {series}.",
                 hint="Create it (one patch file name per line) or set paths.patches_dir.",
-            ) from None
+            )
+        text = read_text(series, what="series file", error=PatchError)
         patches: list[Patch] = []
         seen: dict[str, int] = {}
         for lineno, raw in enumerate(text.splitlines(), 1):

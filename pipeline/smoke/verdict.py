@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.fsutil import read_text
 
 VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
 VERDICT_FILE = "verdict.json"
@@ -129,18 +130,15 @@ def read_verdict(path: Path, *, error: type[PipelineError] = ConfigError, hint: 
     p = Path(path)
     if p.is_dir():
         p = p / VERDICT_FILE
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
+    if not p.exists():
         raise error(
             f"there is no smoke verdict at {p} (missing verdict).",
             hint=hint or "Run `pipeline smoke` for this image first.",
-        ) from None
-    except OSError as e:
-        raise error(f"cannot read smoke verdict {p}: {e.strerror}.", hint=hint or None) from None
+        )
+    text = read_text(p, what="smoke verdict", error=error, hint=hint or None)
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise error(f"smoke verdict {p} is not valid JSON: {e}.", hint=hint or None) from None
     if not isinstance(data, dict) or data.get("schema") != VERDICT_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
@@ -157,7 +155,7 @@ def read_verdict(path: Path, *, error: type[PipelineError] = ConfigError, hint: 
             f"smoke verdict {p} is inconsistent: status {verdict.status!r} but passed={verdict.passed}.",
             hint=hint or None,
         )
-    return VerdictFile(p, hashlib.sha256(raw).hexdigest(), verdict)
+    return VerdictFile(p, hashlib.sha256(text.encode("utf-8")).hexdigest(), verdict)
 
 
 def load_verdict(path: Path) -> Verdict:

@@ -295,8 +295,8 @@ def open_mirror(
         if repo is None:
             raise SourceError(
                 f"there is no mirror of {url} (expected at {path}).",
-                hint="Run `pipeline pin` without --offline once to create it (with network access, or "
-                "with the source pointed at a local path: --atom-repo/--aiter-repo or [sources]).",
+                hint="Point the source at a local clone or mirror (--atom-repo/--aiter-repo, or [sources] "
+                "atom_repo/aiter_repo in pipeline.toml), or pin once with network access (not offline).",
             )
         return repo
 

@@ -13,8 +13,8 @@ from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
 from pipeline.sources.mirrors import fetch_commit, keep_pinned, open_mirror
 from pipeline.sources.refs import resolve_ref
-from pipeline.sources.submodules import _mirror_submodule, read_submodules
-from pipeline.sources.urls import normalise_url, validate_model
+from pipeline.sources.submodules import _mirror_submodule, read_submodules, submodule_mirror
+from pipeline.sources.urls import is_local, normalise_url, validate_model
 
 DigestResolver = Callable[[str], "str | None"]
 # Chooses the aiter commit to pin from (atom mirror, atom commit, aiter mirror, aiter commit
@@ -37,12 +37,14 @@ def pin_base_image(
     resolver: DigestResolver | None = None,
     previous: BaseImagePin | None = None,
     env: Mapping[str, str] | None = None,
+    offline: bool = False,
 ) -> BaseImagePin:
     """Keep `ref` as given; add its digest when a registry answers.
 
     No registry answering is a warning (the digest of an earlier lock for the
     same reference is kept). A registry that answers "no such image" or
-    refuses access is an error: pinning must not hide it.
+    refuses access is an error: pinning must not hide it. `offline` asks no
+    registry: the digest is the one in `ref`, or the earlier lock's.
     """
     ref = ref.strip()
     if not ref:
@@ -50,6 +52,20 @@ def pin_base_image(
     m = re.search(r"@(sha256:[0-9a-f]{64})$", ref)
     if m:
         return BaseImagePin(ref=ref, digest=m.group(1))
+    fix = (
+        f"Give it with the digest: --base-image {ref}@sha256:DIGEST (flag of `pipeline pin` and "
+        "`pipeline build`), or [image] base_image in pipeline.toml; `docker image inspect "
+        "--format '{{.RepoDigests}}' IMAGE` shows it where the image was pulled."
+    )
+    if offline:
+        if previous is not None and previous.ref == ref and previous.digest:
+            log.info(f"offline: base image {ref} keeps the digest of the existing lock ({previous.digest})")
+            return previous
+        log.warn(
+            f"offline: no registry asked for the digest of base image {ref}, so none is pinned "
+            f"and render will refuse the lock. {fix}"
+        )
+        return BaseImagePin(ref=ref, digest="")
     digest: str | None
     try:
         digest = resolver(ref) if resolver is not None else default_digest_resolver(ref, env)
@@ -66,7 +82,7 @@ def pin_base_image(
             f"({previous.digest})."
         )
         return previous
-    log.warn(f"no registry answered for base image {ref}; kept as given (no digest pinned).")
+    log.warn(f"no registry answered for base image {ref}; kept as given (no digest pinned). {fix}")
     return BaseImagePin(ref=ref, digest="")
 
 
@@ -122,12 +138,18 @@ def pin(
     validate_model(model)
     atom_url = normalise_url(settings.sources.atom_repo)
     aiter_url = normalise_url(settings.sources.aiter_repo)
-    fetch = not offline
+    # Offline: no network. Local paths are still mirrored and fetched (that is no network);
+    # URLs are read from their existing mirrors only, and no registry is asked.
+    offline = offline or settings.sources.offline
+    atom_fetch = not offline or is_local(atom_url)
+    aiter_fetch = not offline or is_local(aiter_url)
 
-    atom_repo = open_mirror(settings, atom_url, fetch=fetch, log=log)
-    atom = _resolve_in_mirror(atom_repo, atom_ref, url=atom_url, name="ATOM", fetch=fetch, log=log)
-    aiter_repo = open_mirror(settings, aiter_url, fetch=fetch, log=log)
-    aiter_req = _resolve_in_mirror(aiter_repo, aiter_ref, url=aiter_url, name="aiter", fetch=fetch, log=log)
+    atom_repo = open_mirror(settings, atom_url, fetch=atom_fetch, log=log)
+    atom = _resolve_in_mirror(atom_repo, atom_ref, url=atom_url, name="ATOM", fetch=atom_fetch, log=log)
+    aiter_repo = open_mirror(settings, aiter_url, fetch=aiter_fetch, log=log)
+    aiter_req = _resolve_in_mirror(
+        aiter_repo, aiter_ref, url=aiter_url, name="aiter", fetch=aiter_fetch, log=log
+    )
 
     aiter = aiter_req
     aiter_ref_recorded = aiter_ref
@@ -136,9 +158,16 @@ def pin(
         aiter_ref_recorded = f"auto:{aiter_ref}"
 
     subs = read_submodules(aiter_repo, aiter.sha, parent_url=aiter_url)
-    if subs and settings.sources.mirror_submodules and not offline:
+    if subs and settings.sources.mirror_submodules:
         for sub in subs:
-            _mirror_submodule(settings, sub, log)
+            if not offline or (sub.url and is_local(sub.url)):
+                _mirror_submodule(settings, sub, log)
+            elif submodule_mirror(settings, sub.url) is None:
+                log.warn(
+                    f"offline: submodule {sub.path} ({sub.url}) has no mirror; its SHA is pinned. "
+                    f"Render it from a local clone (`--submodule-repo {sub.path}=PATH`) or fetch it in "
+                    "the build (`--submodules in-build`, or [image] submodules)."
+                )
 
     keep_pinned(atom_repo, atom.sha)
     keep_pinned(aiter_repo, aiter.sha)
@@ -149,6 +178,7 @@ def pin(
         resolver=digest_resolver,
         previous=previous.base_image if previous is not None else None,
         env=env,
+        offline=offline,
     )
     lock = Lock(
         model=model,

@@ -370,6 +370,14 @@ def test_cause_follows_a_moved_function(hx: HistoryRepos) -> None:
     assert "`moe_gemm` moved from aiter/ops/moe.py to aiter/ops/moe2/gemm.py by aiter" in f.message
 
 
+def test_missing_function_names_where_it_moved(hx: HistoryRepos) -> None:
+    path = "atom/models/other.py"
+    f = at(hcheck(hx, "U2", "H3"), path, hline(hx, "U2", path, "ex.shuffle_w(x)"))
+    assert (f.severity, f.kind) == ("error", "missing-function"), f.message
+    assert f.cause is not None and f.cause.commit.sha == hx.a["H3"]
+    assert "`shuffle_w` moved from aiter/ops/extra.py to aiter/ops/zz.py by aiter" in f.message
+
+
 def test_cause_names_a_star_import_that_now_wins(hx: HistoryRepos) -> None:
     path = "atom/models/other.py"
     f = at(hcheck(hx, "U2", "H3"), path, hline(hx, "U2", path, "pick(x, n)"))

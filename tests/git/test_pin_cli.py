@@ -144,14 +144,16 @@ def test_patches_survive_only_unchanged_shas(ups: Upstreams, capsys: pytest.Capt
 
 
 def test_offline_flag(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(pin_args(ups, "--offline")) == ExitCode.SOURCE
+    urls = ["--atom-repo", ups.atom.file_url, "--aiter-repo", ups.aiter.file_url]
+    assert main([*pin_args(ups, "--offline"), *urls]) == ExitCode.SOURCE  # URLs: only existing mirrors
     assert "no mirror" in capsys.readouterr().err
-    assert main(pin_args(ups)) == 0
+    assert main(pin_args(ups, "--offline")) == 0  # local paths are mirrored offline too
+    assert main([*pin_args(ups), *urls]) == 0  # now the URLs have mirrors
     ups.atom.commit({"new": "1"}, "not fetched offline")
     capsys.readouterr()
-    assert main(pin_args(ups, "--offline", "--json")) == 0
+    assert main([*pin_args(ups, "--offline", "--json"), *urls]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["sources"]["atom"]["sha"] == ups.shas["atom_2"] and data["changed"] is False
+    assert data["sources"]["atom"]["sha"] == ups.shas["atom_2"]  # the mirror as it was
 
 
 def test_invalid_model_is_a_usage_error(ups: Upstreams, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import threading
@@ -337,3 +338,44 @@ def test_stale_git_lock_from_a_killed_run_is_cleared(tmp_path: Path, ups: Upstre
     log, buf = make_log()
     assert resolve_ref(open_mirror(s, ups.atom.url, log=log), "main", url="u").sha == new
     assert "stale git lock" in buf.getvalue()
+
+
+# -- the one git wrapper ----------------------------------------------------------------------
+
+
+def test_git_failures_keep_stderr_as_evidence_and_big_output_does_not_block(
+    tmp_path: Path, ups: Upstreams
+) -> None:
+    repo = GitRepo(ups.atom.path)
+    with pytest.raises(SourceError) as e:
+        repo.git("cat-file", "-p", "no-such-ref:file")
+    assert e.value.evidence and "no-such-ref" in e.value.evidence
+    assert "failed in" in e.value.message and e.value.message.endswith(".")
+    # megabytes on stdout: both pipes are read as data comes, so git never blocks on a full one
+    ups.atom.add_big_commit(2, files=40)
+    res = sources.mirrors.run_git(["-C", str(ups.atom.path), "cat-file", "--batch-all-objects", "--batch"])
+    assert res.ok and len(res.stdout) > 1_000_000
+
+
+def test_interrupted_git_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while git streams progress: the child dies with us, nothing keeps running."""
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    pid_file = tmp_path / "git.pid"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"echo $$ > {pid_file}\n"
+        "echo 'Receiving objects:   1% (1/100)' >&2\n"
+        "exec sleep 60\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sources.mirrors.run_git(["fetch", "--progress", "origin"], progress=interrupt)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pid, 0)

@@ -197,17 +197,36 @@ def test_full_sha_on_no_fetched_branch_is_fetched_by_sha(tmp_path: Path, ups: Up
         pin(s, model="M", atom_ref=ups.aiter.head()[:10], aiter_ref="main", base_image="b", log=log)
 
 
-def test_offline_pin_uses_existing_mirrors_only(tmp_path: Path, ups: Upstreams) -> None:
-    s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
+def test_offline_pin_reads_urls_from_existing_mirrors_only(tmp_path: Path, ups: Upstreams) -> None:
+    s = make_settings(tmp_path, ups.atom.file_url, ups.aiter.file_url)  # URLs, not paths
     log, _ = make_log()
     kw = dict(model="M", base_image="b@" + DIGEST, log=log)
     first = pin(s, atom_ref="main", aiter_ref="main", **kw).lock  # type: ignore[arg-type]
     ups.atom.commit({"later": "1"}, "not fetched")
     offline = pin(s, atom_ref="main", aiter_ref="main", offline=True, **kw).lock  # type: ignore[arg-type]
     assert offline == first
-    fresh = make_settings(tmp_path / "other", ups.atom.url, ups.aiter.url)
+    fresh = make_settings(tmp_path / "other", ups.atom.file_url, ups.aiter.file_url)
     with pytest.raises(SourceError, match="no mirror"):
         pin(fresh, atom_ref="main", aiter_ref="main", offline=True, **kw)  # type: ignore[arg-type]
+    as_config = make_settings(tmp_path, ups.atom.file_url, ups.aiter.file_url, offline=True)
+    assert pin(as_config, atom_ref="main", aiter_ref="main", **kw).lock == first  # type: ignore[arg-type]
+
+
+def test_offline_pin_mirrors_local_paths_and_asks_no_registry(tmp_path: Path, ups: Upstreams) -> None:
+    s = make_settings(tmp_path, ups.atom.url, ups.aiter.url, offline=True)  # local paths: no network
+    log, buf = make_log()
+    asked: list[str] = []
+    lock = pin(
+        s,
+        model="M",
+        atom_ref="main",
+        aiter_ref="main",
+        base_image="rocm/pytorch:1",
+        log=log,
+        digest_resolver=lambda ref: asked.append(ref) or DIGEST,
+    ).lock
+    assert lock.atom.sha == ups.shas["atom_2"] and asked == []  # mirrored from the path; no registry
+    assert lock.base_image.digest == "" and "--base-image rocm/pytorch:1@sha256:DIGEST" in buf.getvalue()
 
 
 def test_mirrors_for_lock_reads_locked_commits_without_network(tmp_path: Path, ups: Upstreams) -> None:

@@ -25,6 +25,7 @@ class FakeRepo:
     """Blobs by SHA, like GitRepo.read_blobs (unit tests start no git process)."""
 
     def __init__(self, files: dict[str, str]) -> None:
+        self.path = "fake-aiter"  # one repository, at several commits
         self.blobs: dict[str, bytes] = {}
         self.tree: dict[str, str] = {}
         for path, text in files.items():
@@ -313,3 +314,128 @@ def test_none_literals_moving_between_none_defaults_is_not_a_shift() -> None:
     new = sig("def f(x, dtype: Optional[str] = None, k_scale=None, v_scale=None):\n    pass\n", "f")
     assert shifted_args(old, new, call("aiter.f(a, None, None)")) == []
     assert shifted_args(old, new, call("aiter.f(a, s, None)")) == [2, 3]
+
+
+def test_objects_resolve_through_return_annotations_simple_returns_singletons_and_bases() -> None:
+    idx = index_of(
+        {
+            "aiter/__init__.py": "",
+            "aiter/g.py": """
+            import logging
+            import torch
+            from .base import Base
+
+
+            class Group(Base):
+                def __init__(self, ranks):
+                    self.ranks = ranks
+                    self.comm = None
+
+                def all_reduce(self, x: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+                    return x
+
+                def echo(self, x: torch.Tensor):
+                    return x
+
+                @staticmethod
+                def make(n: int) -> "Group": ...
+
+                @property
+                def size(self) -> int: ...
+
+
+            _G: Group | None = None
+            log = logging.getLogger("aiter")
+            table = {"a": 1}
+
+
+            def get_group() -> Group:
+                return _G
+
+
+            def plain():
+                return Group([0])
+            """,
+            "aiter/base.py": """
+            class Base:
+                def barrier(self, timeout: float = 1.0): ...
+            """,
+        }
+    )
+
+    def r(*attrs: str) -> Any:
+        return idx.resolve_ref(("aiter.g", attrs))
+
+    m = r("get_group", "()", "all_reduce")
+    assert (m.kind, m.sig.name, [p.name for p in m.sig.params]) == (
+        "func",
+        "Group().all_reduce",
+        ["x", "fp8"],
+    )
+    assert r("plain", "()", "all_reduce").sig.name == "Group().all_reduce"  # `return Group(...)`
+    assert r("_G", "barrier").sig.name == "Base().barrier"  # an annotated slot; the method inherited
+    assert [p.name for p in r("Group", "make").sig.params] == ["n"]  # staticmethod: nothing dropped
+    via_class = r("Group", "all_reduce")
+    assert [p.name for p in via_class.sig.params] == ["self", "x", "fp8"]  # `Group.all_reduce(g, x)`
+    assert r("get_group", "()", "echo", "()", "view").kind == "foreign"  # returns its Tensor argument
+    assert r("log", "warning").kind == "foreign"  # a logging.Logger
+    assert r("table", "get").kind == "foreign"
+    missing = r("get_group", "()", "gone")
+    assert (missing.kind, missing.missing_what) == ("missing", "method")
+    comm = r("get_group", "()", "comm", "send")
+    assert (comm.kind, comm.reason) == (
+        "unknown",
+        "method or attribute of attribute `Group.comm` (type not evident)",
+    )
+
+
+def test_torch_ops_take_the_registered_schema() -> None:
+    idx = index_of(
+        {
+            "aiter/__init__.py": "from .ops import *\n",
+            "aiter/ops.py": """
+            from torch import Tensor
+            from .jit import compile_ops
+
+
+            @compile_ops("module_x")
+            def with_tensor(x: Tensor, eps: float) -> None: ...
+
+
+            @compile_ops("module_x")
+            def no_tensor(n: int) -> None: ...
+
+
+            def plain(x: Tensor) -> Tensor: ...
+            """,
+        }
+    )
+    idx.op_names = frozenset({"with_tensor", "no_tensor", "plain"})
+
+    def op(name: str) -> Any:
+        return idx.resolve_ref(("torch.ops.aiter", (name,)))
+
+    assert [p.name for p in op("with_tensor").sig.params] == ["x", "eps"]
+    assert [p.name for p in op("no_tensor").sig.params] == ["dummy", "n"]  # torch_compile_guard's dummy
+    assert op("no_tensor").sig.compiled
+    plain = op("plain")
+    assert (plain.kind, plain.reason) == ("unknown", "no aiter source file registers an op of this name")
+
+
+def test_a_later_commit_reuses_resolutions_whose_modules_did_not_change() -> None:
+    files = {
+        "aiter/__init__.py": "from .a import *\nfrom .b import *\n",
+        "aiter/a.py": "def f(x): ...\n",
+        "aiter/b.py": "def g(y): ...\n",
+    }
+    cache = SummaryCache("aiter", None)
+    first = FakeRepo(files)
+    i1 = ApiIndex(Tree(cast(GitRepo, first), "1" * 40, first.tree), cache)
+    t1 = i1.resolve_ref(("aiter", ("f",)))
+    second = FakeRepo({**files, "aiter/b.py": "def g(y, z): ...\n"})  # b changed; it never says `f`
+    i2 = ApiIndex(Tree(cast(GitRepo, second), "2" * 40, second.tree), cache)
+    assert i2.resolve_ref(("aiter", ("f",))) is t1
+    third = FakeRepo({**files, "aiter/b.py": "def g(y): ...\ndef f(x, y): ...\n"})  # now b defines `f`
+    i3 = ApiIndex(Tree(cast(GitRepo, third), "3" * 40, third.tree), cache)
+    t3 = i3.resolve_ref(("aiter", ("f",)))
+    assert t3 is not t1 and [p.name for p in t3.sig.params] == ["x", "y"]  # the later star wins

@@ -216,3 +216,91 @@ def test_files_that_only_mention_aiter_are_skipped_but_any_import_form_counts() 
     assert op.qualname == "torch.ops.aiter.k"
     (c,) = scan_file(b"import torch, aiter\n\ndef f(x):\n    return aiter.k(x)\n", "atom/b.py").calls
     assert c.qualname == "aiter.k"
+
+
+def test_chains_from_calls_variables_and_attributes_keep_the_call_in_the_reference() -> None:
+    calls = calls_of(
+        """
+        from aiter.dist.parallel_state import get_tp_group
+        import aiter
+
+
+        class L:
+            def __init__(self):
+                self.tp = get_tp_group()
+
+            def f(self, y):
+                get_tp_group().all_reduce(y)
+                g = aiter.make()
+                g.send(y, 1)
+                self.tp.broadcast(y)
+        """
+    )
+    assert sorted(qual(calls)) == [
+        (7, "aiter.dist.parallel_state.get_tp_group"),
+        (10, "aiter.dist.parallel_state.get_tp_group"),
+        (10, "aiter.dist.parallel_state.get_tp_group().all_reduce"),
+        (11, "aiter.make"),
+        (12, "aiter.make().send"),
+        (13, "aiter.dist.parallel_state.get_tp_group().broadcast"),
+    ]
+    (send,) = [c for c in calls if c.qualname.endswith("send")]
+    assert send.ref == ("aiter", ("make", "()", "send"))
+
+
+def test_star_arguments_keep_what_can_be_checked() -> None:
+    calls = calls_of(
+        """
+        import aiter
+
+
+        def f(x, rest, kw):
+            aiter.a(x, *rest, k=1)
+            aiter.b(x, **{"m": "s", "n": 2})
+            opts = dict(m="s")
+            aiter.c(x, **opts)
+            changed = {"m": "s"}
+            changed["n"] = 2
+            aiter.d(x, **changed)
+            aiter.e(*(x, 1), **kw)
+        """
+    )
+    by = {c.qualname.rsplit(".", 1)[-1]: c for c in calls}
+    a, b, c, d, e = (by[k] for k in "abcde")
+    assert ([x.text for x in a.args], [k for k, _ in a.kwargs], a.star_args) == (["x"], ["k"], True)
+    assert ([k for k, _ in b.kwargs], b.star_kwargs) == (["m", "n"], False)  # a literal: written out
+    assert ([k for k, _ in c.kwargs], c.star_kwargs) == (["m"], False)  # a local literal never changed
+    assert (d.kwargs, d.star_kwargs) == ((), True)  # changed after its literal: unknown keys
+    assert ([x.text for x in e.args], e.star_args, e.star_kwargs) == (["x", "1"], False, True)
+    assert e.args[1].etype == "int"
+
+
+def test_torch_ops_aiter_and_the_ops_atom_registers_itself() -> None:
+    fc = scan_file(
+        textwrap.dedent(
+            """
+            import torch
+            from atom.utils import mark_spliting_op
+
+            ops = torch.ops.aiter
+
+
+            @mark_spliting_op(
+                is_custom=True,
+            )
+            def own_op(x: torch.Tensor) -> torch.Tensor:
+                return x
+
+
+            def f(x):
+                ops.rms_norm(x, 1e-6)
+                torch.ops.aiter.own_op.default(x)
+            """
+        ).encode(),
+        "atom/o.py",
+    )
+    assert [(c.qualname, c.ref) for c in fc.calls] == [
+        ("torch.ops.aiter.rms_norm", ("torch.ops.aiter", ("rms_norm",))),
+        ("torch.ops.aiter.own_op.default", ("torch.ops.aiter", ("own_op", "default"))),
+    ]
+    assert fc.ops == ("own_op",)
