@@ -41,11 +41,16 @@ from typing import TypeVar
 import requests
 
 from pipeline.errors import InfraError, TagError, UsageError
+from pipeline.imageref import DIGEST_RE as DIGEST_RE
+from pipeline.imageref import DOCKER_HUB as DOCKER_HUB
+from pipeline.imageref import DOCKER_HUB_ALIASES as _DOCKER_HUB_ALIASES
+from pipeline.imageref import ImageRef as ImageRef  # the one reference grammar, re-exported for callers
+from pipeline.imageref import parse_image_ref as parse_image_ref
+from pipeline.imageref import tag_problem as tag_problem
+from pipeline.imageref import validate_tag as validate_tag
 from pipeline.retry import GaveUp, with_retries
 
-DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
-_DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
 
 MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -53,14 +58,6 @@ MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_ACCEPT = ", ".join((MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST))
 
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-# distribution/reference: path components are lowercase alphanumerics joined by separators
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_HOST_RE = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::\d+)?$"
-)
 
 T = TypeVar("T")
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -98,108 +95,6 @@ class _Transient(Exception):
 
 
 # --------------------------------------------------------------------------- references
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """A normalised image reference, as Docker reads it.
-
-    ``registry`` is ``docker.io`` when the name has none; single names on
-    Docker Hub get ``library/``. ``tag`` is None when only a digest was given
-    (and also when neither was: use ``reference`` for "latest").
-    """
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    @property
-    def name(self) -> str:
-        """``registry/repository``: what ``docker tag``/``docker push`` take as the repo."""
-        return f"{self.registry}/{self.repository}"
-
-    @property
-    def reference(self) -> str:
-        """What to ask the registry for: the digest if any, else the tag, else ``latest``."""
-        return self.digest or self.tag or "latest"
-
-    def __str__(self) -> str:
-        out = self.name
-        if self.tag:
-            out += f":{self.tag}"
-        if self.digest:
-            out += f"@{self.digest}"
-        return out
-
-
-def parse_image_ref(ref: str) -> ImageRef:
-    """Parse ``[registry/]repo[:tag][@sha256:...]`` with Docker's normalisation.
-
-    The first path component is a registry when it contains ``.`` or ``:``
-    or is ``localhost``; otherwise the registry is ``docker.io``.
-    """
-    raw = ref.strip()
-    if not raw or any(c.isspace() for c in raw):
-        raise UsageError(
-            f"'{ref}' is not an image reference.", hint="Use [registry/]repository[:tag][@digest]."
-        )
-    name, digest = raw, None
-    if "@" in raw:
-        name, digest = raw.split("@", 1)
-        if not DIGEST_RE.match(digest):
-            raise UsageError(
-                f"image reference '{ref}' has an invalid digest '{digest}'.",
-                hint="A digest is sha256: followed by 64 lowercase hex digits.",
-            )
-    tag: str | None = None
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name, tag = name.rsplit(":", 1)
-        validate_tag(tag, what=f"the tag of image reference '{ref}'")
-    first, sep, rest = name.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        registry, repository = first, rest
-        if not _HOST_RE.match(registry):
-            raise UsageError(f"image reference '{ref}' has an invalid registry host '{registry}'.")
-    else:
-        registry, repository = DOCKER_HUB, name
-    if registry in _DOCKER_HUB_ALIASES:
-        registry = DOCKER_HUB
-        if "/" not in repository:
-            repository = f"library/{repository}"
-    if not REPOSITORY_RE.match(repository) or len(repository) > 255:
-        raise UsageError(
-            f"image reference '{ref}': '{repository}' is not a valid repository name.",
-            hint="Repository names are lowercase letters, digits and . _ - separated by /.",
-        )
-    return ImageRef(registry, repository, tag, digest)
-
-
-def tag_problem(tag: str) -> str | None:
-    """Why ``tag`` breaks the registry tag grammar, or None when it is valid."""
-    if TAG_RE.match(tag):
-        return None
-    if not tag:
-        return "it is empty"
-    if len(tag) > 128:
-        return f"it is {len(tag)} characters long (at most 128)"
-    bad = sorted({c for c in tag if not (c.isascii() and (c.isalnum() or c in "_.-"))})
-    if bad:
-        return "it contains " + ", ".join(repr(c) for c in bad)
-    return f"it starts with {tag[0]!r} (a tag starts with a letter, digit or _)"
-
-
-def validate_tag(tag: str, *, what: str = "tag") -> str:
-    """Return ``tag`` if it matches the registry tag grammar, else raise a UsageError naming it."""
-    problem = tag_problem(tag)
-    if problem:
-        raise UsageError(
-            f"{what} '{tag}' is not a valid registry tag: {problem}.",
-            hint="Fix the tag (or the tag_template / moving_tags setting that produced it); "
-            "the grammar is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.",
-        )
-    return tag
 
 
 def validate_digest(digest: str, *, what: str = "digest") -> str:
