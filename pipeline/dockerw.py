@@ -899,7 +899,16 @@ class Engine:
             if not detach:
                 handle.wait()
         except BaseException:
-            handle.remove()
+            # a second Ctrl-C/SIGTERM while removing must not leave the container behind
+            interrupted = False
+            for _ in range(5):
+                try:
+                    handle.remove()
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
+            if interrupted:
+                raise KeyboardInterrupt from None
             raise
         return handle
 

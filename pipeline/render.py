@@ -78,19 +78,11 @@ class Quoted(str):
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"^[A-Za-z0-9._/+@-]+$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-# docker reference: [host[:port]/]path[:tag]  (lower-case path components)
-_REPO = re.compile(
-    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::[0-9]+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
-)
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _URL_CHARS = r"[^\s'\"\\`$;|&<>(){}]+"
 _URL = re.compile(rf"^(?:(?:https?|ssh|git|file)://{_URL_CHARS}|[\w.-]+@[\w.-]+:{_URL_CHARS})$")
 _VERSION = re.compile(
     r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
 )
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _text(value: Any, what: str) -> str:
@@ -134,22 +126,20 @@ def f_path(value: Any) -> Quoted:
 
 
 def f_image(value: Any) -> Quoted:
-    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>`."""
+    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>` (the one grammar, pipeline.imageref)."""
+    from pipeline.errors import UsageError
+    from pipeline.imageref import parse_image_ref
+
     text = _text(value, "an image reference")
-    name, sep, digest = text.partition("@")
-    repo = name
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = name.rsplit(":", 1)
-        if not _TAG.match(tag):
-            raise RenderError(f"base image {text!r}: invalid tag {tag!r}.")
-    if not sep or not _DIGEST.match(digest):
+    try:
+        ref = parse_image_ref(text)
+    except UsageError as e:
+        raise RenderError(f"base image: {e.message}", hint=e.hint) from None
+    if not ref.digest:
         raise RenderError(
             f"base image {text!r} is not pinned by digest (name@sha256:...).",
             hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
         )
-    if not _REPO.match(repo):
-        raise RenderError(f"base image {text!r}: invalid repository name {repo!r}.")
     return Quoted(text)
 
 
@@ -283,7 +273,14 @@ def pep440_from_describe(describe: str | None, sha: str, extra: str = "") -> str
 
 
 def check_repository(repository: str) -> str:
-    if not _REPO.match(repository):
+    from pipeline.errors import UsageError
+    from pipeline.imageref import parse_image_ref
+
+    try:
+        ref = parse_image_ref(repository)
+    except UsageError:
+        ref = None
+    if ref is None or ref.tag or ref.digest:
         raise RenderError(
             f"image repository {repository!r} is not a valid Docker repository name.",
             hint="Set [image] repository to e.g. registry.example.com/rocm/atom-dev (lower case).",
@@ -292,7 +289,9 @@ def check_repository(repository: str) -> str:
 
 
 def check_model(model: str) -> str:
-    if not _MODEL.match(model):
+    from pipeline.validate import MODEL_RE  # the one model-name grammar
+
+    if not MODEL_RE.match(model):
         raise RenderError(f"model name {model!r} may only contain letters, digits, '.', '_' and '-'.")
     return model
 

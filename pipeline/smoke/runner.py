@@ -23,6 +23,7 @@ import json
 import re
 import secrets as _secrets
 import shlex
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -525,6 +526,33 @@ class _Run:
                 )
 
 
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Cleanup that a second Ctrl-C/SIGTERM must not cut short: such signals wait until it is done.
+
+    A signal that arrived meanwhile is raised (as KeyboardInterrupt) when the block ends. Outside
+    the main thread signal handlers cannot be changed, and the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def remember(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, remember)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        raise KeyboardInterrupt
+
+
 def _remove(container: ContainerAPI) -> bool:
     """Remove the container; further Ctrl-C/SIGTERMs during removal do not leave it behind.
 
@@ -726,11 +754,15 @@ def run_smoke(
                 checks += [CheckResult.skipped(c.name, never) for c in run.planned()]
         finally:
             # 1. the container goes first: nothing below (a full disk, a second signal) may keep it
-            if run.container is not None:
-                log.detail(f"removing server container {run.container.name}")
-                removed = _remove(run.container)
-            if run.watcher is not None:
-                run.watcher.join(5)
+            with _interrupts_deferred():
+                if run.container is not None:
+                    log.detail(f"removing server container {run.container.name}")
+                    removed = _remove(run.container)
+                # also one an interrupt left half-started (created, never handed back to us)
+                for c in engine.containers(SMOKE_LABEL, run.run_id):
+                    engine.remove_container(c.id, name=c.name)
+                if run.watcher is not None:
+                    run.watcher.join(5)
         # 2. the verdict, then (in write_reports) the summaries made from it
         crash_seen = getattr(run, "_crash_seen_at", None)
         failed = next((c for c in checks if c.status in ("failed", "error")), None)
@@ -745,7 +777,7 @@ def run_smoke(
         return finish(status, reason, checks, pf.summary())
     except KeyboardInterrupt:
         gone = "the server container was removed" if removed else "no server container was left running"
-        with contextlib.suppress(PipelineError, OSError):
+        with _interrupts_deferred(), contextlib.suppress(PipelineError, OSError, KeyboardInterrupt):
             finish(
                 "error",
                 f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}",
