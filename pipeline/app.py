@@ -7,12 +7,8 @@ command's own flag overrides, so the cascade is applied in one place.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import shutil
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +55,9 @@ class App:
     def open_run(self, label: str, run_dir: Path | None = None) -> Path:
         """Create (or reuse) the run directory and send the full log there."""
         if run_dir is None:
+            import secrets
+            import time
+
             base = Path(self.settings().paths.runs_dir)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             run_dir = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
@@ -72,6 +71,8 @@ class App:
         """Remove the run directory this command opened (a failed pin leaves no run behind)."""
         if self.run_dir is None:
             return
+        import shutil
+
         self.log.close()
         self.log.log_file = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -90,6 +91,8 @@ class App:
 
     def emit_json(self, data: Any) -> None:
         """Machine-readable result on stdout (human output goes to stderr)."""
+        import json
+
         sys.stdout.write(self.log.redact(json.dumps(data, indent=2, sort_keys=True, default=str)) + "\n")
         sys.stdout.flush()
 

@@ -13,18 +13,19 @@ import errno
 import importlib
 import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline import __version__
 from pipeline.app import App
 from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError, disk_error
-from pipeline.fsutil import path_problem, shorten
 from pipeline.stages import TABLE
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 # command name -> one-line help; each command is `command` in pipeline/commands/<name>.py
 COMMANDS: dict[str, str] = {
@@ -138,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _bug() -> int:
     """A bug: keep the traceback in the log, short note on screen."""
+    import traceback
+
     tb = traceback.format_exc()
     if _CURRENT:
         _CURRENT[-1].log.debug(tb)
@@ -148,6 +151,8 @@ def _bug() -> int:
 
 def too_long(e: OSError) -> UsageError:
     name = str(e.filename) if e.filename is not None else ""
+    from pipeline.fsutil import path_problem, shorten  # imported on this path only: fast start-up
+
     problem = path_problem(Path(name)) if name else None
     return UsageError(
         f"the path {shorten(name)} cannot be used: {problem or 'it is too long for the file system'}.",

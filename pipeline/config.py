@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
+from pipeline.validate import SHOWN_MAX, shown
 
 ENV_PREFIX = "PIPELINE_"
 PROJECT_FILE = "pipeline.toml"
@@ -157,14 +158,14 @@ def _coerce_env(key: str, raw: str, expected: Any) -> Any:
         if low in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(
-            f"environment variable {ENV_PREFIX}{key.upper()}={raw!r}: expected a boolean (true/false)."
+            f"environment variable {ENV_PREFIX}{key.upper()}={shown(raw)}: expected a boolean (true/false)."
         )
     if expected is int:
         try:
             return int(raw)
         except ValueError:
             raise ConfigError(
-                f"environment variable {ENV_PREFIX}{key.upper()}={raw!r}: expected an integer."
+                f"environment variable {ENV_PREFIX}{key.upper()}={shown(raw)}: expected an integer."
             ) from None
     if expected == list[str]:
         return [p.strip() for p in raw.split(",") if p.strip()]
@@ -237,5 +238,7 @@ def _describe_validation(e: ValidationError, origins: Mapping[str, str]) -> str:
         section = KEY_SECTION.get(key, loc[0] if loc else "?")
         where = origins.get(key, "?")
         expected = err["msg"].removeprefix("Input should be ").removeprefix("input should be ")
-        lines.append(f"[{section}] {key} (from {where}): expected {expected}, got {err.get('input')!r}")
+        got = err.get("input")
+        shown_got = shown(got) if isinstance(got, str) else repr(got)[:SHOWN_MAX]
+        lines.append(f"[{section}] {key} (from {where}): expected {expected}, got {shown_got}")
     return "invalid configuration: " + "; ".join(lines) + ". Fix the value and run again."

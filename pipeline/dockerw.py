@@ -191,6 +191,52 @@ class _BuildLog:
 # --------------------------------------------------------------------------- errors
 
 
+_ssh_pool_patched = False
+
+
+def _drop_dead_ssh_connections() -> None:
+    """Make the SDK's ssh:// transport survive `ssh` processes that have exited.
+
+    docker-py's SSHConnectionPool hands out pooled connections without checking them (its
+    fake socket hides the dead `ssh ... dial-stdio` pipe from urllib3), and the engine closes
+    the one an exec used: the next request on it fails with a broken pipe. Once per process.
+    """
+    global _ssh_pool_patched
+    if _ssh_pool_patched:
+        return
+    from docker.transport import sshconn
+
+    original = sshconn.SSHConnectionPool._get_conn
+
+    def _get_conn(self: Any, timeout: Any) -> Any:
+        for _ in range(self.pool.qsize() + 1 if self.pool is not None else 1):
+            conn = original(self, timeout)
+            proc = getattr(getattr(conn, "sock", None), "proc", None)
+            if proc is None or proc.poll() is None:
+                return conn
+            conn.close()  # its ssh exited: never reuse it
+        return self._new_conn()
+
+    sshconn.SSHConnectionPool._get_conn = _get_conn
+
+    # Closing a connection writes to its ssh's stdin; after the engine ended an exec's stream
+    # that ssh has exited, and the write's broken pipe failed a command that had succeeded.
+    close = sshconn.SSHSocket.close
+
+    def _close(self: Any) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return
+        with contextlib.suppress(BrokenPipeError):
+            close(self)
+
+    sshconn.SSHSocket.close = _close
+    _ssh_pool_patched = True
+
+
+def _broken_pipe(exc: BaseException) -> bool:
+    return "Broken pipe" in str(exc)
+
+
 def _is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, docker.errors.APIError):
         return False  # the engine answered (the error may be about a registry it could not reach)
@@ -444,9 +490,40 @@ class ContainerHandle:
     def exec(
         self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
     ) -> tuple[int, str]:
-        with _translated(f"run a command in container {self.name}"):
-            code, out = self._c.exec_run(cmd, environment=dict(environment or {}), stdout=True, stderr=True)
-        return int(code), cast(bytes, out).decode("utf-8", "replace")
+        from pipeline.retry import GaveUp, with_retries
+
+        # Over ssh:// the SDK pools `ssh ... dial-stdio` processes and cannot see that one died
+        # while idle (the engine closed it during a long lm_eval run): the next request on it
+        # fails with a broken pipe. Create and inspect are safe to repeat; start is repeated
+        # only when the engine says the command never started.
+        api, env = self._c.client.api, dict(environment or {})
+        what = f"run a command in container {self.name}"
+
+        def again(call: Callable[[], Any]) -> Any:
+            def attempt() -> Any:
+                with _translated(what):
+                    return call()
+
+            try:
+                return with_retries(attempt, retries=1, backoff=0.2, transient=_broken_pipe)
+            except GaveUp as e:
+                raise e.error from None
+
+        exec_id = again(
+            lambda: api.exec_create(self.id, cmd, stdout=True, stderr=True, environment=env)["Id"]
+        )
+        try:
+            with _translated(what):
+                out = api.exec_start(exec_id)
+        except InfraError as e:
+            state = again(lambda: api.exec_inspect(exec_id))
+            started = state.get("Running") or state.get("Pid") or state.get("ExitCode") is not None
+            if started or not _broken_pipe(e):
+                raise
+            with _translated(what):
+                out = api.exec_start(exec_id)
+        code = again(lambda: api.exec_inspect(exec_id)["ExitCode"])
+        return int(code if code is not None else -1), cast(bytes, out).decode("utf-8", "replace")
 
     def stop(self, timeout: int = 10) -> None:
         with _translated(f"stop container {self.name}"), contextlib.suppress(docker.errors.NotFound):
@@ -492,6 +569,8 @@ class Engine:
             kwargs: dict[str, Any] = docker.utils.kwargs_from_env(environment=dict(env))
             if docker_host:
                 kwargs["base_url"] = docker_host
+            if str(kwargs.get("base_url") or "").startswith("ssh://"):
+                _drop_dead_ssh_connections()
             client = docker.DockerClient(version="auto", timeout=timeout, use_ssh_client=True, **kwargs)
             client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
@@ -823,7 +902,16 @@ class Engine:
             if not detach:
                 handle.wait()
         except BaseException:
-            handle.remove()
+            # a second Ctrl-C/SIGTERM while removing must not leave the container behind
+            interrupted = False
+            for _ in range(5):
+                try:
+                    handle.remove()
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
+            if interrupted:
+                raise KeyboardInterrupt from None
             raise
         return handle
 

@@ -72,15 +72,17 @@ class BuildOutcome:
 
 
 def split_ref(ref: str) -> tuple[str, str]:
-    """`repo[:tag]` -> (repo, tag); the tag defaults to `latest`."""
-    name, _, digest = ref.partition("@")
-    if digest:
+    """`repo[:tag]` -> (repo as written, tag); the tag defaults to `latest` (pipeline.imageref's grammar)."""
+    from pipeline.errors import UsageError
+    from pipeline.imageref import parse_image_ref
+
+    try:
+        parsed = parse_image_ref(ref)
+    except UsageError as e:
+        raise BuildError(f"cannot tag an image as {ref!r}: {e.message}", hint=e.hint) from None
+    if parsed.digest:
         raise BuildError(f"cannot tag an image as {ref!r}: a tag, not a digest, is needed.")
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = name.rsplit(":", 1)
-        return repo, tag
-    return name, "latest"
+    return parsed.given, parsed.tag or "latest"
 
 
 def stage_cached(built: BuiltImage, stage: str) -> bool | None:
@@ -115,12 +117,11 @@ def _check_base(engine: Engine, base: str, log: Logger) -> None:
     """The pinned base image must be on the engine or pullable; else an error naming it."""
     if engine.image(base) is not None:
         return
-    name, _, digest = base.partition("@")
-    repo = name
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo = name.rsplit(":", 1)[0]
-    pull_ref = f"{repo}@{digest}" if digest else name
+    from pipeline.imageref import parse_image_ref
+
+    parsed = parse_image_ref(base)  # render checked it: a pinned reference
+    repo, digest = parsed.given, parsed.digest or ""
+    pull_ref = f"{repo}@{digest}" if digest else base
     log.info(f"base image {pull_ref} is not on the engine; pulling it")
     try:
         engine.pull(pull_ref)

@@ -9,7 +9,7 @@ imagebuild, the registry client and tag all parse references here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.errors import UsageError
 
@@ -24,7 +24,7 @@ REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 HOST_RE = re.compile(
     r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::\d+)?$"
 )
-_SHOWN = 80
+_SHOWN = 200  # long enough for any real reference; a 120 kB argument is cut
 
 
 def _shown(ref: str) -> str:
@@ -44,7 +44,7 @@ class ImageRef:
     repository: str
     tag: str | None = None
     digest: str | None = None
-    given: str = ""
+    given: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:

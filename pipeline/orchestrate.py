@@ -73,7 +73,8 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
     validate.check_tag_templates(settings)  # a bad tag template fails now, not after build and smoke
     if req.base_image is not None:
         validate.image_reference(req.base_image, what="--base-image")
-    atom_repo, aiter_repo = settings.sources.atom_repo, settings.sources.aiter_repo
+    atom_repo = validate.url(settings.sources.atom_repo, what="ATOM repository")
+    aiter_repo = validate.url(settings.sources.aiter_repo, what="aiter repository")
     atom_ref = validate.ref(req.atom_ref or settings.sources.atom_ref, what="ATOM ref")
     aiter_ref = validate.ref(req.aiter_ref or settings.sources.aiter_ref, what="aiter ref")
     if req.lock is not None:  # the lock's sources, not the configured ones

@@ -9,8 +9,10 @@ An in-toto Statement v1 (https://github.com/in-toto/attestation, spec v1):
       "predicate": {image, tags, lock (the lock file as data), patches, recipe, smoke, tool, times}
     }
 
-Written atomically as `record.json` next to the verdict. The predicate alone is
-what `cosign attest --predicate` takes (`predicate.json` beside it). Nothing
+Written atomically as `record.json` next to the verdict, twice: before any moving tag
+moves (``moving_state: pending``, no moving tag; the predicate alone, `predicate.json`,
+is what `cosign attest --predicate` takes then) and after, with what happened to the
+moving tags, never what was planned. Nothing
 from the environment goes in: no credentials, and URLs lose any user-info.
 """
 
@@ -57,7 +59,7 @@ class RecordInputs:
     digest: str  # sha256:...
     image_id: str
     immutable_tag: str
-    moving_tags: Sequence[str]
+    moving_tags: Sequence[str]  # the moving tags that point at the digest now (what happened)
     lock: Lock
     lock_path: Path
     recipe_name: str
@@ -69,6 +71,8 @@ class RecordInputs:
     verdict_sha256: str
     started: str  # ISO 8601 UTC: when the tag stage started
     finished: str  # when the immutable push was verified
+    moving_state: str = "moved"  # pending (before the moves), moved, finished, rolled back, yielded, unknown
+    moving_note: str = ""  # one sentence: what happened to the moving tags
 
 
 def build_statement(inp: RecordInputs) -> dict[str, Any]:
@@ -82,6 +86,8 @@ def build_statement(inp: RecordInputs) -> dict[str, Any]:
             "id": inp.image_id,
             "immutable_tag": inp.immutable_tag,
             "moving_tags": list(inp.moving_tags),
+            "moving_state": inp.moving_state,
+            "moving_note": inp.moving_note,
             "inputs_digest": inp.inputs_digest,
         },
         "lock": {
@@ -120,10 +126,16 @@ def build_statement(inp: RecordInputs) -> dict[str, Any]:
     }
 
 
-def write_record(directory: Path, statement: Mapping[str, Any]) -> tuple[Path, Path]:
-    """Write `record.json` (the statement) and `predicate.json` atomically; their paths."""
+def write_record(
+    directory: Path, statement: Mapping[str, Any], *, predicate_too: bool = True
+) -> tuple[Path, Path]:
+    """Write `record.json` (the statement) and `predicate.json` atomically; their paths.
+
+    `predicate_too=False` leaves `predicate.json` as it was (what was attested).
+    """
     record = directory / RECORD_NAME
     predicate = directory / PREDICATE_NAME
-    atomic_write_json(predicate, statement["predicate"])
+    if predicate_too:
+        atomic_write_json(predicate, statement["predicate"])
     atomic_write_json(record, statement)
     return record, predicate

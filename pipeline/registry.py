@@ -1,5 +1,12 @@
 """A small Docker Registry HTTP API v2 client (requests), and image references.
 
+Why not the engine: the Docker Engine API can push and pull, but it cannot read a manifest's
+digest or body, read a config blob, or PUT a manifest under another tag without re-pushing.
+Those are what tagging needs (read the pushed digest back, move a moving tag to exactly that
+manifest, read the moving tag's current image to move only forward), so this module speaks
+the registry API for them and nothing else. Credentials come from the environment or, through
+`docker.auth` (the SDK's own reader: ``auths``, ``credHelpers``, ``credsStore``), the Docker config.
+
 What the pipeline needs from a registry and nothing more:
 
     ref = parse_image_ref("127.0.0.1:5000/atom:MiniMax-M3-verified")
@@ -12,7 +19,8 @@ What the pipeline needs from a registry and nothing more:
 Authentication follows the registry's challenge: ``WWW-Authenticate: Basic``
 (htpasswd registries) or ``Bearer`` (token service, e.g. Docker Hub, GHCR).
 Transient failures (connection errors, timeouts, 429, 5xx) are retried with
-exponential backoff, then become an ``InfraError``; refusals (401/403/4xx)
+exponential backoff (`pipeline.retry`), then become a ``RegistryUnavailable``
+(an ``InfraError`` carrying the last HTTP status); refusals (401/403/4xx)
 are a ``TagError`` at once. Credentials never appear in an exception, a log
 line or a ``repr()``.
 """
@@ -20,24 +28,29 @@ line or a ``repr()``.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import ipaddress
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 
 from pipeline.errors import InfraError, TagError, UsageError
+from pipeline.imageref import DIGEST_RE as DIGEST_RE
+from pipeline.imageref import DOCKER_HUB as DOCKER_HUB
+from pipeline.imageref import DOCKER_HUB_ALIASES as _DOCKER_HUB_ALIASES
+from pipeline.imageref import ImageRef as ImageRef  # the one reference grammar, re-exported for callers
+from pipeline.imageref import parse_image_ref as parse_image_ref
+from pipeline.imageref import tag_problem as tag_problem
+from pipeline.imageref import validate_tag as validate_tag
+from pipeline.retry import GaveUp, with_retries
 
-DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
-_DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
 
 MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -45,15 +58,8 @@ MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_ACCEPT = ", ".join((MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST))
 
-TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-# distribution/reference: path components are lowercase alphanumerics joined by separators
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_HOST_RE = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:]+\])(?::\d+)?$"
-)
 
+T = TypeVar("T")
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _MAX_BACKOFF = 30.0
 
@@ -66,115 +72,29 @@ class RegistryAuthError(RegistryError):
     """The registry wants credentials we do not have, or refused the ones we sent."""
 
 
+class RegistryUnavailable(InfraError):
+    """The registry did not answer properly after every retry; `status` is its last HTTP status.
+
+    A persistent 500 on one manifest is how distribution reports a broken revision link (a push
+    killed halfway); the tag stage repairs that by pushing the immutable ref again.
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None, hint: str | None = None, evidence: str = ""
+    ) -> None:
+        super().__init__(message, hint=hint, evidence=evidence)
+        self.status = status
+
+
+class _Transient(Exception):
+    def __init__(self, what: str, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.status = status
+        self.retry_after = retry_after
+
+
 # --------------------------------------------------------------------------- references
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """A normalised image reference, as Docker reads it.
-
-    ``registry`` is ``docker.io`` when the name has none; single names on
-    Docker Hub get ``library/``. ``tag`` is None when only a digest was given
-    (and also when neither was: use ``reference`` for "latest").
-    """
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    @property
-    def name(self) -> str:
-        """``registry/repository``: what ``docker tag``/``docker push`` take as the repo."""
-        return f"{self.registry}/{self.repository}"
-
-    @property
-    def reference(self) -> str:
-        """What to ask the registry for: the digest if any, else the tag, else ``latest``."""
-        return self.digest or self.tag or "latest"
-
-    def with_tag(self, tag: str) -> ImageRef:
-        return ImageRef(self.registry, self.repository, tag, None)
-
-    def with_digest(self, digest: str) -> ImageRef:
-        return ImageRef(self.registry, self.repository, None, digest)
-
-    def __str__(self) -> str:
-        out = self.name
-        if self.tag:
-            out += f":{self.tag}"
-        if self.digest:
-            out += f"@{self.digest}"
-        return out
-
-
-def parse_image_ref(ref: str) -> ImageRef:
-    """Parse ``[registry/]repo[:tag][@sha256:...]`` with Docker's normalisation.
-
-    The first path component is a registry when it contains ``.`` or ``:``
-    or is ``localhost``; otherwise the registry is ``docker.io``.
-    """
-    raw = ref.strip()
-    if not raw or any(c.isspace() for c in raw):
-        raise UsageError(
-            f"'{ref}' is not an image reference.", hint="Use [registry/]repository[:tag][@digest]."
-        )
-    name, digest = raw, None
-    if "@" in raw:
-        name, digest = raw.split("@", 1)
-        if not DIGEST_RE.match(digest):
-            raise UsageError(
-                f"image reference '{ref}' has an invalid digest '{digest}'.",
-                hint="A digest is sha256: followed by 64 lowercase hex digits.",
-            )
-    tag: str | None = None
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name, tag = name.rsplit(":", 1)
-        validate_tag(tag, what=f"the tag of image reference '{ref}'")
-    first, sep, rest = name.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        registry, repository = first, rest
-        if not _HOST_RE.match(registry):
-            raise UsageError(f"image reference '{ref}' has an invalid registry host '{registry}'.")
-    else:
-        registry, repository = DOCKER_HUB, name
-    if registry in _DOCKER_HUB_ALIASES:
-        registry = DOCKER_HUB
-        if "/" not in repository:
-            repository = f"library/{repository}"
-    if not REPOSITORY_RE.match(repository) or len(repository) > 255:
-        raise UsageError(
-            f"image reference '{ref}': '{repository}' is not a valid repository name.",
-            hint="Repository names are lowercase letters, digits and . _ - separated by /.",
-        )
-    return ImageRef(registry, repository, tag, digest)
-
-
-def tag_problem(tag: str) -> str | None:
-    """Why ``tag`` breaks the registry tag grammar, or None when it is valid."""
-    if TAG_RE.match(tag):
-        return None
-    if not tag:
-        return "it is empty"
-    if len(tag) > 128:
-        return f"it is {len(tag)} characters long (at most 128)"
-    bad = sorted({c for c in tag if not (c.isascii() and (c.isalnum() or c in "_.-"))})
-    if bad:
-        return "it contains " + ", ".join(repr(c) for c in bad)
-    return f"it starts with {tag[0]!r} (a tag starts with a letter, digit or _)"
-
-
-def validate_tag(tag: str, *, what: str = "tag") -> str:
-    """Return ``tag`` if it matches the registry tag grammar, else raise a UsageError naming it."""
-    problem = tag_problem(tag)
-    if problem:
-        raise UsageError(
-            f"{what} '{tag}' is not a valid registry tag: {problem}.",
-            hint="Fix the tag (or the tag_template / moving_tags setting that produced it); "
-            "the grammar is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}.",
-        )
-    return tag
 
 
 def validate_digest(digest: str, *, what: str = "digest") -> str:
@@ -224,12 +144,6 @@ _ENV_PAIRS = (
 )
 
 
-def _config_key_host(key: str) -> str:
-    """``https://index.docker.io/v1/`` -> ``docker.io``; ``http://h:5000`` -> ``h:5000``."""
-    host = re.sub(r"^[a-z]+://", "", key).split("/", 1)[0]
-    return DOCKER_HUB if host in _DOCKER_HUB_ALIASES else host
-
-
 def default_docker_config(env: Mapping[str, str]) -> Path:
     base = env.get("DOCKER_CONFIG")
     if base:
@@ -245,9 +159,9 @@ def credentials_for(
 
     Environment: ``PIPELINE_REGISTRY_USER``/``PIPELINE_REGISTRY_PASSWORD``, or
     ``REGISTRY_USER``/``REGISTRY_PASSWORD`` (both of a pair must be set).
-    Docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``):
-    ``auths[registry].auth`` (base64 ``user:password``), or a credential helper
-    (``credHelpers[registry]`` / ``credsStore``) when its binary is installed.
+    Docker config (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``), read by
+    `docker.auth`: ``auths[registry]`` (``auth`` or username/password), or a credential helper
+    (``credHelpers[registry]`` / ``credsStore``) when its binary is on PATH.
     None when nothing is configured (anonymous access).
     """
     for user_var, pass_var in _ENV_PAIRS:
@@ -258,67 +172,31 @@ def credentials_for(
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        json.loads(path.read_text(encoding="utf-8"))  # docker.auth ignores a broken file silently
     except (OSError, ValueError) as e:
         raise UsageError(
             f"cannot read the Docker config {path}: {type(e).__name__}.",
             hint="Fix or remove the file, or give credentials in PIPELINE_REGISTRY_USER/PASSWORD.",
         ) from None
-    if not isinstance(data, dict):
-        return None
-    wanted = _config_key_host(registry)
-    auths = data.get("auths") or {}
-    if isinstance(auths, dict):
-        for key, entry in auths.items():
-            if _config_key_host(str(key)) != wanted or not isinstance(entry, dict):
-                continue
-            if entry.get("auth"):
-                return _decode_auth(str(entry["auth"]), registry, path)
-            if entry.get("username") and entry.get("password"):
-                return Credentials(str(entry["username"]), str(entry["password"]), str(path))
-    helpers = data.get("credHelpers") or {}
-    helper = None
-    if isinstance(helpers, dict):
-        for key, name in helpers.items():
-            if _config_key_host(str(key)) == wanted:
-                helper = str(name)
-    helper = helper or (str(data["credsStore"]) if data.get("credsStore") else None)
-    if helper:
-        return _from_helper(helper, registry, env)
-    return None
+    import docker.auth  # the SDK's config reader (already a dependency); not at import time
+    import docker.errors
 
-
-def _decode_auth(value: str, registry: str, path: Path) -> Credentials:
     try:
-        user, sep, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        sep, user, password = "", "", ""
-    if not sep or not user:
+        config = docker.auth.load_config(config_path=str(path), credstore_env=dict(env))
+        found = config.resolve_authconfig("index.docker.io" if registry == DOCKER_HUB else registry)
+    except (ValueError, docker.errors.DockerException) as e:  # a malformed entry: never echoed
         raise UsageError(
-            f"the auth entry for {registry} in {path} is not base64 'user:password'.",
+            f"the Docker config {path} has an unreadable entry for {registry} ({type(e).__name__}).",
             hint="Log in again (`docker login`) or give credentials in PIPELINE_REGISTRY_USER/PASSWORD.",
-        )
-    return Credentials(user, password, str(path))
-
-
-def _from_helper(helper: str, registry: str, env: Mapping[str, str]) -> Credentials | None:
-    """Ask ``docker-credential-<helper> get``; None when it is not installed or has nothing."""
-    binary = f"docker-credential-{helper}"
-    server = "https://index.docker.io/v1/" if registry == DOCKER_HUB else registry
-    try:
-        proc = subprocess.run(
-            [binary, "get"], input=server, capture_output=True, text=True, timeout=30, env=dict(env) or None
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        ) from None
+    if not found:
         return None
-    if proc.returncode != 0:
+    user = str(found.get("Username") or found.get("username") or "")
+    secret = str(found.get("Password") or found.get("password") or found.get("IdentityToken") or "")
+    if not user or not secret:
         return None
-    try:
-        data = json.loads(proc.stdout)
-        user, secret = str(data["Username"]), str(data["Secret"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return Credentials(user, secret, f"credential helper {binary}") if user and secret else None
+    helper = config.get_credential_store("index.docker.io" if registry == DOCKER_HUB else registry)
+    return Credentials(user, secret, f"credential helper docker-credential-{helper}" if helper else str(path))
 
 
 # --------------------------------------------------------------------------- client
@@ -368,6 +246,10 @@ class RegistryClient:
         self._on_retry = on_retry
         self._tokens: dict[str, str] = {}  # scope -> bearer token
         self._basic = False  # the registry asked for Basic auth
+
+    def sleep(self, seconds: float) -> None:
+        """How this client waits between attempts (replaced in tests)."""
+        self._sleep(seconds)
 
     def __repr__(self) -> str:
         auth = f"user={self._credentials.username!r}" if self._credentials else "anonymous"
@@ -465,6 +347,24 @@ class RegistryClient:
             raise RegistryError(f"{self._show(repository, tag)} was stored as {stored}, not {digest}.")
         return stored
 
+    def get_blob(self, repository: str, digest: str) -> bytes:
+        """A blob (e.g. an image config) by digest, checked against that digest."""
+        validate_digest(digest)
+        resp = self._request(
+            "GET",
+            f"/v2/{repository}/blobs/{digest}",
+            scope=_scope(repository, "pull"),
+            ok=(200, 404),
+            what=f"read blob {digest[:19]} of {self.registry}/{repository}",
+        )
+        if resp.status_code == 404:
+            raise RegistryError(f"the registry has no blob {digest} in {repository}.")
+        if "sha256:" + hashlib.sha256(resp.content).hexdigest() != digest:
+            raise RegistryError(
+                f"the blob {digest} from {self.registry}/{repository} does not match its digest."
+            )
+        return resp.content
+
     def tags(self, repository: str) -> list[str]:
         """The repository's tags (empty when the repository does not exist)."""
         resp = self._request(
@@ -499,20 +399,19 @@ class RegistryClient:
         data: bytes | None = None,
     ) -> requests.Response:
         url = self.base_url + path
-        attempt = 0
         authed_once = False
-        last: str = ""
-        while True:
-            hdrs = dict(headers or {})
-            hdrs.update(self._auth_header(scope))
-            try:
-                resp = self.session.request(
-                    method, url, headers=hdrs, data=data, timeout=self.timeout, allow_redirects=True
-                )
-            except (requests.ConnectionError, requests.Timeout) as e:
-                last = _scrub_exc(e)
-                resp = None
-            if resp is not None:
+
+        def attempt() -> requests.Response:
+            nonlocal authed_once
+            while True:
+                hdrs = dict(headers or {})
+                hdrs.update(self._auth_header(scope))
+                try:
+                    resp = self.session.request(
+                        method, url, headers=hdrs, data=data, timeout=self.timeout, allow_redirects=True
+                    )
+                except (requests.ConnectionError, requests.Timeout) as e:
+                    raise _Transient(_scrub_exc(e)) from None
                 if resp.status_code == 401 and not authed_once:
                     authed_once = True
                     self._authenticate(resp, scope, what)
@@ -521,22 +420,44 @@ class RegistryClient:
                     return resp
                 if resp.status_code not in _TRANSIENT_STATUS:
                     raise self._refusal(resp, what)
-                last = f"HTTP {resp.status_code}"
-            if attempt >= self.retries:
-                raise InfraError(
-                    f"the registry {self.registry} did not answer properly while trying to {what} "
-                    f"({last}; {attempt + 1} attempt{'s' if attempt else ''}).",
-                    hint="Check that the registry is up and reachable from here, then run the command again; "
-                    "nothing was moved.",
-                    evidence=last,
+                after = resp.headers.get("Retry-After", "")
+                raise _Transient(
+                    f"HTTP {resp.status_code}", resp.status_code, float(after) if after.isdigit() else None
                 )
-            delay = min(_MAX_BACKOFF, self.backoff * (2**attempt))
-            if resp is not None and resp.headers.get("Retry-After", "").isdigit():
-                delay = min(_MAX_BACKOFF, float(resp.headers["Retry-After"]))
+
+        try:
+            return self._retrying(attempt, what)
+        except GaveUp as gave_up:
+            last = gave_up.error
+            assert isinstance(last, _Transient)
+            n = gave_up.attempts
+            raise RegistryUnavailable(
+                f"the registry {self.registry} did not answer properly while trying to {what} "
+                f"({last.what}; {n} attempt{'s' if n > 1 else ''}).",
+                status=last.status,
+                hint="Check that the registry is up and reachable from here, then run the command again; "
+                "nothing was moved.",
+                evidence=last.what,
+            ) from None
+
+    def _retrying(self, attempt: Callable[[], T], what: str) -> T:
+        """The one retry policy (`pipeline.retry`) for this registry's transient failures."""
+
+        def report(n: int, tries: int, wait: float, err: BaseException) -> None:
             if self._on_retry is not None:
-                self._on_retry(f"{what}: {last}; retrying in {delay:.1f}s ({attempt + 1}/{self.retries})")
-            self._sleep(delay)
-            attempt += 1
+                text = err.what if isinstance(err, _Transient) else str(err)
+                self._on_retry(f"{what}: {text}; retrying in {wait:.1f}s ({n}/{tries - 1})")
+
+        return with_retries(
+            attempt,
+            retries=self.retries,
+            transient=lambda e: isinstance(e, _Transient),
+            backoff=self.backoff,
+            on_retry=report,
+            max_wait=_MAX_BACKOFF,
+            wait_hint=lambda e: e.retry_after if isinstance(e, _Transient) else None,
+            sleep=self._sleep,
+        )
 
     def _auth_header(self, scope: str | None) -> dict[str, str]:
         token = self._tokens.get(scope or "")
@@ -566,25 +487,25 @@ class RegistryClient:
         if wanted:
             query["scope"] = wanted
         auth = (self._credentials.username, self._credentials.password) if self._credentials else None
-        token_resp: requests.Response | None = None
-        for attempt in range(self.retries + 1):
+        def fetch() -> requests.Response:
             try:
-                token_resp = self.session.get(params["realm"], params=query, auth=auth, timeout=self.timeout)
+                got = self.session.get(params["realm"], params=query, auth=auth, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
-                token_resp = None
-                last = _scrub_exc(e)
-            else:
-                if token_resp.status_code not in _TRANSIENT_STATUS:
-                    break
-                last = f"HTTP {token_resp.status_code}"
-            if attempt == self.retries:
-                raise InfraError(
-                    f"the token service of {self.registry} did not answer while trying to {what} ({last}).",
-                    hint="Check that the registry is reachable, then run the command again; "
-                    "nothing was moved.",
-                )
-            self._sleep(min(_MAX_BACKOFF, self.backoff * (2**attempt)))
-        assert token_resp is not None
+                raise _Transient(_scrub_exc(e)) from None
+            if got.status_code in _TRANSIENT_STATUS:
+                raise _Transient(f"HTTP {got.status_code}", got.status_code)
+            return got
+
+        try:
+            token_resp = self._retrying(fetch, f"get a token to {what}")
+        except GaveUp as gave_up:
+            last = gave_up.error
+            raise RegistryUnavailable(
+                f"the token service of {self.registry} did not answer while trying to {what} "
+                f"({last.what if isinstance(last, _Transient) else last}).",
+                status=last.status if isinstance(last, _Transient) else None,
+                hint="Check that the registry is reachable, then run the command again; nothing was moved.",
+            ) from None
         if token_resp.status_code in (401, 403):
             raise self._need_credentials(what) if self._credentials is None else self._bad_credentials(what)
         if token_resp.status_code != 200:
@@ -712,8 +633,3 @@ def _docker_config_only(registry: str, env: Mapping[str, str]) -> Credentials | 
         return credentials_for(registry, scrubbed)
     except UsageError:
         return None
-
-
-def registry_credentials_env_names() -> tuple[str, ...]:
-    """The environment variables that may hold registry secrets (for masking)."""
-    return tuple(p for _, p in _ENV_PAIRS)

@@ -86,19 +86,11 @@ class Quoted(str):
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PATH = re.compile(r"^[A-Za-z0-9._/+@-]+$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-# docker reference: [host[:port]/]path[:tag]  (lower-case path components)
-_REPO = re.compile(
-    r"^(?:(?:[a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(?::[0-9]+)?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$"
-)
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _URL_CHARS = r"[^\s'\"\\`$;|&<>(){}]+"
 _URL = re.compile(rf"^(?:(?:https?|ssh|git|file)://{_URL_CHARS}|[\w.-]+@[\w.-]+:{_URL_CHARS})$")
 _VERSION = re.compile(
     r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
 )
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 _NETWORKS = ("host", "none", "default", "bridge")
 
@@ -144,22 +136,20 @@ def f_path(value: Any) -> Quoted:
 
 
 def f_image(value: Any) -> Quoted:
-    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>`."""
+    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>` (the one grammar, pipeline.imageref)."""
+    from pipeline.errors import UsageError
+    from pipeline.imageref import parse_image_ref
+
     text = _text(value, "an image reference")
-    name, sep, digest = text.partition("@")
-    repo = name
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = name.rsplit(":", 1)
-        if not _TAG.match(tag):
-            raise RenderError(f"base image {text!r}: invalid tag {tag!r}.")
-    if not sep or not _DIGEST.match(digest):
+    try:
+        ref = parse_image_ref(text)
+    except UsageError as e:
+        raise RenderError(f"base image: {e.message}", hint=e.hint) from None
+    if not ref.digest:
         raise RenderError(
             f"base image {text!r} is not pinned by digest (name@sha256:...).",
             hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
         )
-    if not _REPO.match(repo):
-        raise RenderError(f"base image {text!r}: invalid repository name {repo!r}.")
     return Quoted(text)
 
 
@@ -293,7 +283,14 @@ def pep440_from_describe(describe: str | None, sha: str, extra: str = "") -> str
 
 
 def check_repository(repository: str) -> str:
-    if not _REPO.match(repository):
+    from pipeline.errors import UsageError
+    from pipeline.imageref import parse_image_ref
+
+    try:
+        ref = parse_image_ref(repository)
+    except UsageError:
+        ref = None
+    if ref is None or ref.tag or ref.digest:
         raise RenderError(
             f"image repository {repository!r} is not a valid Docker repository name.",
             hint="Set [image] repository to e.g. registry.example.com/rocm/atom-dev (lower case).",
@@ -302,7 +299,9 @@ def check_repository(repository: str) -> str:
 
 
 def check_model(model: str) -> str:
-    if not _MODEL.match(model):
+    from pipeline.validate import MODEL_RE  # the one model-name grammar
+
+    if not MODEL_RE.match(model):
         raise RenderError(f"model name {model!r} may only contain letters, digits, '.', '_' and '-'.")
     return model
 
@@ -697,7 +696,7 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool) -> dict[str
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint="Run `scripts/setup.sh wheels` (WHEELS_PYTHON=<the base image's python> for another "
+                hint="Run `scripts/setup.sh wheelhouse` (WHEELS_PYTHON=<the base image's python> for another "
                 "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
                 "[image] python_version.",
             )
@@ -787,6 +786,19 @@ def render_context(
             hint="Run `pipeline patch` again so the lock records the applied patches.",
         )
     aiter_tree = _resolve(aiter, lock.aiter.sha, "locked aiter")
+    # The serving benchmark's --save-result format, read from the tree we build (never executed).
+    from pipeline.smoke import benchfmt
+
+    try:
+        benchfmt.check_tree(
+            lambda path: atom.read_blob(atom_tree_sha, path), recipe_path, where=f"ATOM {atom_tree_sha[:10]}"
+        )
+    except benchfmt.FormatError as e:
+        raise RenderError(
+            str(e),
+            hint="Pin an ATOM whose benchmark_serving.py writes these keys, or update the serving-benchmark "
+            "gate (pipeline/smoke/checks.py) and the recipe to what this ATOM writes.",
+        ) from None
 
     # aiter's submodules: the aiter commit pins them, the lock must agree.
     gitlinks = dict(aiter.submodules(lock.aiter.sha))
@@ -844,7 +856,7 @@ def render_context(
             notes.append(
                 f"no wheelhouse at {settings.wheels_dir}: the image installs "
                 f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
-                "index (`scripts/setup.sh wheels` makes the build independent of it)"
+                "index (`scripts/setup.sh wheelhouse` makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
         plan = plan_render(

@@ -34,12 +34,16 @@ def with_retries(
     transient: Callable[[BaseException], bool],
     backoff: float | None = None,
     on_retry: Callable[[int, int, float, BaseException], None] | None = None,
+    max_wait: float | None = None,
+    wait_hint: Callable[[BaseException], float | None] | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> T:
     """Call `attempt` until it returns; retry (at most `retries` times) only errors `transient` accepts.
 
     A non-transient error is raised at once, unchanged. When the last attempt fails
     transiently, `GaveUp` carries that error and the attempt count. `on_retry(n, tries, wait,
-    error)` is told before each wait.
+    error)` is told before each wait. `max_wait` caps a wait; `wait_hint(error)` may ask for
+    another wait (a registry's Retry-After); `sleep` replaces `time.sleep` (tests).
     """
     import tenacity  # not at import time: the CLI starts faster
 
@@ -52,12 +56,23 @@ def with_retries(
             assert err is not None
             on_retry(state.attempt_number, tries, state.next_action.sleep, err)
 
+    backoff_wait = tenacity.wait_exponential(multiplier=first, exp_base=2, min=0)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        seconds = float(backoff_wait(state))
+        err = state.outcome.exception() if state.outcome is not None else None
+        hinted = wait_hint(err) if wait_hint is not None and err is not None else None
+        if hinted is not None:
+            seconds = hinted
+        return min(seconds, max_wait) if max_wait is not None else seconds
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(tries),
-        wait=tenacity.wait_exponential(multiplier=first, exp_base=2, min=0),
+        wait=wait,
         retry=tenacity.retry_if_exception(transient),
         before_sleep=before_sleep,
-        sleep=lambda seconds: time.sleep(seconds),  # looked up at call time, so tests can replace it
+        # looked up at call time, so tests can replace time.sleep
+        sleep=sleep if sleep is not None else (lambda seconds: time.sleep(seconds)),
         reraise=False,
     )
     try:

@@ -30,15 +30,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pipeline import labels
 from pipeline.config import Settings
-from pipeline.dockerw import ImageInfo
+from pipeline.dockerw import EngineAPI, ImageInfo
 from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
 from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
+from pipeline.moving_tags import MoveOutcome, Mover, current
 from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
 from pipeline.registry import (
     MEDIA_DOCKER_MANIFEST,
@@ -50,20 +51,11 @@ from pipeline.registry import (
     parse_image_ref,
     tag_problem,
 )
+from pipeline.retry import GaveUp, with_retries
 from pipeline.smoke.verdict import Verdict, VerdictFile, read_verdict
 
 TEMPLATE_FIELDS = ("model", "date", "atom7", "aiter7", "patchset", "inputs7")
 RERUN = "Re-run `pipeline smoke` for this image (it writes a fresh verdict), then `pipeline tag` again."
-
-
-class EngineLike(Protocol):
-    """What the tag stage needs from `pipeline.dockerw.Engine`."""
-
-    def image(self, ref: str) -> ImageInfo | None: ...
-
-    def tag(self, image: str, repo: str, tag: str) -> None: ...
-
-    def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str: ...
 
 
 # --------------------------------------------------------------------------- verdict
@@ -317,6 +309,7 @@ class TagResult:
     pinned_ref: str = ""  # registry/repository@digest
     pushed: bool = True  # False when the immutable tag already held this image
     attested: bool = False
+    state: str = "moved"  # how the moving tags ended: moved, finished (after a failure), yielded
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -355,7 +348,7 @@ def cosign_available() -> str | None:
 
 
 def tag_verified(
-    engine: EngineLike,
+    engine: EngineAPI,
     *,
     image: str,
     verdict_path: Path,
@@ -370,8 +363,12 @@ def tag_verified(
     lock_timeout: float = 120.0,
     run_cosign: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    allow_older: bool = False,
 ) -> TagResult:
-    """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags."""
+    """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags.
+
+    Moving tags only move forward (`pipeline.moving_tags`); `allow_older` moves them back, loudly.
+    """
     started = _now()
     cosign = settings.tag.cosign
     if cosign and cosign_available() is None:
@@ -416,9 +413,31 @@ def tag_verified(
         f"finish within {lock_timeout:.0f} s.",
         hint="Wait for it to finish and run again; nothing was pushed.",
     )
+    our_created = img.labels.get(labels.OCI_CREATED, "")
+    auth = creds.auth_config if creds else None
+    local_ref = f"{target.name}:{immutable}"
+    made_local_tag = False
+
+    def push_immutable() -> str:
+        """Push the image as the immutable tag through a local tag this run removes again."""
+        nonlocal made_local_tag
+        if not made_local_tag and engine.image(local_ref) is None:
+            made_local_tag = True
+        engine.tag(img.id, target.name, immutable)
+        log.detail(f"pushing {local_ref}")
+        return _push(engine, target.name, immutable, auth, log, sleep)
+
+    mover = Mover(
+        client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None
+    )
+    record_dir = verdict_path.parent
     try:
-        # 1. immutable tag: never moved once it exists
-        existing = client.manifest_digest(repo, immutable)
+        # 0. forward only: nothing is pushed when a moving tag already holds a newer release
+        mover.preflight(moving)
+        # 1. immutable tag: never moved once it exists; a manifest answering HTTP 500 is repaired
+        existing, broken = current(client, repo, immutable)
+        if broken:
+            log.warn(f"the registry answers HTTP 500 for {local_ref}: pushing it again to repair it")
         if existing is not None:
             if not _holds_image(client, target, existing, img.id):
                 raise TagError(
@@ -427,23 +446,21 @@ def tag_verified(
                     hint="Find out why the same inputs gave a different image, or change [tag] tag_template.",
                 )
             digest, pushed = existing, False
-            log.detail(f"{target.name}:{immutable} already holds this image ({existing}); not pushed again")
+            log.detail(f"{local_ref} already holds this image ({existing}); not pushed again")
         else:
-            engine.tag(img.id, target.name, immutable)
-            log.detail(f"pushing {target.name}:{immutable}")
-            digest = _push(engine, target.name, immutable, creds.auth_config if creds else None, log, sleep)
+            digest = push_immutable()
             pushed = True
             # 2. read it back from the registry API: that, not the push stream, is what we tag
             readback = client.manifest_digest(repo, immutable)
             if readback != digest:
                 raise TagError(
-                    f"the push of {target.name}:{immutable} reported {digest} but the registry now serves "
+                    f"the push of {local_ref} reported {digest} but the registry now serves "
                     f"{readback or 'nothing'} for it; the moving tags were not touched.",
                     hint="Check the registry (another writer?) and run `pipeline tag` again.",
                 )
             if not _holds_image(client, target, digest, img.id):
                 raise TagError(
-                    f"the manifest pushed as {target.name}:{immutable} ({digest}) is not image "
+                    f"the manifest pushed as {local_ref} ({digest}) is not image "
                     f"{_short(img.id)}; the moving tags were not touched.",
                     hint="Check the registry and run `pipeline tag` again.",
                 )
@@ -454,144 +471,117 @@ def tag_verified(
                 f"but {immutable} is {digest} (foreign verdict); the moving tags were not touched.",
                 hint=RERUN,
             )
-        log.detail(f"{target.name}:{immutable} → {digest}")
+        log.detail(f"{local_ref} → {digest}")
 
-        # 3. record (and attestation) before any moving tag points at the image
-        statement = build_statement(
-            RecordInputs(
-                image_name=target.name,
-                digest=digest,
-                image_id=img.id,
-                immutable_tag=immutable,
-                moving_tags=moving,
-                lock=binding.lock,
-                lock_path=binding.lock_path,
-                recipe_name=verdict.verdict.recipe.name or binding.recipe_path.name,
-                recipe_path=binding.recipe_path,
-                recipe_sha256=verdict.verdict.recipe.sha256,
-                inputs_digest=verdict.verdict.inputs_digest,
-                verdict=verdict.verdict.to_json(),
-                verdict_path=verdict_path,
-                verdict_sha256=verdict.sha256,
-                started=started,
-                finished=_now(),
+        def record(moved: Sequence[str], state: str, note: str, *, first: bool) -> tuple[Path, Path]:
+            return write_record(
+                record_dir,
+                build_statement(
+                    RecordInputs(
+                        image_name=target.name,
+                        digest=digest,
+                        image_id=img.id,
+                        immutable_tag=immutable,
+                        moving_tags=list(moved),
+                        moving_state=state,
+                        moving_note=note,
+                        lock=binding.lock,
+                        lock_path=binding.lock_path,
+                        recipe_name=verdict.verdict.recipe.name or binding.recipe_path.name,
+                        recipe_path=binding.recipe_path,
+                        recipe_sha256=verdict.verdict.recipe.sha256,
+                        inputs_digest=verdict.verdict.inputs_digest,
+                        verdict=verdict.verdict.to_json(),
+                        verdict_path=verdict_path,
+                        verdict_sha256=verdict.sha256,
+                        started=started,
+                        finished=_now(),
+                    )
+                ),
+                predicate_too=first,  # predicate.json stays what was attested
             )
+
+        # 3. record (and attestation) before any moving tag points at the image: it says what is
+        #    true then (verified, no moving tag moved yet) and is rewritten with what happened
+        record_path, predicate_path = record(
+            [], "pending", "the moving tags are moved after this record", first=True
         )
-        record_path, predicate_path = write_record(verdict_path.parent, statement)
         log.detail(f"verification record {record_path}")
         attested = False
         if cosign:
             _attest(target, digest, predicate_path, env, log, client.scheme, run_cosign)
             attested = True
 
-        # 4. moving tags, by manifest PUT to the verified digest
-        moved = _move_tags(client, target, digest, moving, log)
+        # 4. moving tags, by manifest PUT to the verified digest; the registry's state read back
+        mover.digest = digest
+        mover.repair = lambda: _repush(push_immutable, digest)
+        outcome = mover.move(moving) if moving else MoveOutcome([], "moved", "no moving tags")
+        record(outcome.moved, outcome.state, outcome.note, first=False)
+        if outcome.error is not None:
+            raise outcome.error
     finally:
+        if made_local_tag:  # the push tag is ours: it would keep the image from being pruned
+            try:
+                engine.remove_image(local_ref)
+            except PipelineError as e:
+                log.warn(f"could not remove the local push tag {local_ref}: {e.message}")
         flock.release()
     return TagResult(
-        immutable_ref=f"{target.name}:{immutable}",
+        immutable_ref=local_ref,
         digest=digest,
-        moved=moved,
+        moved=outcome.moved,
         record_path=record_path,
         pinned_ref=f"{target.name}@{digest}",
         pushed=pushed,
         attested=attested,
+        state=outcome.state,
     )
+
+
+def _repush(push: Callable[[], str], digest: str) -> None:
+    got = push()
+    if got != digest:
+        raise TagError(f"pushing the immutable ref again gave {got}, not {digest}; nothing more was moved.")
 
 
 PUSH_ATTEMPTS = 3
 
 
 def _push(
-    engine: EngineLike,
+    engine: EngineAPI,
     repo: str,
     tag: str,
     auth_config: Mapping[str, str] | None,
     log: Logger,
     sleep: Callable[[float], None],
 ) -> str:
-    """`engine.push` with bounded retries when the registry (or engine) is unreachable.
+    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away.
 
     A refusal (TagError: denied, bad credentials) is not retried; pushing the same
     image again is harmless, so a transient failure is.
     """
-    for attempt in range(1, PUSH_ATTEMPTS + 1):
-        try:
-            return engine.push(repo, tag, auth_config=auth_config)
-        except InfraError as err:
-            if attempt == PUSH_ATTEMPTS:
-                raise InfraError(
-                    f"{err.message} (gave up after {PUSH_ATTEMPTS} attempts; "
-                    "the moving tags were not touched)",
-                    hint=err.hint,
-                    evidence=err.evidence,
-                ) from err
-            delay = 2.0 ** (attempt - 1)
-            log.warn(f"push of {repo}:{tag} failed ({err.message}); retrying in {delay:.0f}s")
-            sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
 
+    def warn(n: int, tries: int, wait: float, err: BaseException) -> None:
+        text = err.message if isinstance(err, PipelineError) else str(err)
+        log.warn(f"push of {repo}:{tag} failed ({text}); retrying in {wait:.0f}s")
 
-def _move_tags(
-    client: RegistryClient, target: ImageRef, digest: str, moving: Sequence[str], log: Logger
-) -> list[str]:
-    repo = target.repository
-    body, media_type, got = client.get_manifest(repo, digest)
-    if got != digest:
-        raise TagError(f"asked the registry for {digest} and got {got}; the moving tags were not touched.")
-    previous: dict[str, str | None] = {}
-    moved: list[str] = []
     try:
-        for tag in moving:
-            previous[tag] = client.manifest_digest(repo, tag)
-            if previous[tag] == digest:
-                log.detail(f"{target.name}:{tag} already at {digest}")
-                moved.append(tag)
-                continue
-            client.put_manifest(repo, tag, body, media_type)
-            moved.append(tag)
-            log.detail(f"{target.name}:{tag} → {digest} (was {previous[tag] or 'absent'})")
-    except PipelineError as err:
-        restored, left = _restore(client, target, digest, previous, moved, log)
-        note = ""
-        if moved:
-            note = f" Restored: {', '.join(restored) or 'none'}."
-            if left:
-                note += f" Could not restore (check them by hand): {', '.join(left)}."
-        cls = type(err) if isinstance(err, InfraError | TagError) else TagError
-        raise cls(
-            f"moving the tags of {target.name} to {digest} failed at '{tag}': {err.message}{note} "
-            f"The immutable tag and the record are in place.",
-            hint="Run `pipeline tag` again once the registry is healthy; it is idempotent.",
+        return with_retries(
+            lambda: engine.push(repo, tag, auth_config=auth_config),
+            retries=PUSH_ATTEMPTS - 1,
+            transient=lambda e: isinstance(e, InfraError),
+            backoff=1.0,
+            on_retry=warn,
+            sleep=sleep,
+        )
+    except GaveUp as gave_up:
+        err = gave_up.error
+        assert isinstance(err, InfraError)
+        raise InfraError(
+            f"{err.message} (gave up after {PUSH_ATTEMPTS} attempts; the moving tags were not touched)",
+            hint=err.hint,
             evidence=err.evidence,
         ) from err
-    return moved
-
-
-def _restore(
-    client: RegistryClient,
-    target: ImageRef,
-    digest: str,
-    previous: Mapping[str, str | None],
-    moved: Sequence[str],
-    log: Logger,
-) -> tuple[list[str], list[str]]:
-    restored: list[str] = []
-    left: list[str] = []
-    for tag in moved:
-        before = previous.get(tag)
-        if before == digest:
-            continue
-        if before is None:
-            left.append(f"{tag} (did not exist before; the registry API cannot untag)")
-            continue
-        try:
-            client.tag_digest(target.repository, before, tag)
-            restored.append(tag)
-        except PipelineError as e:
-            log.warn(f"could not restore {target.name}:{tag} to {before}: {e.message}")
-            left.append(f"{tag} (was {before})")
-    return restored, left
 
 
 def _attest(

@@ -16,6 +16,6 @@ LM_EVAL_REQUIREMENT = f"lm-eval[api]=={LM_EVAL_VERSION}"
 SETUPTOOLS_SCM_VERSION = "10.3.4"
 SETUPTOOLS_SCM_REQUIREMENT = f"setuptools_scm=={SETUPTOOLS_SCM_VERSION}"
 
-# What `scripts/setup.sh wheels` downloads into the wheelhouse (with their dependencies): the image
+# What `scripts/setup.sh wheelhouse` downloads into the wheelhouse (with their dependencies): the image
 # installs these with --no-index; pip is there for bases that lack it.
 WHEELHOUSE_REQUIREMENTS = (LM_EVAL_REQUIREMENT, SETUPTOOLS_SCM_REQUIREMENT, "pip")

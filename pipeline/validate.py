@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pipeline.imageref import ImageRef
 
 MODEL_MAX = 100
-_MODEL = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_MAX - 1}}}$")
+MODEL_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_MAX - 1}}}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SHOWN_MAX = 80
 
@@ -36,15 +36,15 @@ TEMPLATE_SAMPLE = {
 
 
 def shown(value: str, limit: int = SHOWN_MAX) -> str:
-    """`value` quoted for a message; a long one is cut and its length said."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
+    """`value` quoted for a message; a long one is cut and its length said (fsutil.shorten)."""
+    from pipeline.fsutil import shorten
+
+    return shorten(value, limit)
 
 
 def model(name: str) -> str:
     """A model name: also a file name (locks/<model>.toml, recipes/<model>.yaml) and a tag part."""
-    if not _MODEL.match(name) or name in (".", ".."):
+    if not MODEL_RE.match(name):
         raise UsageError(
             f"invalid model name {shown(name)}: use letters, digits, '.', '-' and '_', starting with a "
             f"letter or digit, at most {MODEL_MAX} characters.",

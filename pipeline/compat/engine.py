@@ -502,6 +502,11 @@ class Checker:
         # newest first; keep those after the ATOM file's creation and the one in effect then
         k = next((i for i, v in enumerate(versions) if v.commit.date.timestamp() < born), len(versions) - 1)
         versions = versions[: k + 1]
+        if versions:
+            then = self.hist.sig_at(sig.path, versions[-1].blob, sig.name)
+            if then is not None:  # defined when the ATOM file was created: one read, no bisection
+                self._oldest[key] = then
+                return then
         lo, hi = 0, len(versions) - 1  # versions[0] defines it (the pin); find the oldest that still does
         got: Signature | None = None
         while lo <= hi:

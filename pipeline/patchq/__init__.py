@@ -7,7 +7,7 @@ Public API for the rest of the pipeline:
   (status: applies | not-needed | already-upstream | conflict)
 - `apply_series(series, atom, atom_sha, aiter, aiter_sha, *, workdir) -> AppliedSeries`
   (head_sha, pins for `lock.with_patches`, notes, worktree, branch)
-- `patched_commit(...) -> AppliedSeries`: the same commit, no work tree, no branch (for `pipeline check`)
+- `patched_commit(...) -> AppliedSeries`: the same commit, no work tree, no branch (the patch stage)
 - `import_series`, `export_series`, `new_patch`: the patch-queue round trip.
 """
 

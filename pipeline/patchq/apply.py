@@ -234,7 +234,7 @@ def check_series(
 def patched_commit(
     series: PatchSeries, atom: GitRepo, atom_sha: str, aiter: GitRepo, aiter_sha: str
 ) -> AppliedSeries:
-    """The patched ATOM commit without a work tree or a branch (for `pipeline check`).
+    """The patched ATOM commit without a work tree or a branch (the patch stage of `pipeline build`).
 
     Same commits, so the same `head_sha`, as `apply_series`; they are written
     into the ATOM object store but no ref points at them, so a static check

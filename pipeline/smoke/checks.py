@@ -1,4 +1,9 @@
-"""The gates: pure functions from a tool's output to a `CheckResult`.
+"""The checks: plug-ins with one `run(ctx) -> CheckResult`, and the pure gates they call.
+
+Each recipe check kind has a planner in `PLUGINS` that turns it into plug-ins (the benchmark
+gives one per concurrency row); the runner calls `plan()` and then each plug-in's `run(ctx)`
+with itself as the `CheckContext`, so a new kind of check is one class and one table entry.
+The gates, pure functions from a tool's output to a `CheckResult`:
 
 - chat: the server's ``/v1/chat/completions`` answer must be non-empty, with a
   sane ``finish_reason`` (and match the recipe's regex if it has one);
@@ -7,7 +12,7 @@
 - serving benchmark: ``benchmark_serving --save-result`` JSON against the
   recipe's reference row within a relative tolerance.
 
-No I/O here: the runner fetches the files and calls these.
+The gates do no I/O: the plug-ins fetch the tools' files through the context and call them.
 """
 
 from __future__ import annotations
@@ -15,10 +20,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from pipeline.recipe import BenchmarkCheck, BenchRow, ChatCheck, Gsm8kCheck
+from pipeline.log import Logger
+from pipeline.recipe import BenchmarkCheck, BenchRow, ChatCheck, Gsm8kCheck, Recipe, expand
 from pipeline.smoke.verdict import CheckResult
+
+IN_CONTAINER_OUT = "/tmp/atom-smoke"
 
 
 def _num(value: Any) -> float | None:
@@ -223,6 +236,8 @@ def evaluate_benchmark(
         "completed": completed,
         "num_prompts": num_prompts,
         "duration_s": _num(data.get("duration")),
+        "p99_ttft_ms": _num(data.get("p99_ttft_ms")),  # for the plot; the gate reads the means
+        "p99_tpot_ms": _num(data.get("p99_tpot_ms")),
     }
     min_thr = row.output_throughput * (1 - tolerance)
     max_ttft = row.mean_ttft_ms * (1 + tolerance)
@@ -264,3 +279,276 @@ def evaluate_benchmark(
         figures=figures,
         limits=limits,
     )
+
+
+# -- plug-ins ---------------------------------------------------------------------------
+
+
+class CheckContext(Protocol):
+    """What a check may use of the smoke run (the runner's `_Run` is one)."""
+
+    recipe: Recipe
+    port: int
+    run_id: str
+    log: Logger
+    probe: str  # the in-container probe's source (`python -c`)
+
+    def probe_json(self, *args: str, supervised: float | None = None) -> dict[str, Any]: ...
+
+    def supervised(self, argv: Sequence[str], timeout: float, what: str) -> tuple[int, str] | str: ...
+
+    def exec(self, argv: Sequence[str]) -> tuple[int, str]: ...
+
+    def save(self, name: str, text: str) -> Path: ...
+
+    def tool(self, name: str, argv: Sequence[str], timeout: float) -> tuple[int, str] | CheckResult: ...
+
+
+class PlanOptions(Protocol):
+    """The per-run choices a planner reads (the runner's frozen `SmokeOptions`)."""
+
+    @property
+    def quick(self) -> bool: ...
+    @property
+    def gsm8k_limit(self) -> int | None: ...
+    @property
+    def bench_concurrencies(self) -> tuple[int, ...] | None: ...
+    @property
+    def bench_tolerance(self) -> float | None: ...
+
+
+class SmokeCheck(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def counts(self) -> tuple[str, int] | None:
+        """(request path, how many) the check sends the server, for live progress; None: time only."""
+
+    def run(self, ctx: CheckContext) -> CheckResult: ...
+
+
+@dataclass(frozen=True)
+class ChatGate:
+    """One chat completion through the in-container probe, gated by `evaluate_chat`."""
+
+    check: ChatCheck
+
+    @property
+    def name(self) -> str:
+        return self.check.name
+
+    @property
+    def counts(self) -> None:
+        return None
+
+    def run(self, ctx: CheckContext) -> CheckResult:
+        check = self.check
+        body = json.dumps(
+            {
+                "model": ctx.recipe.model.id,
+                "messages": [{"role": "user", "content": check.prompt}],
+                "max_tokens": check.max_tokens,
+                "temperature": check.temperature,
+            }
+        )
+        url = f"http://127.0.0.1:{ctx.port}/v1/chat/completions"
+        start = time.monotonic()
+        argv = [ctx.recipe.server.python, "-c", ctx.probe, "http", "POST", url, str(check.timeout_s), body]
+        out = ctx.supervised(argv, check.timeout_s + 30, "chat completion")
+        seconds = time.monotonic() - start
+        if isinstance(out, str):
+            return CheckResult.fail(check.name, out, seconds=seconds, limits={"timeout_s": check.timeout_s})
+        code, text = out
+        try:
+            res = json.loads(text.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return CheckResult.fail(
+                check.name,
+                f"chat probe exited {code} without a result",
+                evidence=ctx.log.redact(text[-2000:]),
+                seconds=seconds,
+            )
+        ctx.save(f"{check.name}-response.json", str(res.get("body", "")))
+        if not res.get("status"):
+            return CheckResult.fail(
+                check.name,
+                f"chat completion failed: {res.get('error')}",
+                seconds=seconds,
+                limits={"timeout_s": check.timeout_s},
+            )
+        result = evaluate_chat(
+            check, int(res["status"]), str(res.get("body", "")), float(res.get("seconds", seconds))
+        )
+        result.seconds = seconds
+        return result
+
+
+@dataclass(frozen=True)
+class Gsm8kGate:
+    """The recipe's lm_eval command in the server container; its results file, gated."""
+
+    check: Gsm8kCheck
+    limit: int | None
+
+    @property
+    def name(self) -> str:
+        return self.check.name
+
+    @property
+    def counts(self) -> tuple[str, int]:
+        """One request per document (5-shot multi-turn is one chat request)."""
+        chat = any("chat-completions" in a for a in self.check.command)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        return path, self.limit or self.check.reference.samples
+
+    def run(self, ctx: CheckContext) -> CheckResult:
+        check, limit = self.check, self.limit
+        start = time.monotonic()
+        if check.setup:
+            setup = ctx.tool(f"{check.name}-setup", check.setup, 1800)
+            if isinstance(setup, CheckResult):
+                return setup
+            if setup[0] != 0:
+                return CheckResult.fail(
+                    check.name,
+                    f"setup {shlex.join(check.setup)} exited {setup[0]}",
+                    evidence=ctx.log.redact(setup[1][-3000:]),
+                )
+        out_dir = f"{IN_CONTAINER_OUT}/{ctx.run_id}/{check.name}"
+        argv = [
+            *expand(check.command, {"model": ctx.recipe.model.id, "port": ctx.port}),
+            "--output_path",
+            out_dir,
+        ]
+        if limit is not None:
+            argv += ["--limit", str(limit)]
+        ran = ctx.tool(check.name, argv, check.timeout_s)
+        if isinstance(ran, CheckResult):
+            return ran
+        code, text = ran
+        seconds = time.monotonic() - start
+        if code != 0:
+            return CheckResult.fail(
+                check.name, f"lm_eval exited {code}", seconds=seconds, evidence=ctx.log.redact(text[-3000:])
+            )
+        found = ctx.probe_json("newest", out_dir, "results_*.json")
+        if not found.get("path"):
+            return CheckResult.fail(
+                check.name,
+                f"lm_eval exited 0 but wrote no results_*.json under {out_dir}",
+                seconds=seconds,
+                evidence=ctx.log.redact(text[-3000:]),
+            )
+        ctx.save(f"{check.name}-results.json", str(found["text"]))
+        result = evaluate_gsm8k(check, str(found["text"]), limit=limit)
+        result.seconds = seconds
+        result.figures["results_file"] = str(found["path"])
+        return result
+
+
+@dataclass(frozen=True)
+class BenchmarkGate:
+    """One concurrency row of the serving benchmark; its --save-result file, gated."""
+
+    check: BenchmarkCheck
+    concurrency: int
+    tolerance: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.check.name}[c{self.concurrency}]"
+
+    @property
+    def counts(self) -> tuple[str, int]:
+        return "/v1/completions", self.concurrency * self.check.num_prompts_per_concurrency
+
+    def run(self, ctx: CheckContext) -> CheckResult:
+        check, conc, name = self.check, self.concurrency, self.name
+        row = check.row(conc)
+        if row is None:
+            return CheckResult.fail(
+                name,
+                f"the recipe has no reference row for ISL {check.isl}/OSL {check.osl} concurrency {conc}",
+            )
+        num_prompts = conc * check.num_prompts_per_concurrency
+        out_dir = f"{IN_CONTAINER_OUT}/{ctx.run_id}/{check.name}"
+        filename = f"bench-isl{check.isl}-osl{check.osl}-c{conc}.json"
+        start = time.monotonic()
+        code, text = ctx.exec(["mkdir", "-p", out_dir])
+        if code != 0:
+            return CheckResult.fail(name, f"cannot create {out_dir} in the container: {text.strip()}")
+        argv = [
+            *expand(
+                check.command,
+                {
+                    "model": ctx.recipe.model.id,
+                    "port": ctx.port,
+                    "isl": check.isl,
+                    "osl": check.osl,
+                    "concurrency": conc,
+                    "num_prompts": num_prompts,
+                },
+            ),
+            f"--result-dir={out_dir}",
+            f"--result-filename={filename}",
+        ]
+        ran = ctx.tool(f"{check.name}-c{conc}", argv, check.timeout_s)
+        if isinstance(ran, CheckResult):
+            ran.name = name
+            return ran
+        code, text = ran
+        seconds = time.monotonic() - start
+        if code != 0:
+            return CheckResult.fail(
+                name,
+                f"benchmark_serving exited {code}",
+                seconds=seconds,
+                evidence=ctx.log.redact(text[-3000:]),
+            )
+        found = ctx.probe_json("read", f"{out_dir}/{filename}")
+        if not found.get("path"):
+            return CheckResult.fail(
+                name,
+                f"benchmark_serving exited 0 but wrote no {out_dir}/{filename}",
+                seconds=seconds,
+                evidence=ctx.log.redact(text[-3000:]),
+            )
+        ctx.save(f"{check.name}-c{conc}.json", str(found["text"]))
+        result = evaluate_benchmark(
+            check, row, str(found["text"]), tolerance=self.tolerance, num_prompts=num_prompts, name=name
+        )
+        result.seconds = seconds
+        return result
+
+
+def _plan_chat(check: Any, opts: PlanOptions) -> list[SmokeCheck]:
+    return [ChatGate(check)]
+
+
+def _plan_gsm8k(check: Any, opts: PlanOptions) -> list[SmokeCheck]:
+    return [Gsm8kGate(check, opts.gsm8k_limit or (check.quick_limit if opts.quick else check.limit))]
+
+
+def _plan_benchmark(check: Any, opts: PlanOptions) -> list[SmokeCheck]:
+    if opts.bench_concurrencies:
+        rows = opts.bench_concurrencies
+    elif opts.quick:
+        rows = check.quick_concurrencies or check.concurrencies[:1]
+    else:
+        rows = check.concurrencies
+    tolerance = check.tolerance if opts.bench_tolerance is None else opts.bench_tolerance
+    return [BenchmarkGate(check, conc, tolerance) for conc in rows]
+
+
+# recipe check kind -> planner; the one place a new kind of check is registered
+PLUGINS: Mapping[str, Callable[[Any, PlanOptions], list[SmokeCheck]]] = {
+    "chat": _plan_chat,
+    "gsm8k": _plan_gsm8k,
+    "serving-benchmark": _plan_benchmark,
+}
+
+
+def plan(recipe: Recipe, opts: PlanOptions) -> list[SmokeCheck]:
+    """The recipe's checks as plug-ins, in the recipe's order."""
+    return [item for check in recipe.checks for item in PLUGINS[check.kind](check, opts)]

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.dockerw import EngineAPI
 from pipeline.errors import ConfigError, InfraError, NoHardware, PipelineError
 from pipeline.recipe import Recipe, target_version_to_gfx
 from pipeline.smoke.probe import model_in_cache, read_nodes
@@ -84,7 +85,7 @@ _MOUNT_ERRORS = ("mount source path", "bind source path does not exist", "invali
 
 
 def _probe_in_container(
-    engine: Any,
+    engine: EngineAPI,
     image: str,
     nodes_dir: str,
     hf_cache: str,
@@ -132,7 +133,7 @@ def _probe_in_container(
 
 
 def run_preflight(
-    engine: Any,
+    engine: EngineAPI,
     *,
     image: str,
     recipe: Recipe,

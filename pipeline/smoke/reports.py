@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.errors import DiskError, disk_error
 from pipeline.fsutil import atomic_write_text
+from pipeline.smoke.plot import PLOT_FILE
 from pipeline.smoke.verdict import JUNIT_FILE, SUMMARY_FILE, VERDICT_FILE, Verdict
 
 _MARK = {"passed": "✓ passed", "failed": "✕ failed", "skipped": "↷ skipped", "error": "✕ error"}
@@ -114,7 +115,10 @@ def write_reports(v: Verdict, run_dir: Path, redact: Callable[[str], str]) -> Pa
         for name in (SUMMARY_FILE, JUNIT_FILE):
             (run_dir / name).unlink(missing_ok=True)
         atomic_write_text(path, redact(json.dumps(v.to_json(), indent=2, sort_keys=True)) + "\n")
-        atomic_write_text(run_dir / SUMMARY_FILE, redact(summary_markdown(v)))
+        summary = summary_markdown(v)
+        if (run_dir / PLOT_FILE).is_file():
+            summary += f"Benchmark against the recipe: [{PLOT_FILE}]({PLOT_FILE}) (in the run directory)\n"
+        atomic_write_text(run_dir / SUMMARY_FILE, redact(summary))
         atomic_write_text(run_dir / JUNIT_FILE, redact(junit_xml(v)))
     except OSError as e:
         raise (disk_error(e) or DiskError(f"cannot write the smoke reports in {run_dir}: {e}.")) from None

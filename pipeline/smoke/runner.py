@@ -23,9 +23,10 @@ import json
 import re
 import secrets as _secrets
 import shlex
+import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ from pipeline.dockerw import ContainerAPI, EngineAPI, ImageInfo
 from pipeline.errors import DiskError, InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
-from pipeline.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, Recipe, expand
-from pipeline.smoke.checks import evaluate_benchmark, evaluate_chat, evaluate_gsm8k
+from pipeline.progress import Progress, Task
+from pipeline.recipe import Recipe, expand
+from pipeline.smoke import plot
+from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in
 from pipeline.smoke.identity import (
     Owner,
@@ -59,8 +62,8 @@ from pipeline.smoke.rundir import prepare_run_dir
 from pipeline.smoke.verdict import CheckResult, RecipeRef, ServerEvidence, Status, TestedImage, Verdict
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
-IN_CONTAINER_OUT = "/tmp/atom-smoke"
 READY_CHECK = "server-ready"
+STREAM_END_GRACE_S = 5.0  # a stopped container's exit status shows well within this
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,14 @@ class _Run:
         self.timings: dict[str, float] = {}
         self.port = recipe.server.port
         self.probe = probe_source()
+        # live progress: the task on screen, the server's last log line, its requests by path
+        self.progress = Progress.for_stream(log.stream, env, redact=log.redact)
+        self.task: Task | None = None
+        self.counting: tuple[str, int] | None = None  # (request path, count when the check began)
+        self._stream_quiet_since: float | None = None
+        self.last_line = ""
+        self.last_line_at = 0.0
+        self.requests: dict[str, int] = {}
 
     # -- container plumbing ------------------------------------------------------------
 
@@ -178,7 +189,17 @@ class _Run:
         if w.ended:
             code = self._exit_code()
             if code is None and w.error is None:
-                return None  # log stream ended but container still running: keep going
+                # The stream ends when the container stops; one that ended while the container
+                # still runs for seconds after lost its connection (an ssh session dropped).
+                if self._stream_quiet_since is None:
+                    self._stream_quiet_since = time.monotonic()
+                if time.monotonic() - self._stream_quiet_since < STREAM_END_GRACE_S:
+                    return None
+                raise InfraError(
+                    "the log stream of the running server container ended: the connection to the "
+                    "Docker engine dropped; the smoke test cannot watch the server any more.",
+                    hint="Check the connection to the engine (ssh, network) and run the smoke test again.",
+                )
             if code is None:  # the stream broke while the server still runs: not a crash of it
                 raise InfraError(
                     f"lost the log stream of the running server container ({w.error}); "
@@ -237,6 +258,7 @@ class _Run:
             if left <= 0:
                 return f"{what} did not finish within {timeout:.0f} s"
             t.join(min(0.05, left))  # look at the server's state 20 times a second
+            self._tick()
         if "error" in box:
             gone = self._server_gone()
             if gone is not None:
@@ -308,7 +330,7 @@ class _Run:
             lambda: container.logs(stream=True, follow=True),
             self.run_dir / "server.log",
             redact=self.log.redact,
-            on_line=lambda line: self.log.debug(f"server| {line}"),
+            on_line=self._on_server_line,
             ignore=self.recipe.server.ignore_exceptions,
         ).start()
 
@@ -336,6 +358,7 @@ class _Run:
                     return self._crash_result(READY_CHECK, after, start, limits, phase="startup")
                 raise
             elapsed = time.monotonic() - start
+            self._tick(elapsed)
             if res.get("status") == 200:
                 self.ready = True
                 self.timings["ready_s"] = round(elapsed, 3)
@@ -417,46 +440,6 @@ class _Run:
             evidence=evidence,
         )
 
-    def run_chat(self, check: ChatCheck) -> CheckResult:
-        body = json.dumps(
-            {
-                "model": self.recipe.model.id,
-                "messages": [{"role": "user", "content": check.prompt}],
-                "max_tokens": check.max_tokens,
-                "temperature": check.temperature,
-            }
-        )
-        url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
-        start = time.monotonic()
-        argv = [self.recipe.server.python, "-c", self.probe, "http", "POST", url, str(check.timeout_s), body]
-        out = self._supervised(argv, check.timeout_s + 30, "chat completion")
-        seconds = time.monotonic() - start
-        if isinstance(out, str):
-            return CheckResult.fail(check.name, out, seconds=seconds, limits={"timeout_s": check.timeout_s})
-        code, text = out
-        try:
-            res = json.loads(text.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return CheckResult.fail(
-                check.name,
-                f"chat probe exited {code} without a result",
-                evidence=self.log.redact(text[-2000:]),
-                seconds=seconds,
-            )
-        self._save(f"{check.name}-response.json", str(res.get("body", "")))
-        if not res.get("status"):
-            return CheckResult.fail(
-                check.name,
-                f"chat completion failed: {res.get('error')}",
-                seconds=seconds,
-                limits={"timeout_s": check.timeout_s},
-            )
-        result = evaluate_chat(
-            check, int(res["status"]), str(res.get("body", "")), float(res.get("seconds", seconds))
-        )
-        result.seconds = seconds
-        return result
-
     def _tool(self, name: str, argv: Sequence[str], timeout: float) -> tuple[int, str] | CheckResult:
         """Run a check's tool; its output is saved as `<name>.log`."""
         self.log.detail(f"{name}: {shlex.join(argv)}")
@@ -470,141 +453,62 @@ class _Run:
         self._save(f"{name}.log", f"$ {shlex.join(argv)}\n{text}")
         return code, text
 
-    def run_gsm8k(self, check: Gsm8kCheck) -> CheckResult:
-        limit = self.opts.gsm8k_limit or (check.quick_limit if self.opts.quick else check.limit)
-        start = time.monotonic()
-        if check.setup:
-            setup = self._tool(f"{check.name}-setup", check.setup, 1800)
-            if isinstance(setup, CheckResult):
-                return setup
-            if setup[0] != 0:
-                return CheckResult.fail(
-                    check.name,
-                    f"setup {shlex.join(check.setup)} exited {setup[0]}",
-                    evidence=self.log.redact(setup[1][-3000:]),
-                )
-        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
-        argv = [
-            *expand(check.command, {"model": self.recipe.model.id, "port": self.port}),
-            "--output_path",
-            out_dir,
-        ]
-        if limit is not None:
-            argv += ["--limit", str(limit)]
-        ran = self._tool(check.name, argv, check.timeout_s)
-        if isinstance(ran, CheckResult):
-            return ran
-        code, text = ran
-        seconds = time.monotonic() - start
-        if code != 0:
-            return CheckResult.fail(
-                check.name, f"lm_eval exited {code}", seconds=seconds, evidence=self.log.redact(text[-3000:])
-            )
-        found = self._probe("newest", out_dir, "results_*.json")
-        if not found.get("path"):
-            return CheckResult.fail(
-                check.name,
-                f"lm_eval exited 0 but wrote no results_*.json under {out_dir}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        self._save(f"{check.name}-results.json", str(found["text"]))
-        result = evaluate_gsm8k(check, str(found["text"]), limit=limit)
-        result.seconds = seconds
-        result.figures["results_file"] = str(found["path"])
-        return result
+    # What the checks' plug-ins use (pipeline.smoke.checks.CheckContext).
+    probe_json = _probe
+    supervised = _supervised
+    exec = _exec
+    save = _save
+    tool = _tool
 
-    def bench_rows(self, check: BenchmarkCheck) -> tuple[int, ...]:
-        if self.opts.bench_concurrencies:
-            return self.opts.bench_concurrencies
-        if self.opts.quick:
-            return check.quick_concurrencies or check.concurrencies[:1]
-        return check.concurrencies
+    def _on_server_line(self, line: str) -> None:
+        self.log.debug(f"server| {line}")
+        if line.strip():
+            self.last_line, self.last_line_at = line, time.monotonic()
+        for path in ("/v1/chat/completions", "/v1/completions"):  # the access log counts requests
+            if f"POST {path} " in line:
+                self.requests[path] = self.requests.get(path, 0) + 1
 
-    def run_benchmark(self, check: BenchmarkCheck, conc: int) -> CheckResult:
-        name = f"{check.name}[c{conc}]"
-        row = check.row(conc)
-        if row is None:
-            return CheckResult.fail(
-                name,
-                f"the recipe has no reference row for ISL {check.isl}/OSL {check.osl} concurrency {conc}",
-            )
-        tolerance = check.tolerance if self.opts.bench_tolerance is None else self.opts.bench_tolerance
-        num_prompts = conc * check.num_prompts_per_concurrency
-        out_dir = f"{IN_CONTAINER_OUT}/{self.run_id}/{check.name}"
-        filename = f"bench-isl{check.isl}-osl{check.osl}-c{conc}.json"
-        start = time.monotonic()
-        code, text = self._exec(["mkdir", "-p", out_dir])
-        if code != 0:
-            return CheckResult.fail(name, f"cannot create {out_dir} in the container: {text.strip()}")
-        argv = [
-            *expand(
-                check.command,
-                {
-                    "model": self.recipe.model.id,
-                    "port": self.port,
-                    "isl": check.isl,
-                    "osl": check.osl,
-                    "concurrency": conc,
-                    "num_prompts": num_prompts,
-                },
-            ),
-            f"--result-dir={out_dir}",
-            f"--result-filename={filename}",
-        ]
-        ran = self._tool(f"{check.name}-c{conc}", argv, check.timeout_s)
-        if isinstance(ran, CheckResult):
-            ran.name = name
-            return ran
-        code, text = ran
-        seconds = time.monotonic() - start
-        if code != 0:
-            return CheckResult.fail(
-                name,
-                f"benchmark_serving exited {code}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        found = self._probe("read", f"{out_dir}/{filename}")
-        if not found.get("path"):
-            return CheckResult.fail(
-                name,
-                f"benchmark_serving exited 0 but wrote no {out_dir}/{filename}",
-                seconds=seconds,
-                evidence=self.log.redact(text[-3000:]),
-            )
-        self._save(f"{check.name}-c{conc}.json", str(found["text"]))
-        result = evaluate_benchmark(
-            check, row, str(found["text"]), tolerance=tolerance, num_prompts=num_prompts, name=name
-        )
-        result.seconds = seconds
-        return result
+    @contextlib.contextmanager
+    def _progress_for(self, item: SmokeCheck) -> Iterator[None]:
+        counts = item.counts
+        total, unit = (counts[1], "requests") if counts else (None, "s")
+        with self.progress.task(item.name, total=total, unit=unit) as task:
+            self.task = task
+            self.counting = (counts[0], self.requests.get(counts[0], 0)) if counts else None
+            try:
+                yield
+            finally:
+                self.task, self.counting = None, None
 
-    def planned(self) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for check in self.recipe.checks:
-            if isinstance(check, BenchmarkCheck):
-                out += [(f"{check.name}[c{c}]", (check, c)) for c in self.bench_rows(check)]
-            else:
-                out.append((check.name, check))
-        return out
+    def _tick(self, elapsed: float | None = None) -> None:
+        """Show where the current task is: requests served, or seconds, and the server's last line."""
+        t = self.task
+        if t is None:
+            return
+        # the age of the server's last line tells a hung server (silent) from a slow one
+        age = time.monotonic() - self.last_line_at
+        status = f"server {age:.0f} s ago: {self.last_line}" if self.last_line else ""
+        if self.counting is not None:
+            path, base = self.counting
+            t.update(self.requests.get(path, 0) - base, status=status)
+        else:
+            t.update(time.monotonic() - t.started if elapsed is None else elapsed, status=status)
+
+    def planned(self) -> list[SmokeCheck]:
+        return plan(self.recipe, self.opts)
 
     def run_checks(self, results: list[CheckResult]) -> None:
         """Run the planned checks, appending to `results` (kept as evidence if the engine fails)."""
         stop_reason = ""
-        for name, item in self.planned():
+        for item in self.planned():
+            name = item.name
             if stop_reason:
                 results.append(CheckResult.skipped(name, stop_reason))
                 continue
             t0 = time.monotonic()
-            with self.log.stage(name) as rec:
+            with self.log.stage(name) as rec, self._progress_for(item):
                 try:
-                    if isinstance(item, ChatCheck):
-                        res = self.run_chat(item)
-                    elif isinstance(item, Gsm8kCheck):
-                        res = self.run_gsm8k(item)
-                    else:
-                        res = self.run_benchmark(*item)
+                    res = item.run(self)
                 except _ServerGone as gone:
                     res = self._crash_result(name, gone, t0, {}, phase=name)
                 rec.figure = res.message[:120]
@@ -620,6 +524,33 @@ class _Run:
                     if crashed
                     else f"not run: gate {name} failed (use --run-all to run every check)"
                 )
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Cleanup that a second Ctrl-C/SIGTERM must not cut short: such signals wait until it is done.
+
+    A signal that arrived meanwhile is raised (as KeyboardInterrupt) when the block ends. Outside
+    the main thread signal handlers cannot be changed, and the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def remember(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, remember)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        raise KeyboardInterrupt
 
 
 def _remove(container: ContainerAPI) -> bool:
@@ -742,6 +673,7 @@ def run_smoke(
 
     def finish(status: Status, reason: str, checks: list[CheckResult], hw: dict[str, Any]) -> Verdict:
         v = verdict_of(status, reason, checks, hw)
+        plot.write_for(v, recipe, run_dir, log)  # benchmark.svg, before summary.md links it
         write_reports(v, run_dir, log.redact)
         return v
 
@@ -803,7 +735,10 @@ def run_smoke(
         try:
             with log.stage("server", " ".join(recipe.server.command[:3])) as rec:
                 run.start_server(container_env, volumes)
-                ready = run.wait_ready()
+                limit = opts.ready_timeout_s or recipe.server.ready_timeout_s
+                with run.progress.task("server start", total=limit, unit="s") as run.task:
+                    ready = run.wait_ready()
+                run.task = None
                 checks.append(ready)
                 rec.figure = ready.message[:120]
                 if not ready.passed:
@@ -815,16 +750,19 @@ def run_smoke(
                 if not any(c.figures.get("detected_by") for c in checks):
                     run.prove("after the last gate")
             else:
-                checks += [
-                    CheckResult.skipped(n, "not run: the server never became ready") for n, _ in run.planned()
-                ]
+                never = "not run: the server never became ready"
+                checks += [CheckResult.skipped(c.name, never) for c in run.planned()]
         finally:
             # 1. the container goes first: nothing below (a full disk, a second signal) may keep it
-            if run.container is not None:
-                log.detail(f"removing server container {run.container.name}")
-                removed = _remove(run.container)
-            if run.watcher is not None:
-                run.watcher.join(5)
+            with _interrupts_deferred():
+                if run.container is not None:
+                    log.detail(f"removing server container {run.container.name}")
+                    removed = _remove(run.container)
+                # also one an interrupt left half-started (created, never handed back to us)
+                for c in engine.containers(SMOKE_LABEL, run.run_id):
+                    engine.remove_container(c.id, name=c.name)
+                if run.watcher is not None:
+                    run.watcher.join(5)
         # 2. the verdict, then (in write_reports) the summaries made from it
         crash_seen = getattr(run, "_crash_seen_at", None)
         failed = next((c for c in checks if c.status in ("failed", "error")), None)
@@ -839,7 +777,7 @@ def run_smoke(
         return finish(status, reason, checks, pf.summary())
     except KeyboardInterrupt:
         gone = "the server container was removed" if removed else "no server container was left running"
-        with contextlib.suppress(PipelineError, OSError):
+        with _interrupts_deferred(), contextlib.suppress(PipelineError, OSError, KeyboardInterrupt):
             finish(
                 "error",
                 f"interrupted (Ctrl-C or SIGTERM) before the smoke test finished; {gone}",

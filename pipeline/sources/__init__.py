@@ -13,7 +13,7 @@ One module per job (all of git itself goes through `pipeline.gitw.run_git`):
 - `mirrors`: the mirror's lock, atomic creation, fetch with retries, `refs/pins/*`
 - `refs`: branch / tag / SHA / `HEAD` resolution, nearest refs for typos
 - `submodules`: aiter's submodules at a commit, mirrored best effort
-- `pinning`: `pin` (both sources, submodules, base image digest) and `pin --auto`
+- `pinning`: `pin` (both sources, submodules, base image digest); `--auto` is the pin stage's
 
 `from pipeline.sources import X` keeps working for every name below.
 """
@@ -36,8 +36,6 @@ from pipeline.sources.pinning import (
     AiterChooser,
     DigestResolver,
     PinResult,
-    auto_aiter_chooser,
-    commit_json,
     default_digest_resolver,
     pin,
     pin_base_image,
@@ -62,8 +60,6 @@ __all__ = [
     "DigestResolver",
     "LongFetchProgress",
     "PinResult",
-    "auto_aiter_chooser",
-    "commit_json",
     "default_digest_resolver",
     "fetch_commit",
     "is_local",

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from pipeline.config import Settings
-from pipeline.errors import IncompatibleError, InfraError, SourceError, TagError, UsageError
+from pipeline.errors import InfraError, SourceError, TagError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
@@ -21,7 +18,8 @@ from pipeline.sources.urls import is_local, normalise_url, validate_model
 
 DigestResolver = Callable[[str], "str | None"]
 # Chooses the aiter commit to pin from (atom mirror, atom commit, aiter mirror, aiter commit
-# resolved from the requested ref); used by `pipeline pin --auto`.
+# resolved from the requested ref). `pipeline pin --auto` composes one in the pin stage
+# (pipeline.stages.pin) from the compat search: sources knows nothing of compat or patches.
 AiterChooser = Callable[[GitRepo, CommitInfo, GitRepo, CommitInfo], CommitInfo]
 
 
@@ -198,77 +196,3 @@ def pin(
     ):
         lock = lock.with_patches(previous.patches)
     return PinResult(lock=lock, atom_repo=atom_repo, aiter_repo=aiter_repo, aiter_requested=aiter_req)
-
-
-def auto_aiter_chooser(
-    cache_dir: Path,
-    log: Logger,
-    report: dict[str, Any],
-    patches_dir: Path | None = None,
-    recipe_path: Path | None = None,
-) -> AiterChooser:
-    """`pin --auto`: choose the newest aiter compatible with ATOM (plus the patch series).
-
-    `report` receives what the search found (commits examined, first breaking, newest).
-    With `recipe_path`, the recipe's reviewed waivers apply as they do in the check stage.
-    """
-    from pipeline.patchq import PatchSeries
-
-    compat = importlib.import_module("pipeline.compat")
-
-    # The search runs on the tree we would build: ATOM plus the patch series.
-    series = PatchSeries.load(patches_dir) if patches_dir is not None and patches_dir.is_dir() else None
-    adjust = None
-    if recipe_path is not None and recipe_path.is_file():
-        from pipeline.compat.waivers import apply_waivers
-        from pipeline.recipe import load_recipe
-
-        waivers = load_recipe(recipe_path).compat.waive
-        if waivers:
-
-            def adjust(r: Any) -> Any:
-                return apply_waivers(r, waivers)[0]
-
-    def choose(
-        atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, aiter_head: CommitInfo
-    ) -> CommitInfo:
-        log.info(
-            f"searching aiter up to {aiter_head.short} for the newest commit compatible "
-            f"with ATOM {atom.short}"
-        )
-        res = compat.search_compatible(
-            atom_repo,
-            atom.sha,
-            aiter_repo,
-            aiter_head.sha,
-            cache_dir=cache_dir / "compat",
-            patches=series,
-            adjust=adjust,
-        )
-        first_breaking: CommitInfo | None = res.first_breaking
-        newest: CommitInfo | None = res.newest_compatible
-        report["commits_examined"] = res.commits_examined
-        report["first_breaking"] = commit_json(first_breaking) if first_breaking else None
-        report["newest_compatible"] = commit_json(newest) if newest else None
-        if first_breaking is not None:
-            log.info(f"first breaking aiter commit: {first_breaking.short} {first_breaking.subject}")
-        if newest is None:
-            raise IncompatibleError(
-                f"no aiter commit up to {aiter_head.sha} is compatible with ATOM {atom.sha}"
-                + (" even with the patch series" if series is not None else " without patches")
-                + (
-                    f" (first breaking: {first_breaking.sha} {first_breaking.subject!r})"
-                    if first_breaking
-                    else ""
-                )
-                + ".",
-                hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
-                "or choose another ATOM commit.",
-            )
-        return newest
-
-    return choose
-
-
-def commit_json(c: CommitInfo) -> dict[str, str]:
-    return {"sha": c.sha, "date": c.iso_date, "subject": c.subject}

@@ -12,7 +12,6 @@ from pipeline.config import Settings
 from pipeline.errors import SourceError, UsageError
 from pipeline.fsutil import path_problem, shorten
 
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _SCP = re.compile(r"^(?:[^@/]+@)?[^/:]+:")  # git@host:path (git's scp-like syntax)
 
 
@@ -103,10 +102,7 @@ def resolve_relative_url(parent: str, url: str) -> str:
 
 
 def validate_model(model: str) -> str:
-    if not _MODEL.match(model):
-        raise UsageError(
-            f"invalid model name {model!r}: use letters, digits, '.', '-' and '_' "
-            "(starting with a letter or digit, at most 100 characters).",
-            hint="For example: --model MiniMax-M3-MXFP4.",
-        )
-    return model
+    """The one model-name check (pipeline.validate), for callers of `pipeline.sources`."""
+    from pipeline import validate
+
+    return validate.model(model)

@@ -66,7 +66,7 @@ class Context:
         if self._engine is None:
             from pipeline.dockerw import Engine
 
-            self._engine = Engine.connect(self.settings.smoke.docker_host or None, env=self.env)
+            self._engine = Engine.connect(self.settings.smoke.docker_host or None, env=self.env, log=self.log)
         return self._engine
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ class Inputs(StageData):
     release: Path | None = None  # locks dir: record the model's released state there
     model: str = ""
     inputs_digest: str = ""  # the context's, for the released state
+    allow_older: bool = False  # move the moving tags back onto an older image (said loudly)
 
 
 class Outputs(StageData):
@@ -99,6 +100,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         repository=inputs.repository,
         log=ctx.log,
         env=ctx.env,
+        allow_older=inputs.allow_older,
     )
     if inputs.release is not None and inputs.lock is not None:
         Lock.load(inputs.lock).save(inputs.release / f"{inputs.model}.toml")

@@ -17,6 +17,10 @@ Fixtures (use these names):
   means (the docker CLI, a subprocess) with ``docker_cleanup.image(ref)`` / ``.container(id)``.
   ``docker_cleanup.tag(name)`` gives a unique ``atom-pipeline-test/<name>-<id>:1`` for this test.
   Anything left with the session label is removed at the end of the session.
+- ``smoke_image`` (session): the test server image (tests/servers/image.py): the base image, the
+  real ``lm_eval`` at the pinned version (from the wheels ``make setup`` builds), a local
+  GSM8K-format task and tests/servers at /opt/smoke.  Labelled with ``LOCK_LABEL_VALUE`` and
+  ``INPUTS_LABEL_VALUE`` as a built image would be.
 - ``registry`` (function): a Debian ``docker-registry`` (distribution 2.8) on 127.0.0.1 at a free
   port, storage in a tmp dir, no auth.  ``.host`` = ``127.0.0.1:PORT``, ``.url`` = ``http://...``.
   Docker treats 127.0.0.0/8 as an insecure (plain HTTP) registry by default.
@@ -44,6 +48,7 @@ from typing import Any
 
 import pytest
 
+from pipeline import labels as image_labels
 from pipeline.dockerw import BuiltImage, ContainerHandle, Engine, ImageInfo, created_layers
 from pipeline.errors import BuildError, InfraError
 
@@ -51,6 +56,8 @@ BASE_IMAGE = os.environ.get("ATOM_PIPELINE_TEST_BASE_IMAGE", "atom-pipeline-test
 TEST_LABEL = "org.atom-image-pipeline.test"
 CASE_LABEL = "org.atom-image-pipeline.test-case"
 SESSION_ID = uuid.uuid4().hex[:12]
+LOCK_LABEL_VALUE = "0" * 63 + "1"
+INPUTS_LABEL_VALUE = "0" * 63 + "2"
 REGISTRY_BIN = os.environ.get("ATOM_PIPELINE_TEST_REGISTRY_BIN", "/usr/bin/docker-registry")
 
 
@@ -79,6 +86,29 @@ def base_image(engine: Engine) -> str:
             pytrace=False,
         )
     return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def smoke_image(engine: Engine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.servers.image import build_smoke_image
+
+    tag = f"atom-pipeline-test/smoke-server-{SESSION_ID}:1"
+    try:
+        build_smoke_image(
+            engine,
+            base_image,
+            tmp_path_factory.mktemp("smoke-image"),
+            tag=tag,
+            labels={
+                TEST_LABEL: SESSION_ID,
+                image_labels.LOCK_SHA256: LOCK_LABEL_VALUE,
+                image_labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE,
+            },
+        )
+    except FileNotFoundError as err:
+        pytest.fail(str(err), pytrace=False)
+    yield tag
+    engine.remove_image(tag, force=True)
 
 
 def _remove_labelled(engine: Engine, key: str, value: str) -> list[str]:

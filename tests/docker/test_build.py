@@ -4,7 +4,7 @@ The base image is the local debootstrap image, pushed to a throwaway registry
 so the lock can pin it by digest exactly as production pins the ROCm image.
 aiter and ATOM are the fixture packages of tests/fixtures/build_repos.py,
 whose build commands are set through the configuration. Images install
-lm-eval from the real wheelhouse (`scripts/setup.sh wheels`), offline.
+lm-eval from the real wheelhouse (`scripts/setup.sh wheelhouse`), offline.
 
 Builds go through BuildKit (the engine's own, driven by /usr/bin/docker) unless a
 test asks for the classic builder; every candidate passes the image self-check

@@ -5,9 +5,11 @@ base image (bookworm + python3) with tests/servers/ copied in:
 
 - the server is tests/servers/openai_server.py (an OpenAI-compatible stand-in for ATOM's
   server, with failure modes), run with the recipe's container options;
-- `lm_eval` and `benchmark_serving` cannot exist here (datasets, GPUs), so the image carries
-  stand-ins (tests/servers/standin_*.py) that query the server and write the *real* tools'
-  output files: lm_eval's results_<timestamp>.json, benchmark_serving's --save-result JSON;
+- `lm_eval` is the real one (the pinned lm-eval, `smoke_image` in conftest.py), running the
+  real gsm8k task config over a generated local GSM8K-format data set;
+- ATOM's `benchmark_serving` needs the ATOM tree and a tokenizer, so the image carries a
+  stand-in (tests/servers/standin_benchmark_serving.py) that writes the *real* tool's
+  --save-result JSON (its shape is checked against ATOM's script: tests/git/test_benchfmt.py);
 - the GPU preflight reads a fake KFD topology (tests/fixtures/sysfs.py); the test recipe
   needs no device nodes.
 
@@ -18,17 +20,18 @@ path that runs on an MI355 host.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
-import shutil
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,12 @@ from pipeline.log import Logger
 from pipeline.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
 from pipeline.smoke.preflight import run_preflight
-from tests.docker.conftest import CASE_LABEL, SESSION_ID, TEST_LABEL, DockerCleanup
+from tests.docker.conftest import (
+    CASE_LABEL,
+    INPUTS_LABEL_VALUE,
+    LOCK_LABEL_VALUE,
+    DockerCleanup,
+)
 from tests.fixtures.sysfs import make_sysfs, nodes_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,34 +61,6 @@ SEED_LINE = (
     "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]' "
     "for argument 'index_cache' but instead found type 'int'."
 )
-LOCK_LABEL_VALUE = "0" * 63 + "1"
-INPUTS_LABEL_VALUE = "0" * 63 + "2"
-
-
-@pytest.fixture(scope="module")
-def smoke_image(engine: Engine, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The test server image: base image + tests/servers + an `lm_eval` stand-in on PATH."""
-    ctx = tmp_path_factory.mktemp("smoke-image")
-    for f in SERVERS.glob("*.py"):
-        shutil.copy(f, ctx / f.name)
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base_image}\n"
-        "COPY *.py /opt/smoke/\n"
-        "RUN printf '#!/bin/sh\\nexec python3 /opt/smoke/standin_lm_eval.py \"$@\"\\n'"
-        " > /usr/local/bin/lm_eval && chmod +x /usr/local/bin/lm_eval\n"
-    )
-    tag = f"atom-pipeline-test/smoke-server-{SESSION_ID}:1"
-    engine.build(
-        ctx,
-        tag=tag,
-        labels={
-            TEST_LABEL: SESSION_ID,
-            labels.LOCK_SHA256: LOCK_LABEL_VALUE,
-            labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE,
-        },
-    )
-    yield tag
-    engine.remove_image(tag, force=True)
 
 
 def variant(tmp_path: Path, mode: str = "healthy", *, replace: dict[str, str] | None = None) -> Path:
@@ -176,6 +156,10 @@ def test_healthy_server_passes_every_gate(
     assert results["results"]["gsm8k"]["exact_match,flexible-extract"] == 1.0
     assert "output_throughput" in json.loads((run_dir / "serving-benchmark-c4.json").read_text())
     assert "Starting server" in (run_dir / "server.log").read_text()
+    # the plot (the `plot` extra): our row, passed, and the link from summary.md
+    svg = (run_dir / "benchmark.svg").read_text()
+    assert 'id="row-c4-passed-output_throughput"' in svg and "failed rows" not in svg
+    assert "[benchmark.svg](benchmark.svg)" in (run_dir / "summary.md").read_text()
     no_container_left(engine, docker_cleanup)
 
 
@@ -284,66 +268,12 @@ def test_slow_answers_fail_the_benchmark_gate(
     assert bench.figures["mean_tpot_ms"] > bench.limits["max_mean_tpot_ms"]
     assert [c.status for c in verdict.checks[:-1]] == ["passed", "passed", "passed"]
     assert "FAILED" in (run_dir / "summary.md").read_text()
-    no_container_left(engine, docker_cleanup)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupt_mid_run_leaves_no_container(
-    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup, sig: signal.Signals
-) -> None:
-    recipe = variant(tmp_path, "never-ready", replace={"ready_timeout_s: 20": "ready_timeout_s: 300"})
-    hf = hf_cache_with_model(tmp_path / "hf")
-    sysfs = make_sysfs(tmp_path / "sys")
-    run_dir = tmp_path / "run"
-    case = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "smoke",
-            "--image",
-            smoke_image,
-            "--recipe",
-            str(recipe),
-            "--run-dir",
-            str(run_dir),
-            "--hf-cache",
-            str(hf),
-            "--kfd-topology",
-            str(nodes_dir(sysfs)),
-            "--label",
-            f"{TEST_LABEL}={SESSION_ID}",
-            "--label",
-            f"{CASE_LABEL}={docker_cleanup.case_id}",
-            "--label",
-            f"interrupt-case={case}",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    svg = (run_dir / "benchmark.svg").read_text()  # the failing row, marked failing in every panel
+    assert {'id="row-c4-failed-mean_tpot_ms"', 'id="row-c4-failed-mean_ttft_ms"'} <= set(
+        re.findall(r'id="row-c\d+-\w+-\w+"', svg)
     )
-    try:
-        deadline = time.monotonic() + 60
-        while not engine.containers_with_label("interrupt-case", case):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the server container never appeared"
-            time.sleep(0.1)
-        time.sleep(1.0)  # mid-run: the server is "loading", the runner polls readiness
-        proc.send_signal(sig)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == ExitCode.INTERRUPTED, err
-    assert "interrupted" in err
-    assert engine.containers_with_label("interrupt-case", case) == []
-    verdict = load_verdict(run_dir)
-    assert verdict.status == "error" and not verdict.passed and "interrupted" in verdict.reason
+    assert "failed rows: c4" in svg
+    no_container_left(engine, docker_cleanup)
 
 
 def test_token_never_lands_in_any_file(
@@ -568,7 +498,8 @@ def test_sigkilled_runs_server_is_removed_and_never_answers_the_next_run(
     assert [(x["id"], x["removed"], x["owner"]) for x in verdict.leftovers] == [(leaked[0].id, True, "gone")]
     assert engine.container(leaked[0].id) is None and not answers(port)
     no_container_left(engine, docker_cleanup)
-    print(f"broken image after a leaked server: exit {second.returncode} in {elapsed:.1f} s")
+    print(f"FAULT | leaked server of a SIGKILLed run + broken image | exit {second.returncode} | "
+          f"containers left 0 (leftover removed) | {elapsed:.2f} s")
 
 
 def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alone(
@@ -583,10 +514,12 @@ def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alon
         me = Owner.current()
         owner = Owner(me.host, other.pid, _start_time(other.pid), me.boot, me.pidns)
         cid = leaked_server(engine, smoke_image, port, docker_cleanup, owner.labels("0therrun"))
+        start = time.monotonic()
         proc = smoke_cli(
             smoke_image, host_variant(tmp_path, "crash", port), tmp_path / "run", tmp_path, docker_cleanup
         )
         _out, err = proc.communicate(timeout=300)
+        elapsed = time.monotonic() - start
         assert proc.returncode == ExitCode.INFRA, err
         assert f"port {port} on the engine's host is already taken" in err
         assert "of smoke run 0therrun" in err and f"pid {other.pid}" in err and "still running" in err
@@ -599,6 +532,8 @@ def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alon
         # only the leaked one is left: the refused run started no server
         running = engine.containers(CASE_LABEL, docker_cleanup.case_id)
         assert [c.id for c in running] == [cid]
+        print(f"FAULT | port held by a live run's server | exit {proc.returncode} | "
+              f"containers left 0 of ours (theirs kept) | {elapsed:.2f} s")
     finally:
         other.kill()
         other.wait()
@@ -626,11 +561,17 @@ def test_port_held_by_a_host_process_refuses_naming_it(
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        start = time.monotonic()
         with pytest.raises(InfraError) as exc:
             smoke(engine, smoke_image, host_variant(tmp_path, "healthy", port), tmp_path, docker_cleanup)
+        elapsed = time.monotonic() - start
     finally:
         holder.kill()
         holder.wait()
+    print(
+        f"FAULT | port held by a host process | exit {exc.value.exit_code} | containers left 0 | "
+        f"{elapsed:.2f} s"
+    )
     assert exc.value.exit_code == ExitCode.INFRA
     assert f"process {holder.pid}" in str(exc.value) and "http.server" in str(exc.value)
     assert load_verdict(tmp_path / "run").status == "error"
@@ -661,8 +602,10 @@ def test_a_foreign_listener_is_caught_after_readiness_before_any_gate(
             'SMOKE_TEST_WARMUP_S: "1"': 'SMOKE_TEST_WARMUP_S: "30"',
         },
     )
+    start = time.monotonic()
     with pytest.raises(InfraError) as exc:
         smoke(engine, smoke_image, broken, tmp_path, docker_cleanup)
+    elapsed = time.monotonic() - start
     text = str(exc.value)
     assert "outside this run's container" in text and "no gate counts" in text
     leaked_name = engine.container(cid).name  # type: ignore[union-attr]
@@ -672,6 +615,8 @@ def test_a_foreign_listener_is_caught_after_readiness_before_any_gate(
     assert [c.name for c in verdict.checks] == ["server-ready"]  # no gate ran
     engine.remove_container(cid)
     no_container_left(engine, docker_cleanup)
+    print(f"FAULT | foreign listener answers after the port check | exit {exc.value.exit_code} | "
+          f"containers left 0 of ours | {elapsed:.2f} s")
 
 
 def test_healthy_host_network_run_records_whom_it_talked_to(
@@ -689,3 +634,182 @@ def test_healthy_host_network_run_records_whom_it_talked_to(
     assert server.checked == ["after readiness, before any gate", "after the last gate"]
     assert server.pids and any(f":{port} inode " in x for x in server.listeners)
     no_container_left(engine, docker_cleanup)
+
+
+# ---------------------------------------------------------------------------- faults (issue 13.2, 13.4)
+
+
+def wait_for_container(engine: Engine, key: str, value: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not engine.containers_with_label(key, value):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the server container never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["once", "twice-50ms-apart"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupts_mid_run_exit_130_leave_no_container_and_say_so(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    sig: signal.Signals,
+    count: int,
+) -> None:
+    """Ctrl-C / SIGTERM, also twice 50 ms apart (once the reason was Docker's 409 "removal already
+    in progress", with exit 11)."""
+    recipe = variant(tmp_path, "never-ready", replace={"ready_timeout_s: 20": "ready_timeout_s: 300"})
+    case = uuid.uuid4().hex
+    proc = smoke_cli(
+        smoke_image, recipe, tmp_path / "run", tmp_path, docker_cleanup, "--label", f"dbl={case}"
+    )
+    try:
+        wait_for_container(engine, "dbl", case, proc)
+        time.sleep(1.0)  # mid-run: the server is "loading", the runner polls readiness
+        start = time.monotonic()
+        for i in range(count):
+            if i:
+                time.sleep(0.05)
+            proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "409" not in err and "removal already in progress" not in err
+    assert "every container this run started was removed" in err
+    assert engine.containers_with_label("dbl", case) == []
+    verdict = load_verdict(tmp_path / "run")
+    assert verdict.status == "error" and "interrupted" in verdict.reason and "409" not in verdict.reason
+    print(f"FAULT | {sig.name} x{count} | exit {proc.returncode} | containers left 0 | {elapsed:.2f} s")
+
+
+def test_a_killed_rerun_never_leaves_the_earlier_pass_as_its_verdict(
+    engine: Engine, smoke_image: str, tmp_path: Path, docker_cleanup: DockerCleanup
+) -> None:
+    verdict, run_dir, _ = smoke(engine, smoke_image, variant(tmp_path), tmp_path, docker_cleanup)
+    assert verdict.passed
+    other = variant(
+        tmp_path, "never-ready", replace={"name: Smoke-Test-Tiny": "name: Other-Recipe"}
+    )
+    case = uuid.uuid4().hex
+    proc = smoke_cli(smoke_image, other, run_dir, tmp_path, docker_cleanup, "--label", f"rerun={case}")
+    try:
+        wait_for_container(engine, "rerun", case, proc)
+        log_file = run_dir / "server.log"
+        deadline = time.monotonic() + 60
+        while not (log_file.is_file() and "loading model weights" in log_file.read_text()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.kill()  # SIGKILL: the re-run writes nothing more
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "verdict.json").exists()  # no stale pass to be read as this run's
+    assert not (run_dir / "summary.md").exists()
+    earlier = load_verdict(run_dir / "earlier" / "1")
+    assert earlier.passed and earlier.recipe.name == "Smoke-Test-Tiny"
+    log = (run_dir / "server.log").read_text()
+    assert "Starting server" not in log and "loading model weights" in log  # one run per server.log
+    assert "Starting server" in (run_dir / "earlier" / "1" / "server.log").read_text()
+    print("FAULT | SIGKILLed re-run over an earlier pass | killed (-9) | verdict.json absent, "
+          "earlier pass in earlier/1 | -")
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount a tmpfs of a given size (optionally read-only) under tmp_path; unmounted afterwards."""
+    mounts: list[Path] = []
+
+    def make(size: str, *, read_only: bool = False) -> Path:
+        mnt = tmp_path / f"fs-{len(mounts)}"
+        mnt.mkdir()
+        opts = f"size={size}" + (",ro" if read_only else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounts:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_nearly_full_run_directory_refuses_before_any_container(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    full = small_fs("1m")
+    (full / "filler").write_bytes(b"x" * (1024 * 1024 - 48 * 1024))  # 48 KiB left, as in the issue
+    run_dir = full / "run"
+    start = time.monotonic()
+    proc = smoke_cli(smoke_image, variant(tmp_path), run_dir, tmp_path, docker_cleanup)
+    _out, err = proc.communicate(timeout=120)
+    print(f"FAULT | run dir with 48 KiB free | exit {proc.returncode} | containers left 0 | "
+          f"{time.monotonic() - start:.2f} s")
+    assert proc.returncode == ExitCode.DISK, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert "KiB free; a smoke run needs at least 32 MiB" in err
+    assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
+    assert not (run_dir / "summary.md").exists() and not (run_dir / "verdict.json").exists()
+
+
+def test_a_read_only_run_directory_is_its_own_error(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    ro = small_fs("1m", read_only=True)
+    start = time.monotonic()
+    proc = smoke_cli(smoke_image, variant(tmp_path), ro / "run", tmp_path, docker_cleanup)
+    _out, err = proc.communicate(timeout=120)
+    print(f"FAULT | read-only run dir | exit {proc.returncode} | containers left 0 | "
+          f"{time.monotonic() - start:.2f} s")
+    assert proc.returncode == ExitCode.DISK, err
+    assert "read-only" in err and "Traceback" not in err
+    assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
+
+
+def test_a_disk_that_fills_during_the_run_removes_the_container_and_never_says_passed(
+    engine: Engine,
+    smoke_image: str,
+    tmp_path: Path,
+    docker_cleanup: DockerCleanup,
+    small_fs: Callable[..., Path],
+) -> None:
+    fs = small_fs("40m")
+    run_dir = fs / "run"
+    recipe = variant(tmp_path, replace={'SMOKE_TEST_WARMUP_S: "1"': 'SMOKE_TEST_WARMUP_S: "3"'})
+    case = uuid.uuid4().hex
+    proc = smoke_cli(smoke_image, recipe, run_dir, tmp_path, docker_cleanup, "--label", f"fill={case}")
+    try:
+        wait_for_container(engine, "fill", case, proc)
+        # fill the disk while the server warms up
+        with contextlib.suppress(OSError), (fs / "filler").open("wb") as f:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        start = time.monotonic()
+        _out, err = proc.communicate(timeout=120)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.DISK, err
+    assert "is full (ENOSPC)" in err and "Traceback" not in err
+    assert engine.containers_with_label("fill", case) == []  # removed, although nothing could be written
+    summary = run_dir / "summary.md"
+    assert not summary.exists() or "PASSED" not in summary.read_text()
+    if (run_dir / "verdict.json").exists():
+        assert not load_verdict(run_dir).passed
+    print(f"FAULT | disk fills during warm-up | exit {proc.returncode} | containers left 0 | "
+          f"{elapsed:.2f} s after the disk filled")

@@ -55,7 +55,7 @@ def _build(engine: Engine, base_image: str, cleanup: DockerCleanup, world: World
     ctx.mkdir()
     (ctx / "marker").write_text(uuid.uuid4().hex)
     (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY marker /marker\n")
-    ref = cleanup.tag("tagged")
+    ref = cleanup.tag(f"tagged-{uuid.uuid4().hex[:6]}")
     built = engine.build(ctx, tag=ref, labels={**world.labels, **cleanup.labels})
     world.write_verdict(image={"ref": ref, "id": built.id, "digest": ""})
     return ref
@@ -111,9 +111,10 @@ def test_tag_pushes_by_digest_and_pulls_back(
     for tag in (immutable, f"{MODEL}-verified", "latest"):
         assert client.manifest_digest(repo, tag) == digest
 
+    # the local push tag the run made is gone again (it kept old images from being pruned)
+    assert engine.image(f"{name}:{immutable}") is None
     # pull back by digest: same image, same labels
     built_id = world.verdict()["image"]["id"]
-    engine.remove_image(f"{name}:{immutable}", force=False)
     pulled = engine.pull(f"{name}@{digest}")
     docker_cleanup.image(f"{name}@{digest}")
     assert pulled.id == built_id
@@ -223,17 +224,7 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
 
     def run(world: World, image: str) -> Any:
-        return tag_verified(
-            engine,
-            image=image,
-            verdict_path=world.verdict_path,
-            lock=world.lock_path,
-            recipe_path=None,
-            settings=world.settings(registry=registry.host, repository=repo),
-            registry=None,
-            log=Logger(stream=io.StringIO()),
-            env={},
-        )
+        return _tag_run(engine, world, image, registry, repo, push_latest=False)
 
     first = run(world_a, image_a)
     assert client.manifest_digest(repo, verified) == first.digest
@@ -253,8 +244,11 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
         return real_put(self, *a, **kw)
 
     monkeypatch.setattr(RegistryClient, "put_manifest", stop_then_put)
+    start = time.monotonic()
     with pytest.raises(InfraError) as e:
         run(world_b, image_b)
+    print(f"FAULT | registry stopped before the moving PUTs (stays down) | exit 11, state unknown | "
+          f"moving tags untouched | {time.monotonic() - start:.2f} s")
     monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
     assert events == ["stopped"]
     assert "moving the tags" in str(e.value)
@@ -267,6 +261,9 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     # the record of the second release is written (before any moving tag), pointing at B
     record = json.loads((world_b.verdict_path.parent / "record.json").read_text())
     assert record["subject"][0]["digest"]["sha256"] == digest_b.removeprefix("sha256:")
+    # ... and it says what happened, not what was planned: no moving tag moved, state unknown
+    assert record["predicate"]["image"]["moving_tags"] == []
+    assert record["predicate"]["image"]["moving_state"] == "unknown"
 
     # once the registry is back, the same command finishes the job
     second = run(world_b, image_b)
@@ -376,3 +373,164 @@ def test_cosign_attests_the_pushed_digest(
     assert call["args"][-1] == f"{registry.repo(repo)}@{result['digest']}"
     assert call["predicate_image"]["digest"] == result["digest"]
     assert "--allow-http-registry" in call["args"]
+
+
+# ---------------------------------------------------------------------------- moving tags (issue 13.3)
+
+
+def _tag_run(
+    engine: Engine,
+    world: World,
+    image: str,
+    registry: Registry,
+    repo: str,
+    *,
+    push_latest: bool = True,
+    **kw: Any,
+) -> Any:
+    return tag_verified(
+        engine,
+        image=image,
+        verdict_path=world.verdict_path,
+        lock=world.lock_path,
+        recipe_path=None,
+        settings=world.settings(registry=registry.host, repository=repo, push_latest=push_latest),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        **kw,
+    )
+
+
+def test_an_older_release_never_moves_the_moving_tags_back(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    repo = f"{REPO_PREFIX}/order-{docker_cleanup.case_id}"
+    client = RegistryClient(registry.host)
+    newer = make_world(tmp_path / "new", image_id="", created="2026-06-30T10:00:00Z")
+    image_new = _build(engine, base_image, docker_cleanup, newer, tmp_path)
+    older = make_world(tmp_path / "old", image_id="", created="2026-06-20T10:00:00Z")
+    older.write_verdict(finished="2026-06-28T08:00:00+00:00")
+    image_old = _build(engine, base_image, docker_cleanup, older, tmp_path)
+
+    assert main(_tag_args(newer, image_new, registry, repo, "--push-latest", "--json")) == 0
+    digest_new = json.loads(capsys.readouterr().out)["digest"]
+    # re-running the older verdict after the newer release: refused before anything is pushed
+    start = time.monotonic()
+    assert main(_tag_args(older, image_old, registry, repo, "--push-latest")) == ExitCode.TAG
+    print(f"FAULT | tag an older verdict after a newer release | exit 10 | nothing pushed | "
+          f"{time.monotonic() - start:.2f} s")
+    err = capsys.readouterr().err
+    assert "backwards" in err and "2026-06-30T10:00:00Z" in err and "--allow-older" in err
+    tags = client.tags(repo)
+    assert not any("20260628" in t for t in tags)  # the older immutable tag was not pushed either
+    for tag in (f"{MODEL}-verified", "latest"):
+        assert client.manifest_digest(repo, tag) == digest_new
+    assert not (older.verdict_path.parent / "record.json").exists()
+    # going back on purpose, said loudly
+    assert main(_tag_args(older, image_old, registry, repo, "--push-latest", "--allow-older", "--json")) == 0
+    out, err = capsys.readouterr()
+    back = json.loads(out)["digest"]
+    assert "MOVING BACK" in err and back != digest_new
+    for tag in (f"{MODEL}-verified", "latest"):
+        assert client.manifest_digest(repo, tag) == back
+
+
+def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    restarted: list[subprocess.Popen[bytes]],
+) -> None:
+    """The registry stores `verified`→B and dies before answering (the issue saw verified→B,
+    latest→A and a tool that restored nothing). Now: state read back, the move finished."""
+    import threading
+
+    repo = f"{REPO_PREFIX}/split-{docker_cleanup.case_id}"
+    client = RegistryClient(registry.host)
+    world_a = make_world(tmp_path / "a", image_id="")
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    first = _tag_run(engine, world_a, image_a, registry, repo)
+    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
+    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    real_put = RegistryClient.put_manifest
+    events: list[str] = []
+
+    def stored_then_killed(self: RegistryClient, repo_: str, tag: str, *a: Any, **kw: Any) -> str:
+        got = real_put(self, repo_, tag, *a, **kw)
+        if tag == f"{MODEL}-verified" and not events:
+            events.append("killed")
+            registry.process.kill()
+            registry.process.wait(timeout=10)
+            threading.Timer(2.0, lambda: restarted.append(_restart(registry))).start()
+            raise InfraError("the registry did not answer while trying to put the manifest (killed)")
+        return got
+
+    monkeypatch.setattr(RegistryClient, "put_manifest", stored_then_killed)
+    start = time.monotonic()
+    result = _tag_run(engine, world_b, image_b, registry, repo)
+    print(f"FAULT | registry killed during the PUT of a moving tag (back after 2 s) | exit 0, "
+          f"{result.state} | no split | {time.monotonic() - start:.2f} s")
+    monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
+    assert events == ["killed"] and result.state == "finished"
+    assert result.digest != first.digest and result.moved == [f"{MODEL}-verified", "latest"]
+    for tag in (f"{MODEL}-verified", "latest"):
+        assert client.manifest_digest(repo, tag) == result.digest  # never split
+    record = json.loads((world_b.verdict_path.parent / "record.json").read_text())
+    assert record["predicate"]["image"]["moving_state"] == "finished"
+    assert record["predicate"]["image"]["moving_tags"] == [f"{MODEL}-verified", "latest"]
+
+
+def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_again(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+) -> None:
+    """A push killed halfway left an empty revision link: the tag and `verified` answer 500 and
+    every re-run failed with exit 11. Re-pushing the immutable ref we hold rewrites the link."""
+    repo = f"{REPO_PREFIX}/broken-{docker_cleanup.case_id}"
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    first = _tag_run(engine, world, image, registry, repo)
+    link = (
+        registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/revisions/sha256"
+        / first.digest.removeprefix("sha256:") / "link"
+    )  # fmt: skip
+    assert link.is_file()
+    link.write_text("")  # what the killed push left
+    status = _head_status(registry, repo, f"{MODEL}-verified")
+    assert status == 500
+    start = time.monotonic()
+    second = _tag_run(engine, world, image, registry, repo)
+    print(f"FAULT | manifest answering HTTP 500 (empty revision link) | exit 0, repaired | - | "
+          f"{time.monotonic() - start:.2f} s")
+    assert second.digest == first.digest and second.pushed  # pushed again: that is the repair
+    assert _head_status(registry, repo, f"{MODEL}-verified") == 200
+    assert _head_status(registry, repo, first.immutable_ref.rsplit(":", 1)[1]) == 200
+
+
+def _head_status(registry: Registry, repo: str, tag: str) -> int:
+    req = urllib.request.Request(
+        f"{registry.url}/v2/{repo}/manifests/{tag}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)

@@ -97,7 +97,9 @@ def test_client_basic_auth_and_credential_helper(
     cfg = tmp_path / "docker"
     cfg.mkdir()
     (cfg / "config.json").write_text(json.dumps({"credHelpers": {auth_registry.host: "fake"}}))
-    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "DOCKER_CONFIG": str(cfg)}
+    # docker.auth finds the helper on the process's PATH and runs it with `env`
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    env = {"PATH": os.environ["PATH"], "DOCKER_CONFIG": str(cfg)}
     creds = credentials_for(auth_registry.host, env)
     assert creds is not None and creds.username == auth_registry.username
     assert auth_registry.password not in repr(creds)

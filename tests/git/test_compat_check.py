@@ -325,6 +325,20 @@ def test_aiter_adapting_to_atom_is_not_a_shift(hx: HistoryRepos) -> None:
     assert "which the pinned aiter predates" in f.message and "plain Python" in f.message
 
 
+def test_aiter_moving_a_parameter_to_fit_atom_is_not_a_shift(hx: HistoryRepos) -> None:
+    # The real case: ATOM aa29bace68 called pa_reduce_v1 with 8 positionals 7 minutes before aiter
+    # 14989519bf moved num_kv_splits to the end "so the ATOM call site stays aligned". Under the
+    # blame date's signature `final_lse` lands on `final_output`; under the later one it fits.
+    path = "atom/models/route.py"
+    line = hline(hx, "U2", path, "aiter.pa_reduce(")
+    assert not [f for f in hcheck(hx, "U2", "H4").findings if (f.path, f.line) == (path, line)]
+    f = at(hcheck(hx, "U2", "H2"), path, line)  # an older pin really misplaces `out.view(-1, 8)`
+    assert (f.severity, f.kind, f.written_against) == ("error", "positional-shift", hx.a["H4"]), f.message
+    assert "argument 4 `out.view(-1, 8)` was written for `final_output`, now lands on `num_kv_splits`" in (
+        f.details
+    )
+
+
 def test_call_written_ahead_of_aiter_fits_the_later_signature(hx: HistoryRepos) -> None:
     # Blamed at U1 (aiter H1), the call passes a 5th positional and `gemma_norm`, which only H4 has:
     # blame alone would call H4's layout a shift of `self.eps`. The fit decides: written for H4.

@@ -1,8 +1,13 @@
-"""Stand-ins for the docker-tier smoke tests (stdlib only: the test images have python3 and nothing else).
+"""What the docker-tier smoke tests serve and run (the servers and stand-ins are stdlib only).
 
 - openai_server.py: a small OpenAI-compatible server with failure modes (SMOKE_TEST_MODE).
-- standin_lm_eval.py: answers for `lm_eval` (no datasets here); writes lm_eval's results file format.
-- standin_benchmark_serving.py: answers for `atom.benchmarks.benchmark_serving`;
-  writes its --save-result JSON.
+- gsm8k_local.py: a generated GSM8K-format data set and an lm_eval task including the real
+  gsm8k config over it; the real lm_eval runs it (image.py installs the pinned lm-eval).
+- standin_benchmark_serving.py: answers for `atom.benchmarks.benchmark_serving` (which needs
+  ATOM and a tokenizer), in that script's code shape; writes its --save-result JSON.
+- standin_lm_eval.py: kept only for tests/docker/test_e2e.py, whose image the pipeline builds
+  from the rendered Dockerfile; it goes once that image bakes the pinned lm-eval.
+- image.py: the test server image (base image + the real lm_eval + these files).
+- sshd.py: a real sshd on 127.0.0.1 in front of the local dockerd (ssh:// engines).
 - recipe-test.yaml: the test recipe (same schema as recipes/*.yaml) pointing at these.
 """

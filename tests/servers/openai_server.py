@@ -6,6 +6,12 @@ Modes (environment ``SMOKE_TEST_MODE``):
   crash        prints ATOM's warm-up traceback from the bug report and exits 1 after the warm-up
   never-ready  keeps "loading" forever: never listens
   wrong        serves, but every arithmetic answer is off by one (an accuracy regression)
+  mixed        serves GSM8K-format answers right and wrong in a known proportion, by the first
+               operand a of "What is a + b?": a % 4 == 0 wrong, == 1 right without the "#### N"
+               line (only lm_eval's flexible-extract filter matches), else right (see
+               tests/servers/gsm8k_local.py, which generates such documents)
+  die-mid-gsm8k serves, but dies with a traceback on the SMOKE_TEST_DIE_AFTER-th (default 10)
+               GSM8K question: lm_eval loses its server mid-run
   slow         serves, but slowly: 300 ms to the first token, 50 ms per token after it
   crash-mid-run serves chat, but the first /v1/completions request (the benchmark) kills it
                with a HIP out-of-memory traceback
@@ -50,6 +56,8 @@ Traceback (most recent call last):
 torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has 288.00 GiB"""
 
 _ARITH = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\?")
+DIE_AFTER = int(os.environ.get("SMOKE_TEST_DIE_AFTER", "10"))
+_questions_seen = 0
 
 
 def log(msg: str) -> None:
@@ -63,9 +71,12 @@ def answer_for(prompt: str) -> str:
         a, op, b = questions[-1]
         x, y = int(a), int(b)
         value = x + y if op == "+" else x - y if op == "-" else x * y
-        if MODE == "wrong":
+        if MODE == "wrong" or (MODE == "mixed" and x % 4 == 0):
             value += 1
-        return f"{a} {op} {b} = {value}. The answer is {value}."
+        if MODE == "mixed" and x % 4 == 1:
+            return f"{a} {op} {b} makes {value}."
+        # GSM8K's answer format: lm_eval's strict-match filter reads the "#### N" line
+        return f"{a} {op} {b} = {value}.\n#### {value}"
     if "capital of France" in prompt:
         return "Paris."
     return "Hello from the smoke-test server."
@@ -104,6 +115,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/chat/completions":
             prompt = "\n".join(str(m.get("content", "")) for m in req.get("messages", []))
             last = str(req.get("messages", [{}])[-1].get("content", ""))
+            if MODE == "die-mid-gsm8k" and last.startswith("Question:"):
+                global _questions_seen
+                _questions_seen += 1
+                if _questions_seen >= DIE_AFTER:
+                    sys.stderr.write(MID_RUN_TRACEBACK + "\n")
+                    sys.stderr.flush()
+                    os._exit(1)
             self._complete(req, answer_for(last if _ARITH.search(last) else prompt), chat=True)
         elif self.path == "/v1/completions":
             self._complete(req, answer_for(str(req.get("prompt", ""))), chat=False)

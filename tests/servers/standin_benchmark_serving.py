@@ -6,7 +6,8 @@ There is no GPU and no tokenizer here. This takes the recipe's command line (`--
 --result-dir=DIR --result-filename=FILE ...`), streams N requests from /v1/completions at
 concurrency C, measures TTFT/TPOT/ITL/E2EL as benchmark_serving does, and writes the JSON
 that ATOM's benchmark_serving.py writes with --save-result (keys "duration", "completed",
-"output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_ttft_ms", ...).
+"output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_ttft_ms", ...), in the same code
+shape as ATOM's script, so tests/git/test_benchfmt.py reads both the same way.
 """
 
 from __future__ import annotations
@@ -120,7 +121,10 @@ def main(argv: list[str]) -> int:
     e2els = [o["latency"] for o in ok]
     total_in = sum(o["prompt_len"] for o in ok)
     total_out = sum(o["output_len"] for o in ok)
-    result: dict[str, Any] = {
+    # From here on the shape of ATOM's benchmark_serving.py (at ab9eb781 and HEAD): the same
+    # literal keys, the same per-metric helper and f-string keys, the same result_json and file
+    # name, so pipeline/smoke/benchfmt.py reads this script as it reads ATOM's.
+    result = {
         "duration": duration,
         "completed": len(ok),
         "total_input_tokens": total_in,
@@ -133,40 +137,52 @@ def main(argv: list[str]) -> int:
     print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
     print("{:<40} {:<10}".format("Successful requests:", len(ok)))
     print("{:<40} {:<10.2f}".format("Output token throughput (tok/s):", result["output_throughput"]))
-    percentiles = [float(x) for x in args.metric_percentiles.split(",")]
-    for name, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
-        if name not in args.percentile_metrics.split(","):
-            continue
-        ms = [x * 1000 for x in xs]
-        result[f"mean_{name}_ms"] = statistics.fmean(ms) if ms else 0.0
-        result[f"median_{name}_ms"] = statistics.median(ms) if ms else 0.0
-        result[f"std_{name}_ms"] = statistics.pstdev(ms) if ms else 0.0
-        for q in percentiles:
-            word = str(int(q)) if int(q) == q else str(q)
-            result[f"p{word}_{name}_ms"] = pct(ms, q)
-        print("{:<40} {:<10.2f}".format(f"Mean {name.upper()} (ms):", result[f"mean_{name}_ms"]))
+    selected_percentile_metrics = args.percentile_metrics.split(",")
+    selected_percentiles = [float(x) for x in args.metric_percentiles.split(",")]
+    measured = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
+
+    def process_one_metric(metric_attribute_name: str, metric_name: str, metric_header: str) -> None:
+        if metric_attribute_name not in selected_percentile_metrics:
+            return
+        ms = [x * 1000 for x in measured[metric_attribute_name]]
+        print("{s:{c}^{n}}".format(s=metric_header, n=50, c="-"))
+        result[f"mean_{metric_attribute_name}_ms"] = statistics.fmean(ms) if ms else 0.0
+        result[f"median_{metric_attribute_name}_ms"] = statistics.median(ms) if ms else 0.0
+        result[f"std_{metric_attribute_name}_ms"] = statistics.pstdev(ms) if ms else 0.0
+        mean = result[f"mean_{metric_attribute_name}_ms"]
+        print("{:<40} {:<10.2f}".format(f"Mean {metric_name} (ms):", mean))
+        for p in selected_percentiles:
+            p_word = str(int(p)) if int(p) == p else str(p)
+            result[f"p{p_word}_{metric_attribute_name}_ms"] = pct(ms, p)
+
+    process_one_metric("ttft", "TTFT", "Time to First Token")
+    process_one_metric("tpot", "TPOT", "Time per Output Token (excl. 1st token)")
+    process_one_metric("itl", "ITL", "Inter-token Latency")
+    process_one_metric("e2el", "E2EL", "End-to-end Latency")
     if args.save_result:
+        result_json: dict[str, Any] = {}
         current_dt = datetime.now().strftime("%Y%m%d-%H%M%S")
-        result_json: dict[str, Any] = {
-            "date": current_dt,
-            "backend": args.backend,
-            "model_id": args.model,
-            "tokenizer_id": args.model,
-            "best_of": 1,
-            "num_prompts": args.num_prompts,
-            "request_rate": args.request_rate,
-            "burstiness": 1.0,
-            "max_concurrency": args.max_concurrency,
-            **result,
-        }
+        result_json["date"] = current_dt
+        result_json["backend"] = args.backend
+        result_json["model_id"] = args.model
+        result_json["tokenizer_id"] = args.model
+        result_json["best_of"] = 1
+        result_json["num_prompts"] = args.num_prompts
+        result_json["request_rate"] = args.request_rate if args.request_rate != "inf" else "inf"
+        result_json["burstiness"] = 1.0
+        result_json["max_concurrency"] = args.max_concurrency
+        result_json = {**result_json, **result}
         base_model_id = args.model.split("/")[-1]
-        file_name = args.result_filename or (
-            f"{args.backend}-{args.request_rate}qps-concurrency{args.max_concurrency}-{base_model_id}-{current_dt}.json"
+        max_concurrency_str = (
+            f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
         )
+        file_name = f"{args.backend}-{args.request_rate}qps{max_concurrency_str}-{base_model_id}-{current_dt}.json"  # noqa: E501
+        if args.result_filename:
+            file_name = args.result_filename
         if args.result_dir:
             file_name = os.path.join(args.result_dir, file_name)
-        with open(file_name, "w", encoding="utf-8") as f:
-            json.dump(result_json, f)
+        with open(file_name, "w", encoding="utf-8") as outfile:
+            json.dump(result_json, outfile)
     return 0 if ok else 1
 
 

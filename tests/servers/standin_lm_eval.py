@@ -95,6 +95,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fewshot_as_multiturn", action="store_true")
     p.add_argument("--output_path")
     p.add_argument("--limit", type=float)
+    p.add_argument("--include_path")  # the real lm_eval's local tasks (ignored here)
     args = p.parse_args(argv)
     if args.tasks != "gsm8k" or args.model != "local-chat-completions":
         print(

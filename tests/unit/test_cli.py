@@ -68,3 +68,24 @@ def test_help_lists_the_commands_without_importing_any(
     out = capsys.readouterr().out
     assert "pin → patch → check → render → build → smoke → tag" in out
     assert "Resolve ATOM and aiter refs" in out
+
+
+def test_the_version_fast_path_says_what_click_says(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.__main__
+
+    assert main(["--version"]) == 0
+    from_click = capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["pipeline", "--version"])
+    with pytest.raises(SystemExit) as e:
+        pipeline.__main__.main()
+    assert e.value.code == 0 and capsys.readouterr().out == from_click
+
+
+def test_build_takes_the_flags_its_stages_hints_name() -> None:
+    """Render's hint inside build says `--submodules in-build`; the offline base is `--base-image`."""
+    from pipeline.commands.build import command
+
+    flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
+    assert {"--submodules", "--base-image", "--lock", "--auto", "--offline"} <= flags

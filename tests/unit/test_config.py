@@ -78,3 +78,9 @@ def test_negative_fetch_retries_is_refused(tmp_path: Path) -> None:
         load_settings(cwd=tmp_path, env={"PIPELINE_FETCH_RETRIES": "-5"})
     msg = str(e.value)
     assert "[sources] fetch_retries" in msg and "greater than or equal to 0" in msg and "-5" in msg
+
+
+def test_a_long_bad_value_is_cut_in_the_message(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings(cwd=tmp_path, env={"PIPELINE_FETCH_RETRIES": "9" * 120_000 + "x"})
+    assert "(120001 characters)" in str(e.value) and len(str(e.value)) < 500

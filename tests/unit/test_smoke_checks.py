@@ -6,12 +6,18 @@ import pytest
 
 from pipeline.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, load_recipe
 from pipeline.smoke.checks import (
+    PLUGINS,
+    BenchmarkGate,
+    ChatGate,
+    Gsm8kGate,
     evaluate_benchmark,
     evaluate_chat,
     evaluate_gsm8k,
     gsm8k_lower_bound,
+    plan,
     stderr_key,
 )
+from pipeline.smoke.runner import SmokeOptions
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = load_recipe(REPO / "recipes" / "MiniMax-M3-MXFP4.yaml")
@@ -216,3 +222,26 @@ def test_chat_accepts_atoms_own_finish_reasons(finish: str) -> None:
 @pytest.mark.parametrize("finish", ["unschedulable: prompt too long", "stop_", "eos2", "abort"])
 def test_chat_rejects_other_finish_reasons(finish: str) -> None:
     assert not evaluate_chat(CHAT, 200, chat_body("Paris.", finish=finish), 0.1).passed
+
+
+# -- plug-ins ---------------------------------------------------------------------------
+
+
+def test_every_recipe_check_kind_has_a_plug_in() -> None:
+    kinds = {c.model_fields["kind"].annotation.__args__[0] for c in (ChatCheck, Gsm8kCheck, BenchmarkCheck)}
+    assert set(PLUGINS) == kinds
+
+
+def test_plan_turns_the_recipe_into_plug_ins_in_order() -> None:
+    full = plan(RECIPE, SmokeOptions())
+    assert [c.name for c in full] == ["chat", "gsm8k", "serving-benchmark[c16]"]
+    assert isinstance(full[0], ChatGate) and isinstance(full[1], Gsm8kGate)
+    assert full[1].limit is None  # the recipe's full run: the whole split
+    quick = plan(RECIPE, SmokeOptions(quick=True, bench_concurrencies=(4, 16), bench_tolerance=0.3))
+    gsm, *rows = quick[1:]
+    assert isinstance(gsm, Gsm8kGate) and gsm.limit == GSM.quick_limit
+    assert [(r.name, r.tolerance) for r in rows if isinstance(r, BenchmarkGate)] == [
+        ("serving-benchmark[c4]", 0.3),
+        ("serving-benchmark[c16]", 0.3),
+    ]
+    assert plan(RECIPE, SmokeOptions(gsm8k_limit=7))[1].limit == 7  # type: ignore[attr-defined]

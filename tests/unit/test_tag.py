@@ -46,6 +46,7 @@ class FakeEngine:
         self.registry = registry
         self.images = {"atom:test": ImageInfo(image_id, ["atom:test"], [], image_labels, "")}
         self.tagged: list[tuple[str, str, str]] = []
+        self.removed: list[str] = []
         self.pushed: list[tuple[str, str, Mapping[str, str] | None]] = []
         self.push_digest_override: str | None = None
 
@@ -54,6 +55,9 @@ class FakeEngine:
 
     def tag(self, image: str, repo: str, tag: str) -> None:
         self.tagged.append((image, repo, tag))
+
+    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None:
+        self.removed.append(ref)
 
     def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
         self.pushed.append((repo, tag, auth_config))
@@ -92,6 +96,7 @@ def _run(
     env: Mapping[str, str] | None = None,
     credentials: tuple[str, str] | None = None,
     log: Logger | None = None,
+    allow_older: bool = False,
     **settings: Any,
 ) -> TagResult:
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None, credentials=credentials)
@@ -107,6 +112,7 @@ def _run(
         env=env or {},
         client=client,
         lock_timeout=1,
+        allow_older=allow_older,
     )
 
 
@@ -143,7 +149,15 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
     assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
     assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
     assert pred["tool"]["version"] and pred["times"]["verified"]
-    assert json.loads((world.verdict_path.parent / "predicate.json").read_text()) == pred
+    # the record says what happened; predicate.json is what was true when it could be attested
+    assert pred["image"]["moving_tags"] == [f"{MODEL}-verified", "latest"]
+    assert pred["image"]["moving_state"] == "moved"
+    attested = json.loads((world.verdict_path.parent / "predicate.json").read_text())
+    assert attested["image"]["moving_tags"] == [] and attested["image"]["moving_state"] == "pending"
+    assert {k: v for k, v in attested.items() if k not in ("image", "times")} == {
+        k: v for k, v in pred.items() if k not in ("image", "times")
+    }
+    assert engine.removed == [f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"]  # the local push tag
 
 
 def test_second_run_is_idempotent(world: World, fake: FakeRegistry) -> None:
@@ -211,7 +225,7 @@ def test_failure_on_second_moving_tag_restores_the_first(
         _run(world, _engine(world, fake), fake, push_latest=True)
     assert fake.tags[REPO][f"{MODEL}-verified"] == old  # restored
     assert fake.tags[REPO]["latest"] == old_latest
-    assert f"Restored: {MODEL}-verified" in str(e.value)
+    assert f"rolled back: {MODEL}-verified" in str(e.value)
 
 
 # ------------------------------------------------------------------ refusals (nothing pushed)
@@ -618,3 +632,84 @@ def test_registry_with_credentials_in_it_is_refused_without_echo(world: World) -
         == "registry.example:5000/a/b"
     )
     assert str(target_repository(world.settings(), None, None)) == "docker.io/rocm/atom-dev"
+
+
+# ------------------------------------------------------------------ forward only, disks (issue 13.2/13.3)
+
+
+def _release(fake: FakeRegistry, created: str) -> str:
+    """A manifest in REPO whose image config carries `created`; its digest."""
+    config = fake.add_blob(json.dumps({"config": {"Labels": {labels.OCI_CREATED: created}}}).encode())
+    body = json.dumps(
+        {"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": config}, "layers": []}
+    ).encode()
+    return fake.add(REPO, f"release-{created[:10]}", body)
+
+
+def test_a_newer_release_on_a_moving_tag_refuses_before_anything_is_pushed(
+    world: World, fake: FakeRegistry
+) -> None:
+    newer = _release(fake, "2026-07-01T00:00:00Z")
+    fake.tags[REPO][f"{MODEL}-verified"] = newer
+    engine = _engine(world, fake)
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "backwards" in str(e.value) and "2026-07-01T00:00:00Z" in str(e.value)
+    assert engine.pushed == [] and fake.tags[REPO][f"{MODEL}-verified"] == newer
+    result = _run(world, engine, fake, log=Logger(stream=(out := io.StringIO())), allow_older=True)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == result.digest and "MOVING BACK" in out.getvalue()
+
+
+def test_a_newer_release_landing_between_check_and_put_is_not_overwritten(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conditional re-read just before the PUT: another machine released a newer image."""
+    import pipeline.moving_tags as mt
+
+    older = _release(fake, "2026-06-01T00:00:00Z")
+    newer = _release(fake, "2026-07-01T00:00:00Z")
+    fake.tags[REPO][f"{MODEL}-verified"] = older
+    fake.tags[REPO]["latest"] = older
+    real = mt.Mover.check_forward
+    calls: list[str] = []
+
+    def check_then_other_machine_moves(self: mt.Mover, tag: str, now: str | None) -> None:
+        real(self, tag, now)
+        calls.append(tag)
+        if calls.count(f"{MODEL}-verified") == 2:  # 1: before the push; 2: just before the PUT
+            fake.tags[REPO][f"{MODEL}-verified"] = newer
+            fake.tags[REPO]["latest"] = newer
+
+    monkeypatch.setattr(mt.Mover, "check_forward", check_then_other_machine_moves)
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert "backwards" in str(e.value) and "rolled back" in str(e.value)
+    assert fake.tags[REPO][f"{MODEL}-verified"] == newer and fake.tags[REPO]["latest"] == newer
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())
+    assert record["predicate"]["image"]["moving_tags"] == []
+    assert record["predicate"]["image"]["moving_state"] == "rolled back"
+
+
+def test_cli_read_only_cache_is_its_own_exit_code(
+    world: World,
+    fake: FakeRegistry,
+    cli: FakeEngine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import errno
+
+    from pipeline.cli import main
+
+    real_mkdir = Path.mkdir
+
+    def read_only(self: Path, *a: Any, **kw: Any) -> None:
+        if "tag-locks" in str(self):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    assert main(_argv(world, "--lock", str(world.lock_path))) == ExitCode.DISK
+    err = capsys.readouterr().err
+    assert "is read-only (EROFS)" in err and "tag-locks" in err and "Traceback" not in err
+    assert fake.tags == {}
