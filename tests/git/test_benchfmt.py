@@ -98,7 +98,7 @@ def test_a_flag_the_runner_passes_gone_fails(tmp_path: Path) -> None:
 
 
 def test_render_fails_clearly_when_the_pinned_atom_has_no_benchmark(tmp_path: Path) -> None:
-    repos: BuildRepos = make_build_repos(tmp_path / "upstreams")
+    repos: BuildRepos = make_build_repos(tmp_path / "upstreams", benchmark=False)
     recipe = tmp_path / "recipes" / "MiniMax-M3-MXFP4.yaml"
     recipe.parent.mkdir()
     shutil.copy(RECIPE, recipe)
