@@ -139,7 +139,8 @@ def render(repos: BuildRepos, base: str, out: Path, s: Settings) -> Path:
 def change_aiter_file(repos: BuildRepos, marker: str) -> BuildRepos:
     path = repos.aiter / "aiter" / "ops" / "__init__.py"
     path.write_text(f"# {marker}\n")
-    run_git(repos.aiter, "commit", "-q", "-am", f"aiter: {marker}", date="2026-06-23T11:00:00Z")
+    run_git(repos.aiter, "add", "aiter/ops/__init__.py")  # not -a: the submodule's gitlink has no checkout
+    run_git(repos.aiter, "commit", "-q", "-m", f"aiter: {marker}", date="2026-06-23T11:00:00Z")
     sha = run_git(repos.aiter, "rev-parse", "HEAD")
     return BuildRepos(**{**repos.__dict__, "aiter_sha": sha})
 
@@ -181,6 +182,7 @@ def main() -> int:
     def row(name: str, bk: float, classic: float, note: str) -> None:
         ratio = f"({bk / classic:5.3f} x classic)"
         rows.append(f"{name:28s} BuildKit {bk:7.2f} s   classic {classic:7.2f} s   {ratio}  {note}")
+        print(rows[-1], flush=True)
 
     try:
         with local_registry(work / "registry") as host:
