@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import retry
 from pipeline.config import Settings
-from pipeline.errors import InfraError, SourceError
+from pipeline.errors import DiskError, InfraError, SourceError
 from pipeline.fsutil import acquire_lock, make_temp_dir, remove_held_lock
 from pipeline.gitw import GitRepo, GitResult, ProgressFn, is_unreachable, run_git
 from pipeline.log import Logger
@@ -53,12 +53,30 @@ FETCH_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 # -- errors and retries ---------------------------------------------------------------
 
 
-def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError:
-    """InfraError when the remote could not be reached at all, else SourceError."""
+_GIT_DISK_FAULTS = {
+    "no space left on device": "is full (ENOSPC)",
+    "disk quota exceeded": "is over its quota (EDQUOT)",
+    "read-only file system": "is read-only (EROFS)",
+}
+
+
+def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError | DiskError:
+    """InfraError when the remote could not be reached at all, DiskError when our own mirror
+    could not be written, else SourceError."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:", "remote: fatal", "ssh:"))]
     first = (fatal or lines or ["(no output)"])[0]
     low = stderr.lower()
+    # git reports our full or read-only cache as "not a git repository" or a remote failure
+    # further down its stderr; the errno text is the truth, so it is looked for first
+    for text, why in _GIT_DISK_FAULTS.items():
+        if text in low:
+            return DiskError(
+                f"could not write the mirror of {url} while {action}: the cache's file system {why}.",
+                hint="Free space or make the cache writable (or point [paths] cache_dir / "
+                "PIPELINE_CACHE_DIR elsewhere), then run the command again.",
+                evidence=stderr,
+            )
     if "corruption on the remote side" in low or "remote: fatal: unable to read" in low:
         return SourceError(
             f"{url} is missing objects it refers to (a partial clone, or corrupt) while {action}.",

@@ -226,3 +226,23 @@ def test_base_image_digest_through_the_registry_module(
     data = json.loads(capsys.readouterr().out)
     assert data["base_image"] == {"ref": "rocm/pytorch:tag", "digest": DIGEST}
     assert seen == [("rocm/pytorch:tag", True)]  # the environment is passed for Docker config credentials
+
+
+def test_full_mirror_cache_is_a_disk_error_with_nothing_written(
+    ups: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+
+    cache = tmp_path / "tiny-cache"
+    cache.mkdir()
+    # 16 KiB: room for the cache's directories and lock files, none for a mirror's objects
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(cache)], check=True)
+    try:
+        monkeypatch.setenv("PIPELINE_CACHE_DIR", str(cache))
+        code = main(pin_args(ups))
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+    err = capsys.readouterr().err
+    assert code == ExitCode.DISK, err
+    assert "is full" in err and "Traceback" not in err and "not a git repository" not in err
+    assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import retry, sources
 from pipeline.config import load_settings
-from pipeline.errors import InfraError, SourceError, TagError, UsageError
+from pipeline.errors import DiskError, InfraError, SourceError, TagError, UsageError
 from pipeline.gitw import GitResult
 from pipeline.lock import BaseImagePin
 from pipeline.log import Logger
@@ -136,6 +136,20 @@ def test_classify_unreachable_auth_and_other() -> None:
     assert type(err2) is SourceError and "credentials" in err2.message
     other = "fatal: remote error: access denied or repository not exported: /nothing"
     assert type(_classify(other, "git://x", "fetching")) is SourceError
+
+
+def test_classify_a_full_or_read_only_cache_as_a_disk_error() -> None:
+    # what git prints when our mirror's file system fills up mid-fetch, and when it is read-only:
+    # the last fatal line misleads ("not a git repository", a remote failure), the errno text does not
+    full = (
+        "error: unable to write file ./objects/pack/tmp_pack_Xy12: No space left on device\n"
+        "fatal: index-pack failed\nfatal: not a git repository: '/c/mirrors/x.git'"
+    )
+    err = _classify(full, "https://github.com/ROCm/ATOM.git", "fetching")
+    assert isinstance(err, DiskError) and "is full (ENOSPC)" in err.message
+    assert err.exit_code == 14 and "cache_dir" in (err.hint or "")
+    ro = "fatal: could not create work tree dir '/c/mirrors/y': Read-only file system"
+    assert "read-only (EROFS)" in _classify(ro, "/srv/aiter", "cloning").message
 
 
 def test_retries_only_when_unreachable_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
