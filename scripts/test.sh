@@ -2,7 +2,7 @@
 # Lint, type-check and run the test tiers; prints each tier's counts and a total line.
 #
 #   scripts/test.sh            lint + every tier in $TIERS (default: unit git docker)
-#   scripts/test.sh lint       ruff + mypy only
+#   scripts/test.sh lint       ruff + mypy only (`lint unit git`: lint, then those tiers)
 #   scripts/test.sh unit ...   the named tiers only (no lint)
 #
 # Every tier named must collect tests: pytest's exit 5 (no tests collected) is a failure, and so
@@ -94,7 +94,9 @@ if [ $# -eq 0 ]; then
     lint
 elif [ "$1" = lint ]; then
     lint
-    exit 0
+    shift
+    [ $# -eq 0 ] && exit 0
+    TIERS="$*"   # `scripts/test.sh lint unit git`: lint, then those tiers
 else
     TIERS="$*"
 fi
