@@ -438,9 +438,7 @@ def test_selfcheck_compares_the_installed_trees_with_the_pre_build_check(
         build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
     text = str(e.value)
     assert "checked Python file(s) differ in the image: aiter/aiter/ops/fused_qknorm_idxrqknorm.py" in text
-    # Known gap (open, see the closing note): on this fixture's `import aiter.ops.X as ops` shape the
-    # check now counts 0 calls on both sides, so its comparison cannot tell the trees apart; the
-    # file-hash rule above is what catches the edit until the scanner reaches that shape again.
+    assert "differs from the pre-build check" in text
 
 
 # --------------------------------------------------------------------------- BuildKit features
