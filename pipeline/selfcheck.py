@@ -197,8 +197,9 @@ def _commit_tree(src: Path, repo_dir: Path) -> tuple[Any, str]:
     # in the work tree itself: GitRepo speaks to the git directory, where `add -A` adds nothing
     # (an empty commit on both sides made the comparison below vacuous)
     for args in (["add", "-A"], ["commit", "-q", "--allow-empty", "-m", "tree"]):
-        subprocess.run(["git", "-C", str(repo_dir), *args], check=True, capture_output=True,
-                       env={**os.environ, **env})
+        subprocess.run(
+            ["git", "-C", str(repo_dir), *args], check=True, capture_output=True, env={**os.environ, **env}
+        )
     return repo, repo.git("rev-parse", "HEAD")
 
 

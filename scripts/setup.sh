@@ -5,7 +5,8 @@
 #
 # Each step is idempotent and prints how long it took:
 #   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm, openssh-server
-#               (the docker tier's real sshd for ssh:// engines) when a command is missing
+#               (the docker tier's real sshd for ssh:// engines) and pigz (dockerd's unpigz for
+#               layer pulls) when a command is missing
 #   pip         pip install -e '.[test,plot]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
 #               the default) only the dependencies, so other worktrees' imports are not hijacked;
 #               PIP_INSTALL=1 forces the editable install, PIP_INSTALL=0 skips the step
@@ -64,8 +65,11 @@ step_apt() {
     command -v npm >/dev/null 2>&1 || missing+=(npm)
     # sshd: the docker tier drives the engine through a real ssh:// connection
     [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    # unpigz: dockerd decompresses pulled layers with it when it is on PATH (Go's gzip otherwise);
+    # a clean engine starting from the registry cache spends most of its time there
+    command -v unpigz >/dev/null 2>&1 || missing+=(pigz)
     if [ ${#missing[@]} -eq 0 ]; then
-        say "apt: docker.io, debootstrap, docker-registry, git, node, npm and openssh-server are installed"
+        say "apt: docker.io, debootstrap, docker-registry, git, node, npm, openssh-server and pigz are installed"
         return
     fi
     need_root "installing ${missing[*]}"
