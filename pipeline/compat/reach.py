@@ -27,8 +27,10 @@ Edges not followed, each only while the pinned tree shows the fact it rests on
   tables, when the recipe's server command sets no `--method` (ATOM builds no
   drafter then).
 
-Read line by line with regular expressions, not `ast` (a cold closure over
-~400 files stays within its 0.3 s budget); per-file summaries are cached by
+Read with string searches and regular expressions, not `ast` (a cold closure
+over ~400 files stays within its 0.3 s budget): blocks are found from the
+colons that end their headers and nested by indentation, and blobs are
+summarized while git streams the next ones. Per-file summaries are cached by
 blob SHA and whole results by tree SHA.
 """
 
@@ -56,7 +58,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 3  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 4  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -92,7 +94,9 @@ class RawEdge:
     guards: tuple[str, ...] = ()  # conditions of the `if`/`elif` blocks around it: "use_v4", "is_vllm()"
     key: str | None = None  # dict key when the string is a table entry
     prefix: bool = False  # f-string prefix: every module under target
-    owner: str = ""  # the top-level def/class/assignment it belongs to ("": other module-level code)
+    owner: str = ""  # in atom/plugin/: the top-level def/class/assignment it belongs to ("": other code)
+    # The conditional blocks around it, outermost first: ("if self.use_triton", 1207), ("else", 12).
+    conditions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def _quals(text: str) -> Iterable[re.Match[str]]:
 
 
 class _Lines:
-    """Block structure by indentation, computed per top-level statement and only where asked."""
+    """Top-level statements of one file (computed on first use): who owns an offset."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -157,7 +161,7 @@ class _Lines:
 
     @property
     def tops(self) -> list[int]:
-        """Starts of the statements at column 0 (computed on first use)."""
+        """Starts of the statements at column 0."""
         if self._tops is None:
             first = [0] if self.text[:1] and self.text[0] not in " \t\n#)]}" else []
             self._tops = first + [m.start() + 1 for m in _TOP_RE.finditer(self.text)]
@@ -166,47 +170,9 @@ class _Lines:
     def top_of(self, offset: int) -> int:
         return bisect.bisect_right(self.tops, offset) - 1
 
-    def header(self, start: int) -> str:
-        end = self.text.find("\n", start)
-        return self.text[start : end if end >= 0 else len(self.text)]
-
-    def _enclosing(self, lo: int, offset: int, indent: int) -> int:
-        """Start of the last line in [lo, offset) indented less than `indent`, or -1."""
-        pat = _LESS.get(indent)
-        if pat is None:
-            pat = _LESS[indent] = re.compile(rf"^[ \t]{{0,{indent - 1}}}[^ \t\n#)\]}}]", re.M)
-        last = -1
-        for m in pat.finditer(self.text, lo, offset):
-            last = m.start()
-        return last
-
-    def context(self, offset: int) -> tuple[bool, tuple[str, ...], str]:
-        """(inside a function?, `if COND:` conditions around it, its top-level owner name)."""
+    def owner(self, offset: int) -> str:
         t = self.top_of(offset)
-        if t < 0:
-            return False, (), ""
-        lo = self.tops[t]
-        owner = self.owner_name(t)
-        line_start = self.text.rfind("\n", 0, offset) + 1
-        line = self.header(line_start)
-        indent = len(line) - len(line.lstrip(" \t"))
-        in_fn = False
-        guards: list[str] = []
-        pos = line_start
-        while indent > 0 and pos > lo:
-            j = self._enclosing(lo, pos, indent)
-            if j < 0:
-                break
-            h = self.header(j)
-            stripped = h.lstrip(" \t")
-            if stripped.startswith(("def ", "async def ")):
-                in_fn = True
-            elif stripped.startswith(("if ", "elif ")):
-                g = _GUARD_RE.match(stripped)
-                if g:
-                    guards.append(g.group(1))
-            indent, pos = len(h) - len(stripped), j
-        return in_fn, tuple(guards), owner
+        return self.owner_name(t) if t >= 0 else ""
 
     def owner_name(self, t: int) -> str:
         """def/class name, `NAME` of `NAME = <literal>`, or "" (code that runs at import)."""
@@ -216,6 +182,128 @@ class _Lines:
         if m.group(1):
             return m.group(1)
         return m.group(2) if m.group(3) else ""
+
+
+# Compound statements whose header ends a line with `:` (then a newline or a comment).
+_BLOCK_WORDS = frozenset(
+    {"if", "elif", "else", "def", "async", "class", "try", "except", "finally", "with", "for", "while"}
+    | {"match", "case"}
+)
+CONDITIONAL_WORDS = frozenset({"if", "elif", "else", "except", "while", "case"})
+_WORD_RE = re.compile(r"[ \t]*(\w+)")
+_INDENT_RE = re.compile(r"[ \t]*")
+_COLON_RE = re.compile(r":(?=\n|  #| #)")  # a colon that ends a line (before any comment)
+
+
+class _Blocks:
+    """The compound-statement headers of one file and how they nest, found from their colons.
+
+    A statement's innermost enclosing block is the nearest header before it that is indented
+    less (every line between is in that block); nesting follows by the same rule among the
+    headers, so an offset's blocks are a walk up parent links, not a scan of the lines.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.ends: list[int] = []  # colon offsets, increasing
+        self.starts: list[int] = []  # offset of the header's first line
+        self.indent: list[int] = []
+        self.word: list[str] = []
+        self.parent: list[int] = []
+        self._stack: list[int] = []
+        self._done = 0  # headers are read up to here (on demand: most references come early)
+        self._colons: list[int] | None = None
+        self._at = 0
+
+    def _find_colons(self) -> list[int]:
+        return [m.start() for m in _COLON_RE.finditer(self.text)]
+
+    def _read_to(self, offset: int) -> None:
+        text, stack, indent = self.text, self._stack, self.indent
+        colons = self._colons if self._colons is not None else self._find_colons()
+        self._colons = colons
+        at, n = self._at, len(colons)
+        while at < n and colons[at] < offset:
+            c = colons[at]
+            at += 1
+            start = text.rfind("\n", 0, c) + 1
+            m = _WORD_RE.match(text, start)
+            if m is None:
+                ind = _INDENT_RE.match(text, start).end() - start  # type: ignore[union-attr]
+                if text[start + ind] not in ")]":
+                    continue
+                start, m = self._opening(start, ind)
+                if m is None:
+                    continue
+            else:
+                ind = m.start(1) - start
+            word = m.group(1)
+            if word not in _BLOCK_WORDS:
+                continue
+            while stack and indent[stack[-1]] >= ind:
+                stack.pop()
+            self.parent.append(stack[-1] if stack else -1)
+            stack.append(len(self.ends))
+            self.ends.append(c)
+            self.starts.append(start)
+            indent.append(ind)
+            self.word.append(word)
+        self._at = at
+        self._done = max(self._done, offset)
+
+    def _opening(self, start: int, ind: int) -> tuple[int, re.Match[str] | None]:
+        """The first line of a header whose last line is `) -> X:`: the nearest line before it
+        indented exactly as much (≤ 64 lines up)."""
+        text, lead, pos = self.text, "\n" + " " * ind, start - 1
+        for _ in range(64):
+            pos = text.rfind(lead, 0, pos)
+            if pos < 0:
+                break
+            m = _WORD_RE.match(text, pos + 1)
+            if m is not None and m.start(1) - pos - 1 == ind:
+                return pos + 1, m
+        return start, None
+
+    def enclosing(self, offset: int, indent: int) -> list[int]:
+        """Headers around a statement at `offset` indented `indent`, innermost first."""
+        out: list[int] = []
+        if offset > self._done:
+            self._read_to(offset)
+        i = bisect.bisect_left(self.ends, offset) - 1 if indent > 0 else -1
+        while i >= 0:
+            if self.indent[i] < indent:
+                out.append(i)
+                indent = self.indent[i]
+            i = self.parent[i]  # the headers in between are indented at least as much
+        return out
+
+    def around_line(self, line_start: int, indent: int) -> list[int]:
+        """Headers around a line that may continue a bracketed statement (a table's entry): while
+        a line between the innermost header and it is indented no more than that header, the
+        last such line is where the statement (or an enclosing one) starts; climb to it."""
+        heads = self.enclosing(line_start, indent)
+        while heads:
+            bound = self.indent[heads[0]]
+            pat = _LESS.get(bound)
+            if pat is None:
+                pat = _LESS[bound] = re.compile(rf"\n[ \t]{{0,{bound}}}[^ \t\n#)\]}}]")
+            last = None
+            for m in pat.finditer(self.text, self.ends[heads[0]], line_start - 1):
+                last = m
+            if last is None:
+                break
+            line_start = last.start() + 1
+            heads = self.enclosing(line_start, last.end() - line_start - 1)
+        return heads
+
+    def line_of(self, i: int, offset: int, line: int) -> int:
+        """Line number of header i, from a later offset whose line number is known."""
+        return line - self.text.count("\n", self.starts[i], offset)
+
+    def condition(self, i: int) -> str:
+        """`if self.use_triton`, `else`, `except ImportError`: the header without its colon."""
+        text = " ".join(self.text[self.starts[i] : self.ends[i]].split())
+        return text
 
 
 _LESS: dict[int, re.Pattern[str]] = {}
@@ -235,59 +323,102 @@ class _LineNumbers:
         return self.line
 
 
+def _calls_switch(text: str) -> bool:
+    """Does the file call ATOM's plugin-mode switch (`_SETS_FRAMEWORK_RE`, tried where the names are)?"""
+    for word in ("_set_framework_backbone", "prepare_model"):
+        pos = text.find(word)
+        while pos >= 0:
+            if _SETS_FRAMEWORK_RE.match(text, pos):
+                return True
+            pos = text.find(word, pos + len(word))
+    return False
+
+
 def summarize(data: bytes, path: str) -> FileSummary:
-    """Every import and ATOM qualname string of one file."""
+    """Every import and ATOM qualname string of one file, with the blocks around each."""
     text = data.decode("utf-8", "replace")
     module = module_of(path) or ""
     is_pkg = path.endswith("__init__.py")
     lines = _Lines(text)
-    line_no = _LineNumbers(text)
-    # Only some files need the block structure: the rules read guards, function bodies in the
-    # speculative-decoding package and top-level owners in plugin code. Elsewhere skip it.
-    needs = (
-        path.startswith((PLUGIN_PACKAGE, SPEC_DECODE_PACKAGE))
-        or path == SELECTOR_PATH
-        or any(g in text for g in PLUGIN_GUARDS)
-    )
+    plugin = path.startswith(PLUGIN_PACKAGE)
+    blocks: _Blocks | None = None  # only for files with an indented reference
 
-    def context(offset: int) -> tuple[bool, tuple[str, ...], str]:
-        return lines.context(offset) if needs else (False, (), "")
+    def context(
+        offset: int, indent: int, line: int, statement: bool
+    ) -> tuple[bool, tuple[str, ...], str, tuple[tuple[str, int], ...]]:
+        """(inside a function?, simple `if NAME:` guards innermost first, top-level owner,
+        the conditional blocks around it outermost first as (header, line))."""
+        nonlocal blocks
+        owner = lines.owner(offset) if plugin else ""
+        if indent <= 0:
+            return False, (), owner, ()
+        if blocks is None:
+            blocks = _Blocks(text)
+        heads = blocks.enclosing(offset, indent) if statement else blocks.around_line(offset, indent)
+        in_fn, guards, conds = False, [], []
+        for h in heads:
+            word = blocks.word[h]
+            if word in ("def", "async"):
+                in_fn = True
+            elif word in CONDITIONAL_WORDS:
+                header = blocks.condition(h)
+                conds.append((header, blocks.line_of(h, offset, line)))
+                g = _GUARD_RE.match(header + ":") if word in ("if", "elif") else None
+                if g:
+                    guards.append(g.group(1))
+        return in_fn, tuple(guards), owner, tuple(reversed(conds))
 
     edges: list[RawEdge] = []
+    line_no = _LineNumbers(text)
     for m in _imports(text):
         indent, dots, target, names, plain = m.groups()
-        n = line_no(m.start())
         if plain is not None:
             if "atom" not in plain:
                 continue
         elif not (target.startswith("atom") or dots):
             continue
-        in_fn, guards, owner = context(m.start())
+        n = line_no(m.start())
+        in_fn, guards, owner, conds = context(m.start(), len(indent), n, True)
         kind: EdgeKind = "nested-import" if indent else "import"
         if plain is not None:
             for part in plain.split("#")[0].split(","):
                 name = part.strip().split(" as ")[0].strip()
                 if name == "atom" or name.startswith("atom."):
-                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner))
+                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner, conditions=conds))
             continue
         base = resolve_relative(module, is_pkg, len(dots), target or None) if dots else target
         if not base or not (base == "atom" or base.startswith("atom.")):
             continue
-        listed = [x.strip().split(" as ")[0].strip() for x in re.sub(r"#[^\n]*", "", names).split(",")]
+        if "#" in names:
+            names = re.sub(r"#[^\n]*", "", names)
+        listed = [x.strip().split(" as ")[0].strip() for x in names.split(",")]
         clean = tuple(x.strip("()\\ \t\n") for x in listed)
         edges.append(
-            RawEdge(n, kind, base, tuple(x for x in clean if x.isidentifier()), in_fn, guards, owner=owner)
+            RawEdge(
+                n,
+                kind,
+                base,
+                tuple(x for x in clean if x.isidentifier()),
+                in_fn,
+                guards,
+                owner=owner,
+                conditions=conds,
+            )
         )
     line_no = _LineNumbers(text)
     for m in _quals(text):
         qual = m.group(0)
         # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
         end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
-        in_fn, guards, owner = context(m.start())
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        lead = text[line_start : m.start()]
+        indent = len(lead) - len(lead.lstrip(" \t"))
+        n = line_no(m.start())
+        in_fn, guards, owner, conds = context(line_start, indent, n, False)
         key = _key_before(text, m.start() - 1)
         edges.append(
             RawEdge(
-                line_no(m.start()),
+                n,
                 "string",
                 qual.replace(":", "."),
                 in_function=in_fn,
@@ -295,15 +426,13 @@ def summarize(data: bytes, path: str) -> FileSummary:
                 key=key,
                 prefix=end == ".{",
                 owner=owner,
+                conditions=conds,
             )
         )
     if not path.startswith(PLUGIN_PACKAGE):
-        sets = ("_set_framework_backbone" in text or "prepare_model" in text) and (
-            _SETS_FRAMEWORK_RE.search(text) is not None
-        )
-        return FileSummary(tuple(edges), sets)
+        return FileSummary(tuple(edges), _calls_switch(text))
     switch = (
-        {lines.context(m.start())[2] for m in _SWITCH_RE.finditer(text)}
+        {lines.owner(m.start()) for m in _SWITCH_RE.finditer(text)}
         if "_set_framework_backbone(" in text
         else set()
     )
@@ -627,16 +756,24 @@ def compute_reach(
     want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
     if len(project) >= 3:
         want["pyproject.toml"] = project[2]
-    missing = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in files.data}
-    data = atom.cat_blobs(sorted(missing | set(want.values())))
     summaries: dict[str, FileSummary] = {}
+    paths_of: dict[str, list[str]] = {}
     for p, sha in blobs.items():
         got_summary = files.data.get(f"{sha}:{p}")
-        if not isinstance(got_summary, FileSummary):
-            got_summary = files.data[f"{sha}:{p}"] = summarize(data[sha], p)
+        if isinstance(got_summary, FileSummary):
+            summaries[p] = got_summary
+        else:
+            paths_of.setdefault(sha, []).append(p)
+    texts: dict[str, str] = {}
+    need_text = {sha: p for p, sha in want.items()}
+    # Summarized as git streams them, so git inflates the next blobs while this reads one.
+    for sha, data in atom.stream_blobs(sorted(set(paths_of) | set(need_text))):
+        for p in paths_of.get(sha, ()):
+            summaries[p] = files.data[f"{sha}:{p}"] = summarize(data, p)
             files.dirty = True
-        summaries[p] = got_summary
-    texts = {p: data[sha].decode("utf-8", "replace") for p, sha in want.items()}
+        for p, want_sha in want.items():
+            if want_sha == sha:
+                texts[p] = data.decode("utf-8", "replace")
     reach = closure(_Tree(blobs, summaries), texts, facts, atom_sha, tree_sha)
     reach = replace(reach, seconds=time.perf_counter() - t0)
     results.data[facts.key] = reach
@@ -808,7 +945,7 @@ class _Walk:
         """`names` are used by code of `path` that runs: their definitions and imports run too."""
         refs = self.refs(path)
         imported = self._imports_of(path)
-        for n in names:
+        for n in sorted(names):  # a set: sorted, so the first chain found is the same every run
             if n in refs:
                 self.make_live(path, n)
             for dst in imported.get(n, ()):
