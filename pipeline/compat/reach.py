@@ -42,7 +42,7 @@ import time
 import tomllib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -58,7 +58,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 4  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 5  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -469,6 +469,7 @@ class Edge:
     kind: EdgeKind
     key: str | None = None  # registry key
     raw: RawEdge | None = None
+    conditions: tuple[tuple[str, int], ...] = ()  # the raw edge's conditional blocks (kept when bare)
 
     def how(self) -> str:
         name = Path(self.src).name
@@ -519,6 +520,9 @@ class Reach:
     followed: dict[str, int]  # edge kind -> edges followed
     rules: dict[str, str]  # rule id -> what it rests on in this tree
     files: frozenset[str] = frozenset()  # every ATOM Python file of the tree
+    # Files on the path only through conditional blocks (`if self.use_triton:`), each with the
+    # conditional edges from the unconditional part of the path that lead to it.
+    conditional: dict[str, tuple[Edge, ...]] = field(default_factory=dict)
     seconds: float = 0.0
 
     def on_path(self, path: str) -> bool:
@@ -533,6 +537,30 @@ class Reach:
             e = self.parents.get(e.src)
         return list(reversed(out))
 
+    def conditions(self, path: str) -> tuple[tuple[str, ...], ...]:
+        """For a file reached only conditionally: per way in, its conditions (outermost first);
+        () for a file reached unconditionally or not at all."""
+        out: list[tuple[str, ...]] = []
+        for e in self.conditional.get(path, ()):
+            conds = tuple(c for c, _ in e.conditions)
+            if conds not in out:
+                out.append(conds)
+        return tuple(out)
+
+    def condition_summary(self, path: str) -> str:
+        """ "`if self.use_triton` (moe.py:1207; import at 1208, 1441); ...": each way in."""
+        groups: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
+        for e in self.conditional.get(path, ()):
+            lines = groups.setdefault((e.src, e.conditions), [])
+            if e.line not in lines:
+                lines.append(e.line)
+        parts = []
+        for (src, conds), lines in groups.items():
+            name = Path(src).name
+            where = " and ".join(f"`{c}` ({name}:{n})" for c, n in conds)
+            parts.append(f"{where}, import at {name}:{','.join(map(str, sorted(lines)))}")
+        return "; ".join(parts)
+
     def evidence(self, path: str) -> str:
         arch = self.facts.architecture
         if path in self.parents:
@@ -540,6 +568,10 @@ class Reach:
             if not chain:
                 return f"{path} is where {arch}'s path starts"
             steps = [chain[0].src] + [f"{e.dst} ({e.how()})" for e in chain]
+            if path in self.conditional:
+                return f"{arch} reaches {path} only under {self.condition_summary(path)}: " + " -> ".join(
+                    steps
+                )
             return f"{arch} reaches {path}: " + " -> ".join(steps)
         if self.on_path(path):
             return f"{path} is not a Python file of ATOM {self.atom_sha[:10]}: counted as on the path"
@@ -582,6 +614,7 @@ class Reach:
             "atom": self.atom_sha,
             "tree": self.tree_sha,
             "files_on_path": len(self.parents),
+            "files_only_under_conditions": len(self.conditional),
             "followed": dict(self.followed),
             "rules": dict(self.rules),
         }
@@ -824,14 +857,20 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             continue
         break
     walk.unreached_plugin_code()
-    parents, excluded, followed = walk.parents, walk.excluded, walk.followed
+    parents, excluded, followed = dict(walk.parents), walk.excluded, walk.followed
+    # The same walk through unconditional edges only: what is left is reached only under an `if`.
+    plain = _Walk(graph, tree, rules, facts, model_path, host, skip_conditional=True)
+    plain.run([model_path, entry])
+    parents.update(plain.parents)  # chains without conditions where there are such chains
+    conditional = _conditional_entries(walk, plain)
     # The result keeps edges without their raw context (smaller to cache).
     bare: dict[int, Edge] = {}
 
     def strip(e: Edge) -> Edge:
         got = bare.get(id(e))
         if got is None:
-            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
+            conds = e.raw.conditions if e.raw is not None else ()
+            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key, conditions=conds)
         return got
 
     # Evidence is needed for the files off the path only: who imports them.
@@ -854,7 +893,44 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         followed=followed,
         rules=rules,
         files=frozenset(tree.blobs),
+        conditional={p: tuple(strip(e) for e in es) for p, es in conditional.items()},
     )
+
+
+def _conditional_entries(walk: _Walk, plain: _Walk) -> dict[str, list[Edge]]:
+    """{file reached only conditionally: the conditional edges out of the unconditional part of
+    the path (the files `plain` reached) that lead to it, through files reached only so}."""
+    region = {p for p in walk.parents if p not in plain.parents}
+    if not region:
+        return {}
+
+    def runs(e: Edge, by: _Walk) -> bool:
+        if _exclusion(e, walk.rules, walk.facts, walk.model_path) is not None:
+            return False
+        owner = e.raw.owner if e.raw is not None else ""
+        return not (by.is_plugin(e.src) and owner and owner not in by.live.get(e.src, set()))
+
+    below: dict[str, set[str]] = {}  # region file -> the region files it leads to
+
+    def leads_to(start: str) -> set[str]:
+        got = below.get(start)
+        if got is None:
+            got, todo = {start}, [start]
+            while todo:
+                for e in walk.graph.get(todo.pop(), ()):
+                    if e.dst in region and e.dst not in got and runs(e, walk):
+                        got.add(e.dst)
+                        todo.append(e.dst)
+            below[start] = got
+        return got
+
+    out: dict[str, list[Edge]] = {}
+    for src in plain.parents:
+        for e in walk.graph.get(src, ()):
+            if e.dst in region and e.raw is not None and e.raw.conditions and runs(e, plain):
+                for p in sorted(leads_to(e.dst)):
+                    out.setdefault(p, []).append(e)
+    return out
 
 
 def _host_entries(tree: _Tree, pyproject: str) -> dict[str, set[str]]:
@@ -895,8 +971,11 @@ class _Walk:
         facts: ModelFacts,
         model_path: str,
         entries: dict[str, set[str]],
+        *,
+        skip_conditional: bool = False,
     ) -> None:
         self.graph, self.tree, self.rules, self.facts = graph, tree, rules, facts
+        self.skip_conditional = skip_conditional
         self.model_path = model_path
         self.entries = entries
         self.plugin = "standalone" in rules
@@ -964,6 +1043,8 @@ class _Walk:
             self.queue.append((path, owner))
 
     def follow(self, e: Edge) -> None:
+        if self.skip_conditional and e.raw is not None and e.raw.conditions:
+            return
         rule = _exclusion(e, self.rules, self.facts, self.model_path)
         if rule is not None:
             self.excluded.append(Excluded(e, rule))
@@ -1018,7 +1099,9 @@ def apply_reach(report: CheckReport, reach: Reach) -> CheckReport:
     for f in report.findings:
         ev = reach.evidence(f.path)
         if reach.on_path(f.path):
-            out.append(replace(f, reach="on-path", reach_evidence=ev))
+            out.append(
+                replace(f, reach="on-path", reach_evidence=ev, reach_conditions=reach.conditions(f.path))
+            )
         elif f.severity == "error":
             out.append(
                 replace(
@@ -1038,15 +1121,17 @@ def apply_reach(report: CheckReport, reach: Reach) -> CheckReport:
 class WaiverNote:
     path: str
     function: str
-    status: Literal["unnecessary", "unused"]
+    status: Literal["unnecessary", "unused", "condition-not-met"]
     message: str
 
 
 def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNote]:
-    """Why each unused waiver matched no error: its call is off the path, or there is none."""
+    """Why each unused waiver matched no error: its call is off the path, the conditions it names
+    no longer cover every way to the call, or there is no such call."""
     notes = []
     for w in unused:
         path, function = str(getattr(w, "path", "")), str(getattr(w, "function", ""))
+        when = tuple(getattr(w, "when", ()) or ())
         hit = next((f for f in report.findings if f.path == path and f.function == function), None)
         if hit is not None and hit.reach == "off-path":
             msg = (
@@ -1054,6 +1139,17 @@ def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNo
                 f"({hit.reach_evidence}); remove it"
             )
             notes.append(WaiverNote(path, function, "unnecessary", msg))
+        elif hit is not None and when and hit.severity == "error":
+            how = (
+                "unconditionally"
+                if not hit.reach_conditions
+                else "also under " + "; ".join(" and ".join(c) for c in hit.reach_conditions)
+            )
+            msg = (
+                f"recipe waiver for {function} in {path} holds only under {', '.join(when)}, but the "
+                f"model reaches the call {how} ({hit.reach_evidence}): the error gates; review the waiver"
+            )
+            notes.append(WaiverNote(path, function, "condition-not-met", msg))
         else:
             msg = f"recipe waiver for {function} in {path} matches no finding: remove it"
             notes.append(WaiverNote(path, function, "unused", msg))
