@@ -48,6 +48,7 @@ from typing import Literal
 
 from pipeline.compat.pysource import SummaryCache, module_files, module_of, resolve_relative
 from pipeline.compat.report import CheckReport, Finding
+from pipeline.compat.waivers import apply_waivers, covers
 from pipeline.errors import ConfigError, SourceError
 from pipeline.gitw import GitRepo
 
@@ -1140,10 +1141,11 @@ def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNo
             )
             notes.append(WaiverNote(path, function, "unnecessary", msg))
         elif hit is not None and when and hit.severity == "error":
+            open_ways = [w for w in hit.reach_conditions if not covers(when, [w])]
             how = (
                 "unconditionally"
                 if not hit.reach_conditions
-                else "also under " + "; ".join(" and ".join(c) for c in hit.reach_conditions)
+                else "also under " + "; ".join(" and ".join(c) for c in open_ways)
             )
             msg = (
                 f"recipe waiver for {function} in {path} holds only under {', '.join(when)}, but the "
@@ -1180,8 +1182,6 @@ def gate_model(
 
     `recipe` is a `pipeline.recipe.Recipe` (duck-typed here: compat does not import recipes).
     """
-    from pipeline.compat.waivers import apply_waivers
-
     model = getattr(recipe, "model", None)
     arch = getattr(model, "architecture", None)
     warnings: list[str] = []
