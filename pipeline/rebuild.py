@@ -236,6 +236,11 @@ def plan_rebuild(
                     + (f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else "")
                     + f"; its newest compatible aiter is {pinned.auto.newest_compatible.sha[:10]}"
                 )
+            else:
+                why = auto.error.message.splitlines()[0] if auto.error is not None else "none found"
+                notes.append(
+                    f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path; no fallback: {why}"
+                )
         if candidates:
             oldest = min(candidates, key=lambda lock: lock.aiter.date)
             aiter = oldest.aiter.sha
