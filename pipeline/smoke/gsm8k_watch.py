@@ -183,10 +183,10 @@ class Scorer:
         self.pending.put(({"path": path, "request": request}, body))
 
     def drain(self, wait_s: float) -> None:
+        """Wait (at most `wait_s`) until every answer received is scored; none queued: no wait."""
         deadline = time.monotonic() + wait_s
-        self.ready.wait(wait_s)
         with self.idle:
-            while self.busy and self.ready.is_set() and time.monotonic() < deadline:
+            while self.busy and time.monotonic() < deadline:
                 self.idle.wait(max(0.0, deadline - time.monotonic()))
 
 
