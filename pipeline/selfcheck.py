@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.dockerw import Engine
+from pipeline.dockerw import EngineAPI
 from pipeline.errors import BuildError, PipelineError
 from pipeline.fsutil import atomic_write_json
 
@@ -220,7 +220,7 @@ def _python_only(src: Path, dest: Path) -> None:
 
 
 def run_selfcheck(
-    engine: Engine,
+    engine: EngineAPI,
     image: str,
     expected: Mapping[str, Any],
     context: Path,
@@ -252,10 +252,9 @@ def run_selfcheck(
             result.facts = facts
             result.failures += judge(expected, facts)
             try:
-                stream, _ = engine.api.get_archive(c.id, TREES_TAR)
-                outer = io.BytesIO(b"".join(stream))
-            except Exception as e:  # docker/requests errors: evidence, not a traceback
-                result.failures.append(f"could not copy the installed trees out of the image: {e}")
+                outer = io.BytesIO(engine.archive(c.id, TREES_TAR))
+            except PipelineError as e:  # the engine's refusal is evidence, not a traceback
+                result.failures.append(f"could not copy the installed trees out of the image: {e.message}")
                 _write(run_dir, result)
                 return result
         with tarfile.open(fileobj=outer) as tf:

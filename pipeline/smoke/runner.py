@@ -616,7 +616,7 @@ def run_smoke(
     moved_aside = prepare_run_dir(run_dir)
     if moved_aside is not None:
         log.warn(f"{run_dir} held an earlier smoke run; moved it aside to {moved_aside}")
-    docker_host = getattr(engine, "docker_host", None) or settings.smoke.docker_host or None
+    docker_host = engine.docker_host or settings.smoke.docker_host or None
     engine_desc = f"the Docker engine at {docker_host}" if docker_host else "the local Docker engine"
 
     info = engine.image(image)

@@ -62,13 +62,9 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.imagebuild import build_image, registry_lookup
 
-    settings = ctx.settings.model_copy(
-        update={
-            "tag": ctx.settings.tag.model_copy(update={"registry": inputs.registry}),
-            "image": ctx.settings.image.model_copy(
-                update={"repository": inputs.repository or ctx.settings.image.repository}
-            ),
-        }
+    settings = ctx.settings_with(
+        tag={"registry": inputs.registry},
+        image={"repository": inputs.repository or ctx.settings.image.repository},
     )
     engine = ctx.engine()
     out = build_image(
