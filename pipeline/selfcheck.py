@@ -22,7 +22,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping
@@ -181,10 +180,12 @@ def _check_signature(report: Any) -> dict[str, Any]:
 
 
 def _commit_tree(src: Path, repo_dir: Path) -> tuple[Any, str]:
-    from pipeline.gitw import GitRepo
+    from pipeline.gitw import GitRepo, git_error, run_git
 
     shutil.copytree(src, repo_dir, symlinks=True)
-    subprocess.run(["git", "init", "-q", str(repo_dir)], check=True, capture_output=True)
+    init = run_git(["init", "-q", str(repo_dir)])
+    if not init.ok:
+        raise git_error(init, str(repo_dir))
     repo = GitRepo(repo_dir)
     env = {
         "GIT_AUTHOR_DATE": _FIXED_DATE,
@@ -194,11 +195,8 @@ def _commit_tree(src: Path, repo_dir: Path) -> tuple[Any, str]:
         "GIT_COMMITTER_NAME": "selfcheck",
         "GIT_COMMITTER_EMAIL": "selfcheck@example.invalid",
     }
-    # in the work tree itself: GitRepo speaks to the git directory, where `add -A` adds nothing
-    # (an empty commit on both sides made the comparison below vacuous)
-    for args in (["add", "-A"], ["commit", "-q", "--allow-empty", "-m", "tree"]):
-        subprocess.run(["git", "-C", str(repo_dir), *args], check=True, capture_output=True,
-                       env={**os.environ, **env})
+    repo.git("add", "-A", env=env)
+    repo.git("commit", "-q", "--allow-empty", "-m", "tree", env=env)
     return repo, repo.git("rev-parse", "HEAD")
 
 
