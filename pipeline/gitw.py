@@ -24,7 +24,7 @@ from pathlib import Path
 import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
-from pipeline.errors import InfraError, SourceError
+from pipeline.errors import InfraError, SourceError, sentence
 
 ProgressFn = Callable[[str], None]
 
@@ -221,12 +221,12 @@ def git_error(res: GitResult, where: str) -> SourceError | InfraError:
     stderr = res.stderr.strip()
     if is_unreachable(stderr):
         return InfraError(
-            f"git could not reach a remote while running `{res.command}`: {_sentence(_first_line(stderr))}",
+            f"git could not reach a remote while running `{res.command}`: {sentence(_first_line(stderr))}",
             hint="Check the URL and the network, or use a local mirror path.",
             evidence=stderr,
         )
     return SourceError(
-        f"`{res.command}` failed in {where}: {_sentence(_first_line(stderr))}", evidence=stderr
+        f"`{res.command}` failed in {where}: {sentence(_first_line(stderr))}", evidence=stderr
     )
 
 
@@ -405,5 +405,3 @@ def _first_line(text: str) -> str:
     return "(no output)"
 
 
-def _sentence(text: str) -> str:
-    return text if text.endswith((".", "!", "?")) else text + "."
