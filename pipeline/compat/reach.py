@@ -445,15 +445,20 @@ def summarize(data: bytes, path: str) -> FileSummary:
     # names it imports (a substring test: a false mention only keeps more code on the path).
     owners = [lines.owner_name(t) for t in range(len(lines.tops))]
     candidates = {o for o in owners if o} | {x for e in edges for x in e.names}
-    refs: dict[str, set[str]] = {}
-    data_owners: set[str] = set()
-    for t, owner in enumerate(owners):
-        start = lines.tops[t]
-        chunk = text[start : lines.tops[t + 1] if t + 1 < len(lines.tops) else len(text)]
-        if owner and not chunk.startswith(("def ", "async def ", "class ", "@")):
-            data_owners.add(owner)
-        got = refs.setdefault(owner, set())
-        got.update(c for c in candidates if c in chunk and c != owner)
+    tops = lines.tops
+    refs: dict[str, set[str]] = {owner: set() for owner in owners}
+    data_owners = {
+        o
+        for t, o in enumerate(owners)
+        if o and not text.startswith(("def ", "async def ", "class ", "@"), tops[t])
+    }
+    # Each name's occurrences, each in the top-level statement it falls in (a name has no newline,
+    # so none straddles two).
+    for c in candidates:
+        for pos in _finds(text, c):
+            t = bisect.bisect_right(tops, pos) - 1
+            if t >= 0 and owners[t] != c:
+                refs[owners[t]].add(c)
     return FileSummary(
         tuple(edges),
         False,
