@@ -671,6 +671,18 @@ class _Tree:
         self.blobs = blobs
         self.mods = module_files(blobs)
         self.summaries = summaries
+        self._targets: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+
+    def _runs(self, target: str) -> tuple[str | None, tuple[str, ...]]:
+        """(the file a dotted name runs, the package __init__ files above it), once per name."""
+        got = self._targets.get(target)
+        if got is None:
+            dst = self.path_of(target)
+            parts = target.split(".")
+            pkgs = [self.mods.get(".".join(parts[:depth])) for depth in range(1, len(parts))]
+            got = dst, tuple(p for p in pkgs if p is not None and p.endswith("__init__.py") and p != dst)
+            self._targets[target] = got
+        return got
 
     def path_of(self, dotted: str) -> str | None:
         """The file a dotted name runs: the longest prefix that is a module."""
@@ -697,14 +709,10 @@ class _Tree:
             kind: EdgeKind = r.kind
             if path == REGISTRY_PATH and r.kind == "string" and r.key in registry:
                 kind = "registry"
-            dst = self.path_of(r.target)
+            dst, pkgs = self._runs(r.target)
             if dst is not None:
                 out.append(Edge(path, dst, r.line, kind, r.key if kind == "registry" else None, r))
-            parts = r.target.split(".")
-            for depth in range(1, len(parts)):
-                pkg = self.mods.get(".".join(parts[:depth]))
-                if pkg is not None and pkg.endswith("__init__.py") and pkg != dst:
-                    out.append(Edge(path, pkg, r.line, "package", raw=r))
+            out += [Edge(path, pkg, r.line, "package", raw=r) for pkg in pkgs]
             for n in r.names:
                 sub = self.mods.get(f"{r.target}.{n}")
                 if sub is not None:
