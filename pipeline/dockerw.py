@@ -42,6 +42,7 @@ Registry credentials never appear in an error message or its evidence.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import datetime as _dt
 import os
@@ -364,7 +365,11 @@ class ContainerAPI(Protocol):
     @overload
     def logs(self, *, stream: Literal[True], follow: bool = True) -> Iterator[str]: ...
     def exec(
-        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> tuple[int, str]: ...
     def exit_code(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
@@ -373,13 +378,34 @@ class ContainerAPI(Protocol):
 
 
 class EngineAPI(Protocol):
-    """The one engine interface smoke, tag and the orchestrator take (`Engine` implements it)."""
+    """The one engine interface the stages take: imagebuild, selfcheck, smoke, tag and the
+    orchestrator's Context (`Engine` implements it; the unit tier passes fakes)."""
 
     docker_host: str | None
 
+    def close(self) -> None: ...
+    def version(self) -> dict[str, Any]: ...
+    def build(
+        self,
+        context_dir: str | Path,
+        *,
+        dockerfile: str = "Dockerfile",
+        tag: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        buildargs: Mapping[str, str] | None = None,
+        target: str | None = None,
+        nocache: bool = False,
+        pull: bool = False,
+        on_line: Callable[[str], None] | None = None,
+    ) -> BuiltImage: ...
+    def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]: ...
+    def pull(self, ref: str, auth_config: Mapping[str, str] | None = None) -> ImageInfo: ...
+    def archive(self, container: str, path: str) -> bytes: ...
     def image(self, ref: str) -> ImageInfo | None: ...
     def tag(self, image: str, repo: str, tag: str) -> None: ...
-    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None: ...
+    def remove_image(
+        self, ref: str, *, force: bool = False, noprune: bool = False, missing_ok: bool = True
+    ) -> None: ...
     def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str: ...
     def run(
         self,
@@ -488,8 +514,14 @@ class ContainerHandle:
             return ""
 
     def exec(
-        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> tuple[int, str]:
+        """Run `cmd` in the container; (exit code, stdout+stderr). With `on_output`, each piece
+        of output is also handed to it as it comes (a long-running tool watched live)."""
         from pipeline.retry import GaveUp, with_retries
 
         # Over ssh:// the SDK pools `ssh ... dial-stdio` processes and cannot see that one died
@@ -512,6 +544,18 @@ class ContainerHandle:
         exec_id = again(
             lambda: api.exec_create(self.id, cmd, stdout=True, stderr=True, environment=env)["Id"]
         )
+        if on_output is not None:
+            with _translated(what):
+                decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                pieces: list[str] = []
+                for chunk in api.exec_start(exec_id, stream=True):
+                    text = decoder.decode(chunk)
+                    if text:
+                        pieces.append(text)
+                        on_output(text)
+                pieces.append(decoder.decode(b"", final=True))
+            code = again(lambda: api.exec_inspect(exec_id)["ExitCode"])
+            return int(code if code is not None else -1), "".join(pieces)
         try:
             with _translated(what):
                 out = api.exec_start(exec_id)
@@ -670,6 +714,12 @@ class Engine:
                 return ImageInfo.from_inspect(self.api.inspect_image(ref))
             except docker.errors.NotFound:
                 return None
+
+    def archive(self, container: str, path: str) -> bytes:
+        """The tar archive of ``path`` in ``container`` (as `docker cp CONTAINER:PATH -` gives it)."""
+        with _translated(f"copy {path} out of container {container[:12]}"):
+            stream, _ = self.api.get_archive(container, path)
+            return b"".join(stream)
 
     def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]:
         label = key if value is None else f"{key}={value}"

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import IO
 
 from pipeline import buildkit, labels
+from pipeline.buildprogress import BuildProgress, timings_path
 from pipeline.config import Settings, load_settings
-from pipeline.dockerw import BuiltImage, Engine, ImageInfo
+from pipeline.dockerw import BuiltImage, EngineAPI, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 from pipeline.log import Logger
 from pipeline.render import (
@@ -111,13 +112,13 @@ def stage_cached(built: BuiltImage, stage: str) -> bool | None:
     return all(s in built.cached for s in steps)
 
 
-def _ensure_tag(engine: Engine, info: ImageInfo, ref: str) -> None:
+def _ensure_tag(engine: EngineAPI, info: ImageInfo, ref: str) -> None:
     if ref not in info.tags:
         repo, tag = split_ref(ref)
         engine.tag(info.id, repo, tag)
 
 
-def _check_base(engine: Engine, base: str, log: Logger) -> None:
+def _check_base(engine: EngineAPI, base: str, log: Logger) -> None:
     """The pinned base image must be on the engine or pullable; else an error naming it."""
     if engine.image(base) is not None:
         return
@@ -140,7 +141,7 @@ def _check_base(engine: Engine, base: str, log: Logger) -> None:
 
 
 def build_image(
-    engine: Engine,
+    engine: EngineAPI,
     context: Path,
     *,
     tag: str | None,
@@ -215,16 +216,21 @@ def build_image(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = log_path.open("w", encoding="utf-8")
 
+    shown = BuildProgress(log, timings_path(settings.cache_dir, manifest.model))
+    # with a live display the bar shows the current step; plain output gets a line per step
+    step_line = log.detail if shown.live else log.info
+
     def on_line(line: str) -> None:
         if fh is not None:
             fh.write(log.redact(line) + "\n")
             fh.flush()
+        shown(line)
         m = _STEP.match(line)
         bk = re.match(r"^#\d+ (\[\S+ \d+/\d+\] .*)$", line)
         if m:
-            log.info(f"  step {m.group(1)}/{m.group(2)}: {_short(m.group(3))}")
+            step_line(f"  step {m.group(1)}/{m.group(2)}: {_short(m.group(3))}")
         elif bk:
-            log.info(f"  {_short(buildkit._MOUNT.sub('', bk.group(1)))}")
+            step_line(f"  {_short(buildkit._MOUNT.sub('', bk.group(1)))}")
         elif line.strip() == "---> Using cache" or re.match(r"^#\d+ CACHED$", line):
             log.detail("    (from cache)")
         elif line.strip():
@@ -269,12 +275,15 @@ def build_image(
                 nocache=nocache,
             )
     except BuildError as e:
+        shown.close(succeeded=False)
         raise _failure(e, log_path) from None
-    except InfraError:
+    except BaseException:
+        shown.close(succeeded=False)
         raise
     finally:
         if fh is not None:
             fh.close()
+    shown.close(succeeded=True)
 
     phases["build"] = time.monotonic() - t0
     built_info = engine.image(built.id)
@@ -334,7 +343,7 @@ def _secret_values(manifest: ContextManifest, env: Mapping[str, str]) -> dict[st
 
 
 def _front_end(
-    engine: Engine, settings: Settings, env: Mapping[str, str], manifest: ContextManifest, log: Logger
+    engine: EngineAPI, settings: Settings, env: Mapping[str, str], manifest: ContextManifest, log: Logger
 ) -> buildkit.CliChoice | None:
     """The BuildKit CLI to use, or None for the classic builder ([image] builder)."""
     choice = settings.image.builder
@@ -355,12 +364,12 @@ def _front_end(
     return None
 
 
-def engine_has_buildkit(engine: Engine) -> bool:
+def engine_has_buildkit(engine: EngineAPI) -> bool:
     return buildkit.engine_has_buildkit(engine)
 
 
 def _selfcheck(
-    engine: Engine,
+    engine: EngineAPI,
     image_id: str,
     manifest: ContextManifest,
     settings: Settings,
@@ -427,7 +436,7 @@ def _attestations(
     )
 
 
-def _push_cache(engine: Engine, image_id: str, cache_ref: str, log: Logger) -> str:
+def _push_cache(engine: EngineAPI, image_id: str, cache_ref: str, log: Logger) -> str:
     """Push the checked image (it carries the inline cache) as the model's build cache."""
     repo, tag = split_ref(cache_ref)
     try:

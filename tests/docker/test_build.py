@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import labels
+from pipeline.buildprogress import timings_path
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import Engine
@@ -51,12 +51,22 @@ from tests.fixtures.second_engine import second_dockerd
 from .conftest import DockerCleanup, Registry, _start_registry
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "dockerfiles"
-CACHE_ROOT = Path(tempfile.gettempdir()) / "atom-pipeline-test-cache"
+# The cache (mirrors, one build directory per model) every test of this module shares, so BuildKit
+# sends only what changed; it lives in this session's pytest temp dir (`_build_cache`), never in a
+# directory another run on the machine shares (same TMPDIR or not), which would race with this one.
+CACHE_ROOT: list[Path] = []
 SHOW_ATOM = (
     "import atom.models.minimax_m3 as m, aiter; "
     "print(m.API); print(m.__file__); print(open('/app/aiter-test/BUILD_STAMP').read().strip()); "
     "print(open('/app/aiter-test/3rdparty/composable_kernel/include/ck.hpp').read().strip())"
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    CACHE_ROOT[:] = [tmp_path_factory.mktemp("build-cache")]
+    yield CACHE_ROOT[0]
+    CACHE_ROOT.clear()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +122,7 @@ def settings_env(base_ref: str, case: str, **extra: str) -> dict[str, str]:
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",  # the debootstrap minbase image has no git
         # one build directory per model for every test: BuildKit sends only what changed
-        "PIPELINE_CACHE_DIR": str(CACHE_ROOT),
+        "PIPELINE_CACHE_DIR": str(CACHE_ROOT[0]),
     }
     env.update({f"PIPELINE_{k.upper()}": v for k, v in extra.items()})
     return env
@@ -184,6 +194,11 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     assert isinstance(log.stream, io.StringIO)
     assert "[aiter 5/5] RUN python3 build_aiter.py" in log.stream.getvalue()
     assert "image self-check passed" in log.stream.getvalue()
+    # each step's time is kept for the next build's progress ("against the last build's time")
+    times = timings_path(s.cache_dir, MODEL)
+    aiter_step = next(k for k in json.loads(times.read_text())["steps"] if k.startswith("[aiter 5/5] RUN"))
+    aiter_s = json.loads(times.read_text())["steps"][aiter_step]
+    assert aiter_s > 0
     report = json.loads((run1 / "selfcheck.json").read_text())
     assert report["ok"] is True and report["facts"]["dists"]["lm-eval"][0]["version"] == "0.4.13"
     assert report["facts"]["compat"]["installed"] == report["facts"]["compat"]["pre_build"]
@@ -220,6 +235,9 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
         settings=s,
     )
     assert not second.skipped and second.aiter_cached is True and second.image_id != first.image_id
+    assert json.loads(times.read_text())["steps"][aiter_step] == aiter_s  # from cache: the real time kept
+    shown = log.stream.getvalue().split("image self-check passed", 1)[1]  # the second build's lines
+    assert "  … build: " in shown and "(last build " in shown
     # BuildKit sent only what changed (the patched file, the lock), not the trees and the wheelhouse
     # (against the context's size on disk, not the first transfer: the shared build directory
     # outlives this test, so an earlier run may already have sent the first context)
