@@ -25,6 +25,7 @@ import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from pipeline.errors import InfraError, SourceError
+from pipeline.pickling import by_fields
 
 ProgressFn = Callable[[str], None]
 
@@ -68,6 +69,7 @@ def is_unreachable(stderr: str) -> bool:
     return any(p in low for p in _UNREACHABLE)
 
 
+@by_fields
 @dataclass(frozen=True)
 class CommitInfo:
     sha: str

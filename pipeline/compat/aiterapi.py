@@ -32,6 +32,7 @@ from pipeline.compat.pysource import (
     resolve_relative,
     strip_bodies,
 )
+from pipeline.pickling import by_fields
 
 # References from ATOM (pipeline.compat.calls): `(module, attribute chain)`, where the segment CALL
 # means "the result of calling what precedes it", and the module TORCH_OPS holds the ops registered
@@ -42,6 +43,7 @@ TORCH_OPS = "torch.ops.aiter"
 ParamKind = Literal["posonly", "pos", "vararg", "kwonly", "varkw"]
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Param:
     name: str
@@ -56,6 +58,7 @@ class Param:
         return f"{prefix}{self.name}{ann}"
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Signature:
     name: str
@@ -80,12 +83,14 @@ class Signature:
         return tuple((p.name, p.kind, p.has_default, p.annotation) for p in self.params)
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Member:
     kind: Literal["method", "static", "class", "property"]
     sig: Signature  # as written (self/cls included)
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class ClassInfo:
     """What a class defines: enough to resolve `obj.method(...)` on its instances."""
@@ -112,6 +117,7 @@ class ClassInfo:
 Event = tuple[str, str, object, int]
 
 
+@by_fields
 @dataclass(slots=True)
 class ModSummary:
     module: str

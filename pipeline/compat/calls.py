@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
+from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
     from pipeline.compat.aiterapi import Target
@@ -33,12 +34,14 @@ ROOT = "aiter"
 Ref = tuple[str, tuple[str, ...]]
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Arg:
     text: str  # source text, shortened
     etype: str | None  # evident type: int/float/str/bool/None/Tensor/list/tuple/dict, or None if unknown
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class RawCall:
     path: str
@@ -67,6 +70,7 @@ def qualname(ref: Ref) -> str:
     return out
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Unchecked:
     path: str
@@ -75,6 +79,7 @@ class Unchecked:
     reason: str
 
 
+@by_fields
 @dataclass(slots=True)
 class FileCalls:
     path: str
