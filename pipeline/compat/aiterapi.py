@@ -218,7 +218,45 @@ def _ann(node: ast.expr | None) -> str | None:
         return None
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value  # string annotation
-    return ast.unparse(node)
+    return _plain(node) or ast.unparse(node)
+
+
+def _plain(node: ast.expr) -> str | None:
+    """`ast.unparse` of the shapes annotations and defaults almost always have (it is slow), else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _plain(node.value) if isinstance(node.value, ast.Name | ast.Attribute) else None
+        return f"{base}.{node.attr}" if base else None
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is None or isinstance(v, bool):
+            return str(v)
+        if v is Ellipsis:
+            return "..."
+        if type(v) is int and v >= 0:
+            return str(v)
+        return None
+    if isinstance(node, ast.Subscript):
+        base = _plain(node.value) if isinstance(node.value, ast.Name | ast.Attribute) else None
+        sl = node.slice
+        if base is None:
+            return None
+        if isinstance(sl, ast.Tuple) and sl.elts:
+            items = [_plain(e) for e in sl.elts]
+            return f"{base}[{', '.join(items)}]" if all(items) else None  # type: ignore[arg-type]
+        inner = _plain(sl) if not isinstance(sl, ast.Tuple) else None
+        return f"{base}[{inner}]" if inner else None
+    if isinstance(node, ast.List):
+        items = [_plain(e) for e in node.elts]
+        return f"[{', '.join(items)}]" if all(items) else None  # type: ignore[arg-type]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        if isinstance(node.right, ast.BinOp):
+            return None  # `a | (b | c)`: unparse's parentheses
+        left, right = _plain(node.left), _plain(node.right)
+        if left and right and (not isinstance(node.left, ast.BinOp) or isinstance(node.left.op, ast.BitOr)):
+            return f"{left} | {right}"
+    return None
 
 
 def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
