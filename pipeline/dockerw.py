@@ -42,6 +42,7 @@ Registry credentials never appear in an error message or its evidence.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import datetime as _dt
 import os
@@ -364,7 +365,11 @@ class ContainerAPI(Protocol):
     @overload
     def logs(self, *, stream: Literal[True], follow: bool = True) -> Iterator[str]: ...
     def exec(
-        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> tuple[int, str]: ...
     def exit_code(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
@@ -488,8 +493,14 @@ class ContainerHandle:
             return ""
 
     def exec(
-        self, cmd: Sequence[str] | str, *, environment: Mapping[str, str] | None = None
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        environment: Mapping[str, str] | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> tuple[int, str]:
+        """Run `cmd` in the container; (exit code, stdout+stderr). With `on_output`, each piece
+        of output is also handed to it as it comes (a long-running tool watched live)."""
         from pipeline.retry import GaveUp, with_retries
 
         # Over ssh:// the SDK pools `ssh ... dial-stdio` processes and cannot see that one died
@@ -512,6 +523,18 @@ class ContainerHandle:
         exec_id = again(
             lambda: api.exec_create(self.id, cmd, stdout=True, stderr=True, environment=env)["Id"]
         )
+        if on_output is not None:
+            with _translated(what):
+                decoder = codecs.getincrementaldecoder("utf-8")("replace")
+                pieces: list[str] = []
+                for chunk in api.exec_start(exec_id, stream=True):
+                    text = decoder.decode(chunk)
+                    if text:
+                        pieces.append(text)
+                        on_output(text)
+                pieces.append(decoder.decode(b"", final=True))
+            code = again(lambda: api.exec_inspect(exec_id)["ExitCode"])
+            return int(code if code is not None else -1), "".join(pieces)
         try:
             with _translated(what):
                 out = api.exec_start(exec_id)

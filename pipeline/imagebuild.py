@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from pipeline import buildkit, labels
+from pipeline.buildprogress import BuildProgress, timings_path
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import BuiltImage, Engine, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
@@ -208,16 +209,21 @@ def build_image(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = log_path.open("w", encoding="utf-8")
 
+    shown = BuildProgress(log, timings_path(settings.cache_dir, manifest.model))
+    # with a live display the bar shows the current step; plain output gets a line per step
+    step_line = log.detail if shown.live else log.info
+
     def on_line(line: str) -> None:
         if fh is not None:
             fh.write(log.redact(line) + "\n")
             fh.flush()
+        shown(line)
         m = _STEP.match(line)
         bk = re.match(r"^#\d+ (\[\S+ \d+/\d+\] .*)$", line)
         if m:
-            log.info(f"  step {m.group(1)}/{m.group(2)}: {_short(m.group(3))}")
+            step_line(f"  step {m.group(1)}/{m.group(2)}: {_short(m.group(3))}")
         elif bk:
-            log.info(f"  {_short(buildkit._MOUNT.sub('', bk.group(1)))}")
+            step_line(f"  {_short(buildkit._MOUNT.sub('', bk.group(1)))}")
         elif line.strip() == "---> Using cache" or re.match(r"^#\d+ CACHED$", line):
             log.detail("    (from cache)")
         elif line.strip():
@@ -261,12 +267,15 @@ def build_image(
                 nocache=nocache,
             )
     except BuildError as e:
+        shown.close(succeeded=False)
         raise _failure(e, log_path) from None
-    except InfraError:
+    except BaseException:
+        shown.close(succeeded=False)
         raise
     finally:
         if fh is not None:
             fh.close()
+    shown.close(succeeded=True)
 
     built_info = engine.image(built.id)
     if built_info is None or built_info.labels.get(labels.INPUTS_DIGEST) != digest:

@@ -10,8 +10,9 @@ so logs stay readable and greppable.
     with progress.task("server start", total=2700, unit="s") as t:
         t.update(elapsed, status=last_log_line)
 
-The smoke stage uses it; mirror fetches (bytes and objects from git's ``--progress``) and the
-image build (step N/M against the last build's time) can use the same `task()` API.
+The smoke stage uses it (server start, GSM8K with its running score, benchmark rows), and so do
+mirror fetches (objects and bytes from git's ``--progress``, `pipeline.sources.mirrors`) and the
+image build (the current step against the last build's time for it, `pipeline.buildprogress`).
 """
 
 from __future__ import annotations
@@ -61,8 +62,18 @@ class Task:
         self._rich_id: Any = None
 
     def update(
-        self, completed: float | None = None, *, advance: float = 0.0, status: str | None = None
+        self,
+        completed: float | None = None,
+        *,
+        advance: float = 0.0,
+        status: str | None = None,
+        total: float | None = None,
+        description: str | None = None,
     ) -> None:
+        if total is not None:
+            self.total = total
+        if description is not None:
+            self.description = description
         if completed is not None:
             self.completed = completed
         self.completed += advance
@@ -76,7 +87,7 @@ class Task:
         done = _fmt(self.completed, self.unit)
         if self.total:
             done += f" / {_fmt(self.total, self.unit)} ({min(self.completed / self.total, 1.0):.0%})"
-        if self.unit != "s" and elapsed > 0 and self.completed:
+        if self.unit != "s" and elapsed >= 1 and self.completed:  # no rate from a blink
             done += f", {_fmt(self.completed / elapsed, self.unit)}/s"
         parts = [f"{self.description}: {done}", f"{elapsed:.0f} s elapsed" + (" (done)" if final else "")]
         return " · ".join(parts + ([self.status] if self.status else []))
@@ -154,7 +165,9 @@ class Progress:
 
     def _refresh(self, t: Task) -> None:
         if self.live and self._rich is not None:
-            self._rich.update(t._rich_id, completed=t.completed, status=t.status)
+            self._rich.update(
+                t._rich_id, completed=t.completed, status=t.status, total=t.total, description=t.description
+            )
             return
         now = time.monotonic()
         if now - t._last_line >= self.interval_s:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pipeline.config import Settings
 from pipeline.errors import ExitCode, IncompatibleError, PipelineError, UsageError
-from pipeline.fsutil import read_text
+from pipeline.fsutil import atomic_write_json, read_text
 from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.orchestrate import BuildRequest, execute
@@ -127,6 +127,153 @@ def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
         return f"not computed: {e.message}"
 
 
+# -- one pin and one check for every model of a scheduled rebuild (the workflow's first job) --
+
+PLAN_SCHEMA = "atom-image-pipeline/rebuild-plan/v1"
+PLAN_FILE = "plan.json"
+
+
+@dataclass
+class Plan:
+    """The ATOM x aiter pair every model of one rebuild builds, with each model's lock and check."""
+
+    atom: str
+    aiter: str
+    models: dict[str, dict[str, Any]]  # model -> status, exit_code, lock (relative), verdict, notes
+    notes: list[str] = field(default_factory=list)
+    root: Path = Path(".")
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        text = read_text(path, what="rebuild plan")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"rebuild plan {path} is not valid JSON: {e}.") from None
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise UsageError(
+                f"{path} is not a rebuild plan ({PLAN_SCHEMA}).",
+                hint="Write it with `pipeline rebuild --plan DIR` (the workflow's pins job does).",
+            )
+        return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": PLAN_SCHEMA,
+            "atom": self.atom,
+            "aiter": self.aiter,
+            "models": self.models,
+            "notes": self.notes,
+        }
+
+    def request(self, model: str, registry: str | None) -> BuildRequest:
+        """A model job's run: exactly the planned lock (no re-pinning, no fallback of its own)."""
+        entry = self.models.get(model)
+        if entry is None:
+            listed = ", ".join(sorted(self.models))
+            raise UsageError(f"model {model!r} is not in the rebuild plan ({listed}).")
+        if entry["status"] != "ok":
+            raise IncompatibleError(
+                f"{model}: the rebuild plan for ATOM {self.atom[:9]} x aiter {self.aiter[:10]} says "
+                f"{entry['status']}: " + "; ".join(entry.get("notes", [])),
+            )
+        return BuildRequest(model=model, lock=self.root / entry["lock"], until="render", registry=registry)
+
+
+def _check_at(
+    model: str, atom: str | None, aiter: str | None, settings: Settings, log: Logger, env: Mapping[str, str]
+) -> tuple[Any, Lock | None]:
+    req = BuildRequest(model=model, atom_ref=atom, aiter_ref=aiter, until="check")
+    result = execute(req, settings, log, env)
+    lock_file = result.run_dir / "lock.toml"
+    return result, (Lock.load(lock_file) if lock_file.is_file() else None)
+
+
+def plan_rebuild(
+    models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], out_dir: Path
+) -> Plan:
+    """Pin the configured refs once, check every model's path at that pair, and write the locks
+    and reports every model job builds from. When aiter's head breaks some model's path, the
+    pair falls back once, for all models, to the oldest of their newest compatible aiters."""
+    import shutil
+
+    def round_at(atom: str | None, aiter: str | None) -> dict[str, tuple[Any, Lock | None, str | None]]:
+        got: dict[str, tuple[Any, Lock | None, str | None]] = {}
+        for model in models:
+            try:
+                result, lock = _check_at(model, atom, aiter, settings, log, env)
+            except PipelineError as e:
+                got[model] = (None, None, str(e))
+                continue
+            if lock is not None and atom is None:
+                atom, aiter = lock.atom.sha, lock.aiter.sha  # the first model resolves the refs
+            got[model] = (result, lock, None)
+        return got
+
+    first = round_at(None, None)
+    locks = [lock for _, lock, _ in first.values() if lock is not None]
+    if not locks:
+        raise PipelineError(
+            "no model of the rebuild could be pinned: "
+            + "; ".join(f"{m}: {err}" for m, (_, _, err) in first.items() if err)
+        )
+    atom, aiter = locks[0].atom.sha, locks[0].aiter.sha
+    notes: list[str] = []
+    broken = [m for m, (r, _, _) in first.items() if r is not None and isinstance(r.error, IncompatibleError)]
+    rounds = first
+    if broken:
+        candidates: list[Lock] = []
+        for model in broken:
+            auto = execute(
+                BuildRequest(model=model, atom_ref=atom, until="check", auto_aiter=True), settings, log, env
+            )
+            pinned = auto.output("pin", pin.Outputs)
+            if pinned is not None and pinned.auto is not None and pinned.auto.newest_compatible is not None:
+                candidates.append(pinned.lock)
+                brk = pinned.auto.first_breaking
+                notes.append(
+                    f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path"
+                    + (f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else "")
+                    + f"; its newest compatible aiter is {pinned.auto.newest_compatible.sha[:10]}"
+                )
+            else:
+                why = auto.error.message.splitlines()[0] if auto.error is not None else "none found"
+                notes.append(
+                    f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path; no fallback: {why}"
+                )
+        if candidates:
+            oldest = min(candidates, key=lambda lock: lock.aiter.date)
+            aiter = oldest.aiter.sha
+            notes.append(f"every model builds aiter {aiter[:10]} (the oldest of those), one pair for all")
+            rounds = round_at(atom, aiter)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, dict[str, Any]] = {}
+    for model, (result, lock, err) in rounds.items():
+        entry: dict[str, Any] = {"status": "ok", "exit_code": 0, "lock": "", "verdict": "", "notes": []}
+        if err is not None or result is None:
+            entry.update(status="failed", exit_code=int(ExitCode.USAGE), notes=[err or "not run"])
+        elif result.error is not None:
+            entry.update(status="incompatible" if isinstance(result.error, IncompatibleError) else "failed")
+            entry.update(exit_code=int(result.error.exit_code), notes=[result.error.message.splitlines()[0]])
+        else:
+            entry["verdict"] = _verdict(result.output("check", check.Outputs))
+        if lock is not None and (lock.atom.sha, lock.aiter.sha) != (atom, aiter):
+            entry.update(status="failed", exit_code=int(ExitCode.USAGE))
+            entry["notes"].append(f"pinned {lock.atom.sha[:9]} x {lock.aiter.sha[:10]}, not the planned pair")
+        if result is not None:
+            reports = out_dir / "reports" / model
+            reports.mkdir(parents=True, exist_ok=True)
+            for name in ("check.json", "check.txt", "lock.toml"):
+                if (result.run_dir / name).is_file():
+                    shutil.copyfile(result.run_dir / name, reports / name)
+            if (reports / "lock.toml").is_file() and entry["status"] == "ok":
+                entry["lock"] = f"reports/{model}/lock.toml"
+        entries[model] = entry
+    plan = Plan(atom, aiter, entries, notes, out_dir)
+    atomic_write_json(out_dir / PLAN_FILE, plan.to_json())
+    return plan
+
+
 def rebuild_model(
     model: str,
     settings: Settings,
@@ -135,16 +282,19 @@ def rebuild_model(
     *,
     registry: str | None,
     shared: SharedPins | None = None,
+    plan: Plan | None = None,
 ) -> ModelOutcome:
     released = _read_released(settings, model)
     shared = shared or SharedPins()
     req = BuildRequest(
         model=model, atom_ref=shared.atom, aiter_ref=shared.aiter, until="render", registry=registry
     )
-    notes: list[str] = []
+    if plan is not None:
+        req = plan.request(model, registry)
+    notes: list[str] = [*plan.notes] if plan is not None else []
     result = execute(req, settings, log, env)
     shared.remember(result.run_dir)
-    if isinstance(result.error, IncompatibleError):
+    if isinstance(result.error, IncompatibleError) and plan is None:
         # aiter's head breaks ATOM even with our patches: fall back to the newest aiter that
         # does not (`pin --auto`), and say which aiter commit broke it.
         broken = Lock.load(result.run_dir / "lock.toml")
@@ -203,13 +353,21 @@ def rebuild_model(
 
 
 def rebuild(
-    models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], *, registry: str | None
+    models: list[str],
+    settings: Settings,
+    log: Logger,
+    env: Mapping[str, str],
+    *,
+    registry: str | None,
+    plan: Plan | None = None,
 ) -> list[ModelOutcome]:
     outcomes = []
     shared = SharedPins()
     for model in models:
         try:
-            outcomes.append(rebuild_model(model, settings, log, env, registry=registry, shared=shared))
+            outcomes.append(
+                rebuild_model(model, settings, log, env, registry=registry, shared=shared, plan=plan)
+            )
         except PipelineError as e:
             outcomes.append(ModelOutcome(model, "failed", int(e.exit_code), notes=[str(e)]))
     return outcomes

@@ -252,6 +252,9 @@ class CompatWaiver(_Strict):
     path: str = Field(min_length=1)  # ATOM file, e.g. atom/model_ops/quant_v4.py
     function: str = Field(min_length=1)  # the aiter function as the check names it
     reason: str = Field(min_length=10)  # why it cannot affect this model; shown in every report
+    # The conditions the call's file is reached under (`if self.use_triton`), as reach reports
+    # them: the waiver holds only while every way to the call passes one of them.
+    when: tuple[str, ...] = ()
 
 
 class CompatPolicy(_Strict):

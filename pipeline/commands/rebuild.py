@@ -8,7 +8,7 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.errors import ExitCode, PipelineError, UsageError
-from pipeline.rebuild import overall_exit, rebuild, summary_markdown
+from pipeline.rebuild import PLAN_FILE, Plan, overall_exit, plan_rebuild, rebuild, summary_markdown
 
 
 class RebuildFailed(PipelineError):
@@ -28,6 +28,19 @@ class RebuildFailed(PipelineError):
 @click.option("--registry", help="Registry for verified tags (default: [tag] registry).")
 @click.option("--docker-host", help="Docker engine with the GPUs, e.g. ssh://user@gpu-host.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON on stdout.")
+@click.option(
+    "--write-plan",
+    "write_plan",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Only pin and check, once for all the models, and write the plan (plan.json, each "
+    "model's lock and check report) to this directory; build nothing.",
+)
+@click.option(
+    "--plan",
+    "plan_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Build exactly the pair and locks of this plan (from --write-plan): no pin, no fallback.",
+)
 @pass_app
 def command(
     app: App,
@@ -37,6 +50,8 @@ def command(
     registry: str | None,
     docker_host: str | None,
     as_json: bool,
+    write_plan: Path | None,
+    plan_file: Path | None,
 ) -> None:
     """Scheduled rebuild: move the pins, rebuild what changed, report.
 
@@ -50,10 +65,30 @@ def command(
     settings = app.settings(
         atom_ref=atom_ref, aiter_ref=aiter_ref, registry=registry, docker_host=docker_host
     )
-    names = list(models) or sorted(p.stem for p in Path(settings.paths.recipes_dir).glob("*.yaml"))
+    if write_plan is not None and plan_file is not None:
+        raise UsageError(
+            "--write-plan and --plan exclude each other (the first job writes, the others read)."
+        )
+    plan = Plan.load(plan_file) if plan_file is not None else None
+    names = list(models) or (
+        sorted(plan.models)
+        if plan is not None
+        else sorted(p.stem for p in Path(settings.paths.recipes_dir).glob("*.yaml"))
+    )
     if not names:
         raise UsageError(f"no recipes found in {settings.paths.recipes_dir}.")
-    outcomes = rebuild(names, settings, app.log, app.env, registry=registry)
+    if write_plan is not None:
+        written = plan_rebuild(names, settings, app.log, app.env, write_plan)
+        lines = [f"rebuild plan: ATOM {written.atom[:9]} x aiter {written.aiter[:10]} for every model"]
+        lines += [f"  {m}: {e['status']} {e['verdict']}".rstrip() for m, e in sorted(written.models.items())]
+        lines += [f"  note: {n}" for n in written.notes]
+        app.log.publish_summary("pipeline rebuild --write-plan", "\n".join(lines) + "\n")
+        if as_json:
+            app.emit_json(written.to_json())
+        else:
+            app.echo("\n".join(lines) + f"\nwritten: {write_plan / PLAN_FILE}")
+        return
+    outcomes = rebuild(names, settings, app.log, app.env, registry=registry, plan=plan)
     md = summary_markdown(outcomes)
     app.log.publish_summary("pipeline rebuild", md)
     if as_json:

@@ -27,8 +27,10 @@ Edges not followed, each only while the pinned tree shows the fact it rests on
   tables, when the recipe's server command sets no `--method` (ATOM builds no
   drafter then).
 
-Read line by line with regular expressions, not `ast` (a cold closure over
-~400 files stays within its 0.3 s budget); per-file summaries are cached by
+Read with string searches and regular expressions, not `ast` (a cold closure
+over ~400 files stays within its 0.3 s budget): blocks are found from the
+colons that end their headers and nested by indentation, and blobs are
+summarized while git streams the next ones. Per-file summaries are cached by
 blob SHA and whole results by tree SHA.
 """
 
@@ -40,12 +42,13 @@ import time
 import tomllib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from pipeline.compat.pysource import SummaryCache, module_files, module_of, resolve_relative
 from pipeline.compat.report import CheckReport, Finding
+from pipeline.compat.waivers import apply_waivers, covers
 from pipeline.errors import ConfigError, SourceError
 from pipeline.gitw import GitRepo
 
@@ -56,7 +59,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 3  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 5  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -92,7 +95,9 @@ class RawEdge:
     guards: tuple[str, ...] = ()  # conditions of the `if`/`elif` blocks around it: "use_v4", "is_vllm()"
     key: str | None = None  # dict key when the string is a table entry
     prefix: bool = False  # f-string prefix: every module under target
-    owner: str = ""  # the top-level def/class/assignment it belongs to ("": other module-level code)
+    owner: str = ""  # in atom/plugin/: the top-level def/class/assignment it belongs to ("": other code)
+    # The conditional blocks around it, outermost first: ("if self.use_triton", 1207), ("else", 12).
+    conditions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +154,7 @@ def _quals(text: str) -> Iterable[re.Match[str]]:
 
 
 class _Lines:
-    """Block structure by indentation, computed per top-level statement and only where asked."""
+    """Top-level statements of one file (computed on first use): who owns an offset."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -157,7 +162,7 @@ class _Lines:
 
     @property
     def tops(self) -> list[int]:
-        """Starts of the statements at column 0 (computed on first use)."""
+        """Starts of the statements at column 0."""
         if self._tops is None:
             first = [0] if self.text[:1] and self.text[0] not in " \t\n#)]}" else []
             self._tops = first + [m.start() + 1 for m in _TOP_RE.finditer(self.text)]
@@ -166,47 +171,9 @@ class _Lines:
     def top_of(self, offset: int) -> int:
         return bisect.bisect_right(self.tops, offset) - 1
 
-    def header(self, start: int) -> str:
-        end = self.text.find("\n", start)
-        return self.text[start : end if end >= 0 else len(self.text)]
-
-    def _enclosing(self, lo: int, offset: int, indent: int) -> int:
-        """Start of the last line in [lo, offset) indented less than `indent`, or -1."""
-        pat = _LESS.get(indent)
-        if pat is None:
-            pat = _LESS[indent] = re.compile(rf"^[ \t]{{0,{indent - 1}}}[^ \t\n#)\]}}]", re.M)
-        last = -1
-        for m in pat.finditer(self.text, lo, offset):
-            last = m.start()
-        return last
-
-    def context(self, offset: int) -> tuple[bool, tuple[str, ...], str]:
-        """(inside a function?, `if COND:` conditions around it, its top-level owner name)."""
+    def owner(self, offset: int) -> str:
         t = self.top_of(offset)
-        if t < 0:
-            return False, (), ""
-        lo = self.tops[t]
-        owner = self.owner_name(t)
-        line_start = self.text.rfind("\n", 0, offset) + 1
-        line = self.header(line_start)
-        indent = len(line) - len(line.lstrip(" \t"))
-        in_fn = False
-        guards: list[str] = []
-        pos = line_start
-        while indent > 0 and pos > lo:
-            j = self._enclosing(lo, pos, indent)
-            if j < 0:
-                break
-            h = self.header(j)
-            stripped = h.lstrip(" \t")
-            if stripped.startswith(("def ", "async def ")):
-                in_fn = True
-            elif stripped.startswith(("if ", "elif ")):
-                g = _GUARD_RE.match(stripped)
-                if g:
-                    guards.append(g.group(1))
-            indent, pos = len(h) - len(stripped), j
-        return in_fn, tuple(guards), owner
+        return self.owner_name(t) if t >= 0 else ""
 
     def owner_name(self, t: int) -> str:
         """def/class name, `NAME` of `NAME = <literal>`, or "" (code that runs at import)."""
@@ -216,6 +183,128 @@ class _Lines:
         if m.group(1):
             return m.group(1)
         return m.group(2) if m.group(3) else ""
+
+
+# Compound statements whose header ends a line with `:` (then a newline or a comment).
+_BLOCK_WORDS = frozenset(
+    {"if", "elif", "else", "def", "async", "class", "try", "except", "finally", "with", "for", "while"}
+    | {"match", "case"}
+)
+CONDITIONAL_WORDS = frozenset({"if", "elif", "else", "except", "while", "case"})
+_WORD_RE = re.compile(r"[ \t]*(\w+)")
+_INDENT_RE = re.compile(r"[ \t]*")
+_COLON_RE = re.compile(r":(?=\n|  #| #)")  # a colon that ends a line (before any comment)
+
+
+class _Blocks:
+    """The compound-statement headers of one file and how they nest, found from their colons.
+
+    A statement's innermost enclosing block is the nearest header before it that is indented
+    less (every line between is in that block); nesting follows by the same rule among the
+    headers, so an offset's blocks are a walk up parent links, not a scan of the lines.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.ends: list[int] = []  # colon offsets, increasing
+        self.starts: list[int] = []  # offset of the header's first line
+        self.indent: list[int] = []
+        self.word: list[str] = []
+        self.parent: list[int] = []
+        self._stack: list[int] = []
+        self._done = 0  # headers are read up to here (on demand: most references come early)
+        self._colons: list[int] | None = None
+        self._at = 0
+
+    def _find_colons(self) -> list[int]:
+        return [m.start() for m in _COLON_RE.finditer(self.text)]
+
+    def _read_to(self, offset: int) -> None:
+        text, stack, indent = self.text, self._stack, self.indent
+        colons = self._colons if self._colons is not None else self._find_colons()
+        self._colons = colons
+        at, n = self._at, len(colons)
+        while at < n and colons[at] < offset:
+            c = colons[at]
+            at += 1
+            start = text.rfind("\n", 0, c) + 1
+            m = _WORD_RE.match(text, start)
+            if m is None:
+                ind = _INDENT_RE.match(text, start).end() - start  # type: ignore[union-attr]
+                if text[start + ind] not in ")]":
+                    continue
+                start, m = self._opening(start, ind)
+                if m is None:
+                    continue
+            else:
+                ind = m.start(1) - start
+            word = m.group(1)
+            if word not in _BLOCK_WORDS:
+                continue
+            while stack and indent[stack[-1]] >= ind:
+                stack.pop()
+            self.parent.append(stack[-1] if stack else -1)
+            stack.append(len(self.ends))
+            self.ends.append(c)
+            self.starts.append(start)
+            indent.append(ind)
+            self.word.append(word)
+        self._at = at
+        self._done = max(self._done, offset)
+
+    def _opening(self, start: int, ind: int) -> tuple[int, re.Match[str] | None]:
+        """The first line of a header whose last line is `) -> X:`: the nearest line before it
+        indented exactly as much (≤ 64 lines up)."""
+        text, lead, pos = self.text, "\n" + " " * ind, start - 1
+        for _ in range(64):
+            pos = text.rfind(lead, 0, pos)
+            if pos < 0:
+                break
+            m = _WORD_RE.match(text, pos + 1)
+            if m is not None and m.start(1) - pos - 1 == ind:
+                return pos + 1, m
+        return start, None
+
+    def enclosing(self, offset: int, indent: int) -> list[int]:
+        """Headers around a statement at `offset` indented `indent`, innermost first."""
+        out: list[int] = []
+        if offset > self._done:
+            self._read_to(offset)
+        i = bisect.bisect_left(self.ends, offset) - 1 if indent > 0 else -1
+        while i >= 0:
+            if self.indent[i] < indent:
+                out.append(i)
+                indent = self.indent[i]
+            i = self.parent[i]  # the headers in between are indented at least as much
+        return out
+
+    def around_line(self, line_start: int, indent: int) -> list[int]:
+        """Headers around a line that may continue a bracketed statement (a table's entry): while
+        a line between the innermost header and it is indented no more than that header, the
+        last such line is where the statement (or an enclosing one) starts; climb to it."""
+        heads = self.enclosing(line_start, indent)
+        while heads:
+            bound = self.indent[heads[0]]
+            pat = _LESS.get(bound)
+            if pat is None:
+                pat = _LESS[bound] = re.compile(rf"\n[ \t]{{0,{bound}}}[^ \t\n#)\]}}]")
+            last = None
+            for m in pat.finditer(self.text, self.ends[heads[0]], line_start - 1):
+                last = m
+            if last is None:
+                break
+            line_start = last.start() + 1
+            heads = self.enclosing(line_start, last.end() - line_start - 1)
+        return heads
+
+    def line_of(self, i: int, offset: int, line: int) -> int:
+        """Line number of header i, from a later offset whose line number is known."""
+        return line - self.text.count("\n", self.starts[i], offset)
+
+    def condition(self, i: int) -> str:
+        """`if self.use_triton`, `else`, `except ImportError`: the header without its colon."""
+        text = " ".join(self.text[self.starts[i] : self.ends[i]].split())
+        return text
 
 
 _LESS: dict[int, re.Pattern[str]] = {}
@@ -235,59 +324,102 @@ class _LineNumbers:
         return self.line
 
 
+def _calls_switch(text: str) -> bool:
+    """Does the file call ATOM's plugin-mode switch (`_SETS_FRAMEWORK_RE`, tried where the names are)?"""
+    for word in ("_set_framework_backbone", "prepare_model"):
+        pos = text.find(word)
+        while pos >= 0:
+            if _SETS_FRAMEWORK_RE.match(text, pos):
+                return True
+            pos = text.find(word, pos + len(word))
+    return False
+
+
 def summarize(data: bytes, path: str) -> FileSummary:
-    """Every import and ATOM qualname string of one file."""
+    """Every import and ATOM qualname string of one file, with the blocks around each."""
     text = data.decode("utf-8", "replace")
     module = module_of(path) or ""
     is_pkg = path.endswith("__init__.py")
     lines = _Lines(text)
-    line_no = _LineNumbers(text)
-    # Only some files need the block structure: the rules read guards, function bodies in the
-    # speculative-decoding package and top-level owners in plugin code. Elsewhere skip it.
-    needs = (
-        path.startswith((PLUGIN_PACKAGE, SPEC_DECODE_PACKAGE))
-        or path == SELECTOR_PATH
-        or any(g in text for g in PLUGIN_GUARDS)
-    )
+    plugin = path.startswith(PLUGIN_PACKAGE)
+    blocks: _Blocks | None = None  # only for files with an indented reference
 
-    def context(offset: int) -> tuple[bool, tuple[str, ...], str]:
-        return lines.context(offset) if needs else (False, (), "")
+    def context(
+        offset: int, indent: int, line: int, statement: bool
+    ) -> tuple[bool, tuple[str, ...], str, tuple[tuple[str, int], ...]]:
+        """(inside a function?, simple `if NAME:` guards innermost first, top-level owner,
+        the conditional blocks around it outermost first as (header, line))."""
+        nonlocal blocks
+        owner = lines.owner(offset) if plugin else ""
+        if indent <= 0:
+            return False, (), owner, ()
+        if blocks is None:
+            blocks = _Blocks(text)
+        heads = blocks.enclosing(offset, indent) if statement else blocks.around_line(offset, indent)
+        in_fn, guards, conds = False, [], []
+        for h in heads:
+            word = blocks.word[h]
+            if word in ("def", "async"):
+                in_fn = True
+            elif word in CONDITIONAL_WORDS:
+                header = blocks.condition(h)
+                conds.append((header, blocks.line_of(h, offset, line)))
+                g = _GUARD_RE.match(header + ":") if word in ("if", "elif") else None
+                if g:
+                    guards.append(g.group(1))
+        return in_fn, tuple(guards), owner, tuple(reversed(conds))
 
     edges: list[RawEdge] = []
+    line_no = _LineNumbers(text)
     for m in _imports(text):
         indent, dots, target, names, plain = m.groups()
-        n = line_no(m.start())
         if plain is not None:
             if "atom" not in plain:
                 continue
         elif not (target.startswith("atom") or dots):
             continue
-        in_fn, guards, owner = context(m.start())
+        n = line_no(m.start())
+        in_fn, guards, owner, conds = context(m.start(), len(indent), n, True)
         kind: EdgeKind = "nested-import" if indent else "import"
         if plain is not None:
             for part in plain.split("#")[0].split(","):
                 name = part.strip().split(" as ")[0].strip()
                 if name == "atom" or name.startswith("atom."):
-                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner))
+                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner, conditions=conds))
             continue
         base = resolve_relative(module, is_pkg, len(dots), target or None) if dots else target
         if not base or not (base == "atom" or base.startswith("atom.")):
             continue
-        listed = [x.strip().split(" as ")[0].strip() for x in re.sub(r"#[^\n]*", "", names).split(",")]
+        if "#" in names:
+            names = re.sub(r"#[^\n]*", "", names)
+        listed = [x.strip().split(" as ")[0].strip() for x in names.split(",")]
         clean = tuple(x.strip("()\\ \t\n") for x in listed)
         edges.append(
-            RawEdge(n, kind, base, tuple(x for x in clean if x.isidentifier()), in_fn, guards, owner=owner)
+            RawEdge(
+                n,
+                kind,
+                base,
+                tuple(x for x in clean if x.isidentifier()),
+                in_fn,
+                guards,
+                owner=owner,
+                conditions=conds,
+            )
         )
     line_no = _LineNumbers(text)
     for m in _quals(text):
         qual = m.group(0)
         # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
         end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
-        in_fn, guards, owner = context(m.start())
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        lead = text[line_start : m.start()]
+        indent = len(lead) - len(lead.lstrip(" \t"))
+        n = line_no(m.start())
+        in_fn, guards, owner, conds = context(line_start, indent, n, False)
         key = _key_before(text, m.start() - 1)
         edges.append(
             RawEdge(
-                line_no(m.start()),
+                n,
                 "string",
                 qual.replace(":", "."),
                 in_function=in_fn,
@@ -295,15 +427,13 @@ def summarize(data: bytes, path: str) -> FileSummary:
                 key=key,
                 prefix=end == ".{",
                 owner=owner,
+                conditions=conds,
             )
         )
     if not path.startswith(PLUGIN_PACKAGE):
-        sets = ("_set_framework_backbone" in text or "prepare_model" in text) and (
-            _SETS_FRAMEWORK_RE.search(text) is not None
-        )
-        return FileSummary(tuple(edges), sets)
+        return FileSummary(tuple(edges), _calls_switch(text))
     switch = (
-        {lines.context(m.start())[2] for m in _SWITCH_RE.finditer(text)}
+        {lines.owner(m.start()) for m in _SWITCH_RE.finditer(text)}
         if "_set_framework_backbone(" in text
         else set()
     )
@@ -340,6 +470,7 @@ class Edge:
     kind: EdgeKind
     key: str | None = None  # registry key
     raw: RawEdge | None = None
+    conditions: tuple[tuple[str, int], ...] = ()  # the raw edge's conditional blocks (kept when bare)
 
     def how(self) -> str:
         name = Path(self.src).name
@@ -390,6 +521,9 @@ class Reach:
     followed: dict[str, int]  # edge kind -> edges followed
     rules: dict[str, str]  # rule id -> what it rests on in this tree
     files: frozenset[str] = frozenset()  # every ATOM Python file of the tree
+    # Files on the path only through conditional blocks (`if self.use_triton:`), each with the
+    # conditional edges from the unconditional part of the path that lead to it.
+    conditional: dict[str, tuple[Edge, ...]] = field(default_factory=dict)
     seconds: float = 0.0
 
     def on_path(self, path: str) -> bool:
@@ -404,6 +538,30 @@ class Reach:
             e = self.parents.get(e.src)
         return list(reversed(out))
 
+    def conditions(self, path: str) -> tuple[tuple[str, ...], ...]:
+        """For a file reached only conditionally: per way in, its conditions (outermost first);
+        () for a file reached unconditionally or not at all."""
+        out: list[tuple[str, ...]] = []
+        for e in self.conditional.get(path, ()):
+            conds = tuple(c for c, _ in e.conditions)
+            if conds not in out:
+                out.append(conds)
+        return tuple(out)
+
+    def condition_summary(self, path: str) -> str:
+        """ "`if self.use_triton` (moe.py:1207; import at 1208, 1441); ...": each way in."""
+        groups: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
+        for e in self.conditional.get(path, ()):
+            lines = groups.setdefault((e.src, e.conditions), [])
+            if e.line not in lines:
+                lines.append(e.line)
+        parts = []
+        for (src, conds), lines in groups.items():
+            name = Path(src).name
+            where = " and ".join(f"`{c}` ({name}:{n})" for c, n in conds)
+            parts.append(f"{where}, import at {name}:{','.join(map(str, sorted(lines)))}")
+        return "; ".join(parts)
+
     def evidence(self, path: str) -> str:
         arch = self.facts.architecture
         if path in self.parents:
@@ -411,6 +569,10 @@ class Reach:
             if not chain:
                 return f"{path} is where {arch}'s path starts"
             steps = [chain[0].src] + [f"{e.dst} ({e.how()})" for e in chain]
+            if path in self.conditional:
+                return f"{arch} reaches {path} only under {self.condition_summary(path)}: " + " -> ".join(
+                    steps
+                )
             return f"{arch} reaches {path}: " + " -> ".join(steps)
         if self.on_path(path):
             return f"{path} is not a Python file of ATOM {self.atom_sha[:10]}: counted as on the path"
@@ -453,6 +615,7 @@ class Reach:
             "atom": self.atom_sha,
             "tree": self.tree_sha,
             "files_on_path": len(self.parents),
+            "files_only_under_conditions": len(self.conditional),
             "followed": dict(self.followed),
             "rules": dict(self.rules),
         }
@@ -627,16 +790,24 @@ def compute_reach(
     want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
     if len(project) >= 3:
         want["pyproject.toml"] = project[2]
-    missing = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in files.data}
-    data = atom.cat_blobs(sorted(missing | set(want.values())))
     summaries: dict[str, FileSummary] = {}
+    paths_of: dict[str, list[str]] = {}
     for p, sha in blobs.items():
         got_summary = files.data.get(f"{sha}:{p}")
-        if not isinstance(got_summary, FileSummary):
-            got_summary = files.data[f"{sha}:{p}"] = summarize(data[sha], p)
+        if isinstance(got_summary, FileSummary):
+            summaries[p] = got_summary
+        else:
+            paths_of.setdefault(sha, []).append(p)
+    texts: dict[str, str] = {}
+    need_text = {sha: p for p, sha in want.items()}
+    # Summarized as git streams them, so git inflates the next blobs while this reads one.
+    for sha, data in atom.stream_blobs(sorted(set(paths_of) | set(need_text))):
+        for p in paths_of.get(sha, ()):
+            summaries[p] = files.data[f"{sha}:{p}"] = summarize(data, p)
             files.dirty = True
-        summaries[p] = got_summary
-    texts = {p: data[sha].decode("utf-8", "replace") for p, sha in want.items()}
+        for p, want_sha in want.items():
+            if want_sha == sha:
+                texts[p] = data.decode("utf-8", "replace")
     reach = closure(_Tree(blobs, summaries), texts, facts, atom_sha, tree_sha)
     reach = replace(reach, seconds=time.perf_counter() - t0)
     results.data[facts.key] = reach
@@ -687,14 +858,20 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             continue
         break
     walk.unreached_plugin_code()
-    parents, excluded, followed = walk.parents, walk.excluded, walk.followed
+    parents, excluded, followed = dict(walk.parents), walk.excluded, walk.followed
+    # The same walk through unconditional edges only: what is left is reached only under an `if`.
+    plain = _Walk(graph, tree, rules, facts, model_path, host, skip_conditional=True)
+    plain.run([model_path, entry])
+    parents.update(plain.parents)  # chains without conditions where there are such chains
+    conditional = _conditional_entries(walk, plain)
     # The result keeps edges without their raw context (smaller to cache).
     bare: dict[int, Edge] = {}
 
     def strip(e: Edge) -> Edge:
         got = bare.get(id(e))
         if got is None:
-            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key)
+            conds = e.raw.conditions if e.raw is not None else ()
+            got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key, conditions=conds)
         return got
 
     # Evidence is needed for the files off the path only: who imports them.
@@ -717,7 +894,44 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         followed=followed,
         rules=rules,
         files=frozenset(tree.blobs),
+        conditional={p: tuple(strip(e) for e in es) for p, es in conditional.items()},
     )
+
+
+def _conditional_entries(walk: _Walk, plain: _Walk) -> dict[str, list[Edge]]:
+    """{file reached only conditionally: the conditional edges out of the unconditional part of
+    the path (the files `plain` reached) that lead to it, through files reached only so}."""
+    region = {p for p in walk.parents if p not in plain.parents}
+    if not region:
+        return {}
+
+    def runs(e: Edge, by: _Walk) -> bool:
+        if _exclusion(e, walk.rules, walk.facts, walk.model_path) is not None:
+            return False
+        owner = e.raw.owner if e.raw is not None else ""
+        return not (by.is_plugin(e.src) and owner and owner not in by.live.get(e.src, set()))
+
+    below: dict[str, set[str]] = {}  # region file -> the region files it leads to
+
+    def leads_to(start: str) -> set[str]:
+        got = below.get(start)
+        if got is None:
+            got, todo = {start}, [start]
+            while todo:
+                for e in walk.graph.get(todo.pop(), ()):
+                    if e.dst in region and e.dst not in got and runs(e, walk):
+                        got.add(e.dst)
+                        todo.append(e.dst)
+            below[start] = got
+        return got
+
+    out: dict[str, list[Edge]] = {}
+    for src in plain.parents:
+        for e in walk.graph.get(src, ()):
+            if e.dst in region and e.raw is not None and e.raw.conditions and runs(e, plain):
+                for p in sorted(leads_to(e.dst)):
+                    out.setdefault(p, []).append(e)
+    return out
 
 
 def _host_entries(tree: _Tree, pyproject: str) -> dict[str, set[str]]:
@@ -758,8 +972,11 @@ class _Walk:
         facts: ModelFacts,
         model_path: str,
         entries: dict[str, set[str]],
+        *,
+        skip_conditional: bool = False,
     ) -> None:
         self.graph, self.tree, self.rules, self.facts = graph, tree, rules, facts
+        self.skip_conditional = skip_conditional
         self.model_path = model_path
         self.entries = entries
         self.plugin = "standalone" in rules
@@ -808,7 +1025,7 @@ class _Walk:
         """`names` are used by code of `path` that runs: their definitions and imports run too."""
         refs = self.refs(path)
         imported = self._imports_of(path)
-        for n in names:
+        for n in sorted(names):  # a set: sorted, so the first chain found is the same every run
             if n in refs:
                 self.make_live(path, n)
             for dst in imported.get(n, ()):
@@ -827,6 +1044,8 @@ class _Walk:
             self.queue.append((path, owner))
 
     def follow(self, e: Edge) -> None:
+        if self.skip_conditional and e.raw is not None and e.raw.conditions:
+            return
         rule = _exclusion(e, self.rules, self.facts, self.model_path)
         if rule is not None:
             self.excluded.append(Excluded(e, rule))
@@ -881,7 +1100,9 @@ def apply_reach(report: CheckReport, reach: Reach) -> CheckReport:
     for f in report.findings:
         ev = reach.evidence(f.path)
         if reach.on_path(f.path):
-            out.append(replace(f, reach="on-path", reach_evidence=ev))
+            out.append(
+                replace(f, reach="on-path", reach_evidence=ev, reach_conditions=reach.conditions(f.path))
+            )
         elif f.severity == "error":
             out.append(
                 replace(
@@ -901,15 +1122,17 @@ def apply_reach(report: CheckReport, reach: Reach) -> CheckReport:
 class WaiverNote:
     path: str
     function: str
-    status: Literal["unnecessary", "unused"]
+    status: Literal["unnecessary", "unused", "condition-not-met"]
     message: str
 
 
 def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNote]:
-    """Why each unused waiver matched no error: its call is off the path, or there is none."""
+    """Why each unused waiver matched no error: its call is off the path, the conditions it names
+    no longer cover every way to the call, or there is no such call."""
     notes = []
     for w in unused:
         path, function = str(getattr(w, "path", "")), str(getattr(w, "function", ""))
+        when = tuple(getattr(w, "when", ()) or ())
         hit = next((f for f in report.findings if f.path == path and f.function == function), None)
         if hit is not None and hit.reach == "off-path":
             msg = (
@@ -917,6 +1140,18 @@ def waiver_notes(report: CheckReport, unused: Sequence[object]) -> list[WaiverNo
                 f"({hit.reach_evidence}); remove it"
             )
             notes.append(WaiverNote(path, function, "unnecessary", msg))
+        elif hit is not None and when and hit.severity == "error":
+            open_ways = [w for w in hit.reach_conditions if not covers(when, [w])]
+            how = (
+                "unconditionally"
+                if not hit.reach_conditions
+                else "also under " + "; ".join(" and ".join(c) for c in open_ways)
+            )
+            msg = (
+                f"recipe waiver for {function} in {path} holds only under {', '.join(when)}, but the "
+                f"model reaches the call {how} ({hit.reach_evidence}): the error gates; review the waiver"
+            )
+            notes.append(WaiverNote(path, function, "condition-not-met", msg))
         else:
             msg = f"recipe waiver for {function} in {path} matches no finding: remove it"
             notes.append(WaiverNote(path, function, "unused", msg))
@@ -947,8 +1182,6 @@ def gate_model(
 
     `recipe` is a `pipeline.recipe.Recipe` (duck-typed here: compat does not import recipes).
     """
-    from pipeline.compat.waivers import apply_waivers
-
     model = getattr(recipe, "model", None)
     arch = getattr(model, "architecture", None)
     warnings: list[str] = []

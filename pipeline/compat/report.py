@@ -63,6 +63,8 @@ class Finding:
     # For one model (pipeline/compat/reach.py): "on-path" / "off-path", and why; None: not computed.
     reach: str | None = None
     reach_evidence: str = ""
+    # On the path only under conditional blocks: per way in, its conditions ("if self.use_triton",).
+    reach_conditions: tuple[tuple[str, ...], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -82,6 +84,8 @@ class Finding:
         if self.reach is not None:
             d["reach"] = self.reach
             d["reach_evidence"] = self.reach_evidence
+            if self.reach_conditions:
+                d["reach_conditions"] = [list(c) for c in self.reach_conditions]
         d["cause"] = self.cause.to_json() if self.cause else None
         return d
 

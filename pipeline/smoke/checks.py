@@ -17,18 +17,21 @@ The gates do no I/O: the plug-ins fetch the tools' files through the context and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.log import Logger
 from pipeline.recipe import BenchmarkCheck, BenchRow, ChatCheck, Gsm8kCheck, Recipe, expand
+from pipeline.smoke.running import RunningScore, watch_config
 from pipeline.smoke.verdict import CheckResult
 
 IN_CONTAINER_OUT = "/tmp/atom-smoke"
@@ -303,6 +306,10 @@ class CheckContext(Protocol):
 
     def tool(self, name: str, argv: Sequence[str], timeout: float) -> tuple[int, str] | CheckResult: ...
 
+    def accuracy_proxy(
+        self, config: Mapping[str, Any], metric: str
+    ) -> AbstractContextManager[RunningScore | None]: ...
+
 
 class PlanOptions(Protocol):
     """The per-run choices a planner reads (the runner's frozen `SmokeOptions`)."""
@@ -416,14 +423,18 @@ class Gsm8kGate:
                     evidence=ctx.log.redact(setup[1][-3000:]),
                 )
         out_dir = f"{IN_CONTAINER_OUT}/{ctx.run_id}/{check.name}"
-        argv = [
-            *expand(check.command, {"model": ctx.recipe.model.id, "port": ctx.port}),
-            "--output_path",
-            out_dir,
-        ]
-        if limit is not None:
-            argv += ["--limit", str(limit)]
-        ran = ctx.tool(check.name, argv, check.timeout_s)
+        # lm_eval scores only at the end: a recording proxy scores each answer as it comes
+        config = watch_config(check.command, task=check.task, port=ctx.port)
+        with ctx.accuracy_proxy(config, check.metric) if config else _no_proxy() as running:
+            port = running.port if running is not None and running.port else ctx.port
+            argv = [
+                *expand(check.command, {"model": ctx.recipe.model.id, "port": port}),
+                "--output_path",
+                out_dir,
+            ]
+            if limit is not None:
+                argv += ["--limit", str(limit)]
+            ran = ctx.tool(check.name, argv, check.timeout_s)
         if isinstance(ran, CheckResult):
             return ran
         code, text = ran
@@ -444,6 +455,13 @@ class Gsm8kGate:
         result = evaluate_gsm8k(check, str(found["text"]), limit=limit)
         result.seconds = seconds
         result.figures["results_file"] = str(found["path"])
+        if running is not None:
+            result.figures.update(running.figures())
+            final = result.figures.get("value")
+            if running.value() is not None and final is not None and abs(running.value() - final) > 5e-5:
+                ctx.log.warn(  # the gate is lm_eval's figure; a disagreement is worth a look
+                    f"the running GSM8K score ({running.status()}) disagrees with lm_eval's {final}"
+                )
         return result
 
 
@@ -520,6 +538,11 @@ class BenchmarkGate:
         )
         result.seconds = seconds
         return result
+
+
+@contextlib.contextmanager
+def _no_proxy() -> Iterator[None]:
+    yield None
 
 
 def _plan_chat(check: Any, opts: PlanOptions) -> list[SmokeCheck]:

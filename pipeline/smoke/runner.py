@@ -59,6 +59,7 @@ from pipeline.smoke.preflight import (
 )
 from pipeline.smoke.reports import write_reports
 from pipeline.smoke.rundir import prepare_run_dir
+from pipeline.smoke.running import STOP_PATH, RunningScore, watch_source
 from pipeline.smoke.verdict import CheckResult, RecipeRef, ServerEvidence, Status, TestedImage, Verdict
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
@@ -146,6 +147,7 @@ class _Run:
         self.last_line = ""
         self.last_line_at = 0.0
         self.requests: dict[str, int] = {}
+        self.running: RunningScore | None = None  # the GSM8K score while lm_eval runs
 
     # -- container plumbing ------------------------------------------------------------
 
@@ -453,6 +455,54 @@ class _Run:
         self._save(f"{name}.log", f"$ {shlex.join(argv)}\n{text}")
         return code, text
 
+    @contextlib.contextmanager
+    def accuracy_proxy(self, config: Mapping[str, Any], metric: str) -> Iterator[RunningScore | None]:
+        """The recording proxy (`pipeline.smoke.gsm8k_watch`) in the server container, for the block.
+
+        Yields its state (its `port` is where lm_eval must send its requests), or None when it did
+        not start: lm_eval then talks to the server directly and there is no running score.
+        """
+        assert self.container is not None
+        container, score = self.container, RunningScore(metric)
+        listening = threading.Event()
+        argv = [self.recipe.server.python, "-c", watch_source(), json.dumps(dict(config))]
+
+        def on_output(text: str) -> None:
+            score.feed(text)
+            if score.port is not None:
+                listening.set()
+
+        def target() -> None:
+            try:
+                code, out = container.exec(argv, on_output=on_output)
+                if score.port is None:
+                    score.error = f"the proxy exited {code}: {out.strip()[-200:]}"
+            except BaseException as e:  # reported through `score.error`; the gate does not depend on it
+                score.error = score.error or f"{type(e).__name__}: {e}"[:200]
+            finally:
+                listening.set()
+
+        thread = threading.Thread(target=target, name="smoke-gsm8k-proxy", daemon=True)
+        thread.start()
+        listening.wait(30)
+        if score.port is None:
+            self.log.detail(f"no running GSM8K score: {score.error or 'the proxy did not start in 30 s'}")
+            yield None
+            return
+        self.running = score
+        finished = False
+        try:
+            yield score
+            finished = True
+        finally:
+            if finished:  # let it score what is queued and report its last figure
+                stop = f"http://127.0.0.1:{score.port}{STOP_PATH}"
+                with contextlib.suppress(PipelineError):
+                    self._probe("http", "POST", stop, "10", "{}")
+                thread.join(150)
+            self.running = None
+            self.log.detail(f"running GSM8K score at the end: {score.status() or 'nothing scored'}")
+
     # What the checks' plug-ins use (pipeline.smoke.checks.CheckContext).
     probe_json = _probe
     supervised = _supervised
@@ -488,6 +538,8 @@ class _Run:
         # the age of the server's last line tells a hung server (silent) from a slow one
         age = time.monotonic() - self.last_line_at
         status = f"server {age:.0f} s ago: {self.last_line}" if self.last_line else ""
+        if self.running is not None and self.running.status():
+            status = f"{self.running.status()} · {status}" if status else self.running.status()
         if self.counting is not None:
             path, base = self.counting
             t.update(self.requests.get(path, 0) - base, status=status)

@@ -18,7 +18,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from pipeline.errors import DiskError, InfraError, SourceError
 from pipeline.fsutil import acquire_lock, make_temp_dir, remove_held_lock
 from pipeline.gitw import GitRepo, GitResult, ProgressFn, is_unreachable, run_git
 from pipeline.log import Logger
+from pipeline.progress import Progress, Task
 from pipeline.sources.urls import is_local, mirror_path, normalise_url
 
 if TYPE_CHECKING:
@@ -213,27 +216,48 @@ def _update_head(repo: GitRepo) -> None:
             return
 
 
-class LongFetchProgress:
-    """git's progress lines: all at detail level; when a fetch runs long, some at info level.
+_GIT_PROGRESS = re.compile(
+    r"^(?:remote: )?(?P<phase>[A-Z][a-z]+(?: [a-z]+)*):\s+\d+% \((?P<n>\d+)/(?P<total>\d+)\)"
+    r"(?:, (?P<size>[0-9.]+ [KMG]?i?B))?(?: \| (?P<rate>[0-9.]+ [KMG]?i?B/s))?"
+)
 
-    Quiet runs see nothing for quick fetches, and one line every `every`
-    seconds once a fetch has taken more than `after` seconds.
+
+class FetchProgress:
+    """git's ``--progress`` lines as a live task: objects done of the total, bytes and git's rate.
+
+    Every line goes to the log file (detail level). A fetch that is still running after `after`
+    seconds gets a progress task (`pipeline.progress`): a live bar on a terminal, a plain line
+    every 30 s on CI or off a terminal, so quick fetches print nothing extra. Call `close()`.
     """
 
-    def __init__(self, log: Logger, url: str, *, after: float = 5.0, every: float = 10.0) -> None:
+    def __init__(
+        self, log: Logger, url: str, *, after: float = 5.0, progress: Progress | None = None
+    ) -> None:
         self.log = log
         self.url = url
         self.after = after
-        self.every = every
+        self.progress = progress or Progress.for_stream(log.stream, redact=log.redact)
         self.start = time.monotonic()
-        self.last_info = 0.0
+        self._stack = contextlib.ExitStack()
+        self.task: Task | None = None
+        self.phase = ""
 
     def __call__(self, line: str) -> None:
         self.log.detail(line)
-        now = time.monotonic()
-        if self.log.verbosity == 0 and now - self.start >= self.after and now - self.last_info >= self.every:
-            self.last_info = now
-            self.log.info(f"  {self.url}: {line}")
+        m = _GIT_PROGRESS.match(line.strip())
+        if m is None or (self.task is None and time.monotonic() - self.start < self.after):
+            return
+        if self.task is None:
+            self.task = self._stack.enter_context(self.progress.task(f"fetch {self.url}", unit="objects"))
+        phase = m.group("phase")
+        status = phase + "".join(f", {x}" for x in (m.group("size"), m.group("rate")) if x)
+        self.task.update(
+            int(m.group("n")), total=int(m.group("total")), status=status, description=f"fetch {self.url}"
+        )
+        self.phase = phase
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 def _touch_marker(path: Path) -> None:
@@ -324,10 +348,12 @@ def open_mirror(
             return kept
 
     lock = _mirror_lock(path, log)
+    stack = contextlib.ExitStack()
     try:
         start = time.monotonic()
         if progress is None and log is not None:
-            progress = LongFetchProgress(log, url)
+            progress = shown = FetchProgress(log, url)
+            stack.callback(shown.close)
         # temp dirs of a clone that was killed (we hold this mirror's lock: none is in use)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -362,10 +388,12 @@ def open_mirror(
             _update_head(repo)
             _touch_marker(path)
             verb = "fetched"
+        stack.close()  # the progress task's last line before the summary
         if log is not None:
             log.info(f"{verb} {url} in {time.monotonic() - start:.1f}s")
         return repo
     finally:
+        stack.close()
         if not path.exists():  # nothing was mirrored: leave no lock file for this URL
             remove_held_lock(lock)
         lock.release()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import labels
+from pipeline.buildprogress import timings_path
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import Engine
@@ -181,6 +182,11 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     assert isinstance(log.stream, io.StringIO)
     assert "[aiter 5/5] RUN python3 build_aiter.py" in log.stream.getvalue()
     assert "image self-check passed" in log.stream.getvalue()
+    # each step's time is kept for the next build's progress ("against the last build's time")
+    times = timings_path(s.cache_dir, MODEL)
+    aiter_step = next(k for k in json.loads(times.read_text())["steps"] if k.startswith("[aiter 5/5] RUN"))
+    aiter_s = json.loads(times.read_text())["steps"][aiter_step]
+    assert aiter_s > 0
     report = json.loads((run1 / "selfcheck.json").read_text())
     assert report["ok"] is True and report["facts"]["dists"]["lm-eval"][0]["version"] == "0.4.13"
     assert report["facts"]["compat"]["installed"] == report["facts"]["compat"]["pre_build"]
@@ -217,6 +223,9 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
         settings=s,
     )
     assert not second.skipped and second.aiter_cached is True and second.image_id != first.image_id
+    assert json.loads(times.read_text())["steps"][aiter_step] == aiter_s  # from cache: the real time kept
+    shown = log.stream.getvalue().split("image self-check passed", 1)[1]  # the second build's lines
+    assert "  … build: " in shown and "(last build " in shown
     # BuildKit sent only what changed (the patched file, the lock), not the trees and the wheelhouse
     # (against the context's size on disk, not the first transfer: the shared build directory
     # outlives this test, so an earlier run may already have sent the first context)

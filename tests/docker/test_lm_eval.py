@@ -54,6 +54,16 @@ def test_real_lm_eval_scores_the_known_proportion(
     assert results["configs"]["gsm8k"]["num_fewshot"] == 5
     assert gsm.figures["results_file"].split("/")[-1].startswith("results_")
 
+    # the running score, from the recording proxy lm_eval talked through, ends where lm_eval did
+    assert gsm.figures["running_scored"] == LIMIT and gsm.figures["running_unmatched"] == 0
+    assert gsm.figures["running_value"] == flex
+    assert gsm.figures["running_correct"] == {
+        "exact_match,flexible-extract": flex * LIMIT,
+        "exact_match,strict-match": strict * LIMIT,
+    }
+    lm_eval_log = (run_dir / "gsm8k.log").read_text()
+    assert "base_url=http://127.0.0.1:8000/" not in lm_eval_log  # it went through the proxy
+
     # the same real file passes a gate whose reference it meets, on either filter
     check = load_recipe(recipe_path).checks[1]
     for metric, value in (("exact_match,flexible-extract", flex), ("exact_match,strict-match", strict)):

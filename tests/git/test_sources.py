@@ -376,3 +376,23 @@ def test_interrupted_git_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(pid, 0)
+
+
+def test_a_clone_over_git_shows_its_objects_as_progress(tmp_path: Path, ups: Upstreams) -> None:
+    from pipeline.progress import Progress
+    from pipeline.sources.mirrors import FetchProgress
+
+    log, _ = make_log()
+    out = io.StringIO()  # not a terminal: plain lines, as on CI
+    shown = FetchProgress(log, "ATOM", after=0, progress=Progress(out, live=False, interval_s=0))
+    with git_daemon(ups.root) as d:
+        open_mirror(make_settings(tmp_path), d.url("ATOM"), progress=shown)
+    shown.close()
+    lines = out.getvalue().splitlines()
+    received = [ln for ln in lines if "Receiving objects" in ln]
+    assert received, lines
+    last = received[-1]  # git's own count, done of total
+    n, total = (int(x.strip(" /")) for x in last.split("fetch ATOM: ", 1)[1].split("objects")[:2])
+    assert n == total > 0 and "(100%)" in last, last
+    assert "s elapsed (done)" in lines[-1]  # the closing line
+    assert all("\x1b[" not in ln for ln in lines)  # no escape codes off a terminal

@@ -3,13 +3,15 @@
 import contextlib
 import io
 import json
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from pipeline.errors import ExitCode
-from pipeline.rebuild import ModelOutcome, overall_exit, summary_markdown
+from pipeline.rebuild import ModelOutcome, Plan, overall_exit, summary_markdown
 
 
 def test_exit_code_is_the_worst_but_no_gpus_only_when_nothing_else_failed() -> None:
@@ -48,12 +50,15 @@ def test_summary_row_per_model_has_verdict_image_smoke_and_drift() -> None:
     ) in md
 
 
+def _workflow() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[2]
+    wf: dict[str, Any] = yaml.safe_load((root / ".github/workflows/rebuild.yml").read_text())
+    return wf
+
+
 def test_the_workflow_matrix_is_the_recipes_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(__file__).resolve().parents[2]
-    wf = yaml.safe_load((root / ".github/workflows/rebuild.yml").read_text())
-    matrix = wf["jobs"]["rebuild"]["strategy"]["matrix"]["model"]
-    assert matrix == "${{ fromJSON(needs.recipes.outputs.models) }}"
-    (step,) = [s for s in wf["jobs"]["recipes"]["steps"] if s.get("id") == "list"]
+    (step,) = [s for s in _workflow()["jobs"]["pins"]["steps"] if s.get("id") == "list"]
     one_liner = step["run"].split("python3 -c '", 1)[1].split("')", 1)[0]
     monkeypatch.chdir(root)
     out = io.StringIO()
@@ -61,3 +66,40 @@ def test_the_workflow_matrix_is_the_recipes_directory(monkeypatch: pytest.Monkey
         exec(one_liner, {})  # the job's own listing, run here
     assert json.loads(out.getvalue()) == sorted(p.stem for p in (root / "recipes").glob("*.yaml"))
     assert "MiniMax-M3-MXFP4" in json.loads(out.getvalue())
+
+
+def test_the_matrix_is_the_pin_jobs_plan_and_every_model_job_builds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = _workflow()["jobs"]
+    pins, model_job = jobs["pins"], jobs["rebuild"]
+    # The matrix is what the pin job planned, and nothing runs before the plan exists.
+    assert model_job["needs"] == "pins"
+    assert model_job["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.pins.outputs.models) }}"
+    assert pins["outputs"]["models"] == "${{ steps.plan.outputs.models }}"
+    (plan_step,) = [s for s in pins["steps"] if s.get("id") == "plan"]
+    assert "pipeline rebuild --write-plan pins $args" in plan_step["run"]
+    assert plan_step["env"]["MODELS"] == "${{ steps.list.outputs.models }}"
+    # The plan step's own output code, run on a plan as `rebuild --write-plan` writes it.
+    code = plan_step["run"].split("<<'PY' >> \"$GITHUB_OUTPUT\"\n", 1)[1].split("\nPY", 1)[0]
+    plan = Plan("a" * 40, "b" * 40, {"Zeta": {"status": "ok"}, "Alpha": {"status": "incompatible"}})
+    (tmp_path / "pins").mkdir()
+    (tmp_path / "pins" / "plan.json").write_text(json.dumps(plan.to_json()))
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(textwrap.dedent(code), {})
+    lines = dict(line.split("=", 1) for line in out.getvalue().splitlines())
+    assert json.loads(lines["models"]) == ["Alpha", "Zeta"]  # every planned model gets a job
+    assert (lines["atom"], lines["aiter"]) == ("a" * 40, "b" * 40)
+    # The plan goes up once and comes down in every model job, which builds from it alone.
+    (upload,) = [s for s in pins["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    (download,) = [
+        s for s in model_job["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact")
+    ]
+    assert upload["with"]["path"].rstrip("/") == "pins" and download["with"]["path"] == "pins"
+    assert upload["with"]["name"] == download["with"]["name"] == "pins-${{ github.run_id }}"
+    (run,) = [s for s in model_job["steps"] if s.get("id") == "rebuild"]
+    assert run["run"].endswith("--plan pins/plan.json")
+    assert "--atom" not in run["run"] and "--aiter" not in run["run"]
+    assert not {"PIPELINE_ATOM_REF", "PIPELINE_AITER_REF"} & set(model_job["env"])  # no pin of its own

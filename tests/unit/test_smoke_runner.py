@@ -10,7 +10,7 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ class FakeContainer:
     _exited: int | None = None
     _extra: list[str] = field(default_factory=list)
     _more: threading.Event = field(default_factory=threading.Event)
+    proxy_correct: float | None = None  # the GSM8K proxy's running correct count; None: it fails
+    _proxy_stop: threading.Event = field(default_factory=threading.Event)
 
     def logs(self, *, stream: bool = False, follow: bool = False) -> Iterator[str]:
         for line in self.log:
@@ -78,9 +80,24 @@ class FakeContainer:
     def remove(self) -> None:
         self.removed = True
 
-    def exec(self, argv: Sequence[str]) -> tuple[int, str]:
+    def exec(self, argv: Sequence[str], *, on_output: Callable[[str], None] | None = None) -> tuple[int, str]:
         argv = list(argv)
         self.execs.append(argv)
+        if on_output is not None:  # the GSM8K recording proxy, watched live
+            if self.proxy_correct is None:
+                return 1, "ModuleNotFoundError: No module named 'lm_eval'"
+            on_output('{"event": "listening", "port": 39999}\n{"event": "scorer", "docs": 1319}\n')
+            self._proxy_stop.wait(10)
+            lm = next(a for a in reversed(self.execs) if a[0] == "lm_eval")
+            n = int(lm[lm.index("--limit") + 1])
+            correct = {"exact_match,flexible-extract": self.proxy_correct, "exact_match,strict-match": 0}
+            on_output(
+                json.dumps({"event": "stopped", "scored": n, "unmatched": 0, "correct": correct}) + "\n"
+            )
+            return 0, ""
+        if len(argv) > 5 and argv[3] == "http" and argv[5].endswith("/__atom-smoke/stop"):
+            self._proxy_stop.set()
+            return 0, json.dumps({"status": 200, "body": "{}"})
         if argv[0] == self.interrupt_in:
             raise KeyboardInterrupt
         if argv[0] == self.engine_dies_in:
@@ -314,3 +331,44 @@ def test_engine_failure_mid_run_is_an_error_verdict_not_a_gate(tmp_path: Path) -
     v = load_verdict(tmp_path / "run")
     assert v.status == "error" and "InfraError: The Docker engine did not answer" in v.reason
     assert [x.name for x in v.checks] == ["server-ready", "chat"]  # what ran before, kept as evidence
+
+
+def test_the_running_gsm8k_score_comes_from_the_proxy_lm_eval_talks_through(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], accuracy=0.95, proxy_correct=38)
+    verdict, _ = smoke(tmp_path, c, quick=True)
+    lm_eval = next(a for a in c.execs if a[0] == "lm_eval")
+    assert "base_url=http://127.0.0.1:39999/v1/chat/completions" in lm_eval[lm_eval.index("--model_args") + 1]
+    gsm = next(x for x in verdict.checks if x.name == "gsm8k")
+    assert gsm.figures["running_value"] == 0.95 == gsm.figures["value"]  # 38 of 40
+    assert gsm.figures["running_scored"] == 40 and verdict.passed
+
+
+def test_a_running_score_that_disagrees_with_lm_eval_is_a_warning_not_the_verdict(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], accuracy=0.95, proxy_correct=20)
+    engine = FakeEngine(c)
+    out = io.StringIO()
+    verdict = run_smoke(
+        engine,
+        image="atom:test",
+        recipe=load_recipe(RECIPE_PATH),
+        recipe_path=RECIPE_PATH,
+        settings=load_settings(env={}, cwd=tmp_path),
+        env={"HF_TOKEN": "hf_unit_secret"},
+        run_dir=tmp_path / "run",
+        log=Logger(stream=out),
+        sysfs_root=make_sysfs(tmp_path / "sys"),
+        options=SmokeOptions(quick=True),
+    )
+    gsm = next(x for x in verdict.checks if x.name == "gsm8k")
+    assert gsm.figures["running_value"] == 0.5 and gsm.figures["value"] == 0.95 and gsm.passed
+    assert "running GSM8K score (flexible-extract 0.500" in out.getvalue()
+    assert "disagrees with lm_eval's 0.95" in out.getvalue()
+
+
+def test_without_the_proxy_lm_eval_talks_to_the_server_directly(tmp_path: Path) -> None:
+    c = FakeContainer(["ready"], accuracy=0.95)  # the proxy cannot import lm_eval and exits
+    verdict, _ = smoke(tmp_path, c, quick=True)
+    lm_eval = next(a for a in c.execs if a[0] == "lm_eval")
+    assert "base_url=http://127.0.0.1:8000/v1/chat/completions" in lm_eval[lm_eval.index("--model_args") + 1]
+    gsm = next(x for x in verdict.checks if x.name == "gsm8k")
+    assert "running_value" not in gsm.figures and gsm.passed and verdict.passed

@@ -220,19 +220,25 @@ def test_base_image_digest_from_registry_or_kept_as_given() -> None:
 
 
 def test_long_fetch_progress_reaches_quiet_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import progress as progress_mod
+
     clock = [100.0]
     monkeypatch.setattr(sources.mirrors.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
     log, buf = log_buf()  # verbosity 0: detail lines are not shown
-    progress = sources.LongFetchProgress(log, "https://h/aiter.git", after=5, every=10)
-    progress("Receiving objects:   1% (1/100)")
+    shown = sources.FetchProgress(
+        log, "https://h/aiter.git", after=5, progress=progress_mod.Progress(buf, live=False, interval_s=10)
+    )
+    shown("Receiving objects:   1% (1/100)")
     assert buf.getvalue() == ""  # a quick fetch stays quiet
     clock[0] += 6
-    progress("Receiving objects:  20% (20/100)")
+    shown("Receiving objects:  20% (20/100)")
     clock[0] += 3
-    progress("Receiving objects:  30% (30/100)")  # too soon for another line
+    shown("Receiving objects:  30% (30/100)")  # too soon for another line
     clock[0] += 8
-    progress("Receiving objects:  70% (70/100)")
-    assert buf.getvalue().splitlines() == [
-        "  https://h/aiter.git: Receiving objects:  20% (20/100)",
-        "  https://h/aiter.git: Receiving objects:  70% (70/100)",
+    shown("Receiving objects:  70% (70/100)")
+    lines = buf.getvalue().splitlines()
+    assert [ln.split(" · ")[0] for ln in lines] == [
+        "  … fetch https://h/aiter.git: 20 objects / 100 objects (20%)",
+        "  … fetch https://h/aiter.git: 70 objects / 100 objects (70%), 6.4 objects/s",
     ]

@@ -1,0 +1,102 @@
+"""`pipeline rebuild --write-plan`: one pin and one check for every model, one ATOM x aiter pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.errors import ExitCode, IncompatibleError, UsageError
+from pipeline.lock import Lock
+from pipeline.rebuild import Plan
+from tests.fixtures.reach_repos import ReachRepos, build_reach_repos, recipe_yaml
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
+    return build_reach_repos(tmp_path_factory.mktemp("plan"))
+
+
+def _env(fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fixtures.build_repos import AITER_BUILD_CMD, ATOM_INSTALL_CMD
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    # Alpha's own path has the break aiter's head brings; Gamma's does not.
+    (recipes / "Alpha.yaml").write_text(recipe_yaml("Alpha", "AlphaForCausalLM"))
+    (recipes / "Gamma.yaml").write_text(recipe_yaml("Gamma", "GammaForCausalLM"))
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "series").write_text("")
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        "PIPELINE_ATOM_REPO": str(fx.atom),
+        "PIPELINE_AITER_REPO": str(fx.aiter),
+        "PIPELINE_ATOM_REF": fx.atom_sha,
+        "PIPELINE_AITER_REF": fx.aiter_sha,
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
+        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
+        "PIPELINE_RECIPES_DIR": str(recipes),
+        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
+        "PIPELINE_TEMPLATES_DIR": str(root / "dockerfiles"),
+        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
+        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
+        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
+        "PIPELINE_FETCH_RETRIES": "0",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_one_plan_one_pair_for_every_model(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _env(fx, tmp_path, monkeypatch)
+    out = tmp_path / "pins"
+    assert main(["rebuild", "--write-plan", str(out)]) == ExitCode.OK
+    data = json.loads((out / "plan.json").read_text())
+    assert data["schema"] == "atom-image-pipeline/rebuild-plan/v1"
+    assert sorted(data["models"]) == ["Alpha", "Gamma"]
+    # aiter's head breaks Alpha's path: the pair falls back once, for both models, to the aiter
+    # Alpha was written against (the fixture's first aiter commit).
+    assert data["atom"] == fx.atom_sha and data["aiter"] != fx.aiter_sha
+    assert any("breaks ATOM" in n and "Alpha's path" in n for n in data["notes"])
+    for model, entry in data["models"].items():
+        assert entry["status"] == "ok", (model, entry)
+        lock = Lock.load(out / entry["lock"])
+        assert (lock.model, lock.atom.sha, lock.aiter.sha) == (model, data["atom"], data["aiter"])
+        report = json.loads((out / "reports" / model / "check.json").read_text())
+        assert report["compatible"] is True and report["reach"]["architecture"] == f"{model}ForCausalLM"
+    # A model job builds exactly that lock: no pin of its own, no fallback.
+    plan = Plan.load(out / "plan.json")
+    req = plan.request("Gamma", None)
+    assert req.lock == out / data["models"]["Gamma"]["lock"] and req.atom_ref is None and not req.auto_aiter
+    with pytest.raises(UsageError, match="'Delta' is not in the rebuild plan"):
+        plan.request("Delta", None)
+
+
+def test_without_a_break_the_plan_is_the_configured_heads_and_a_refused_model_fails(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _env(fx, tmp_path, monkeypatch)
+    out = tmp_path / "pins"
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    data = json.loads((out / "plan.json").read_text())
+    assert data["aiter"] == fx.aiter_sha and data["notes"] == []  # nothing broke: the configured head
+    # What a plan records for a model no common pair serves: its job fails with the plan's reason.
+    plan = Plan.load(out / "plan.json")
+    plan.models["Gamma"]["status"] = "incompatible"
+    plan.models["Gamma"]["notes"] = ["aiter x breaks it"]
+    with pytest.raises(IncompatibleError, match=r"the rebuild plan .* says incompatible: aiter x breaks it"):
+        plan.request("Gamma", None)
+
+
+def test_a_file_that_is_no_plan_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema": "something else"}')
+    with pytest.raises(UsageError, match="is not a rebuild plan"):
+        Plan.load(bad)
+    assert main(["rebuild", "--plan", str(bad), "--write-plan", str(tmp_path / "x")]) == ExitCode.USAGE
