@@ -81,6 +81,7 @@ def main() -> int:
         fx = build_reach_repos(Path(tempfile.mkdtemp(prefix="bench-reach-")))
         mirror, a.atom, a.arch = str(fx.atom), fx.atom_sha, "AlphaForCausalLM"
         print(f"(no real mirror: fixture repository {mirror})")
+    load0 = os.getloadavg()[0]
     cold, cold_cpu, warm, peer = [], [], [], []
     for _ in range(a.runs):
         with tempfile.TemporaryDirectory() as cache:
@@ -96,7 +97,7 @@ def main() -> int:
     print(f"cold CPU time (ours + git's): {cpu:.3f} s, ratio {cpu / TARGET_COLD_S:.2f} (less load-sensitive)")
     print(f"warm: {w:.3f} s (cached by tree SHA)")
     print(f"peer: ast.parse of every ATOM file: {p:.3f} s; cold reach / peer = {c / p:.2f}")
-    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"load average: {load0:.2f} at start, {os.getloadavg()[0]:.2f} at end, on {os.cpu_count()} CPUs")
     return 0
 
 

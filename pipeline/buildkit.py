@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.dockerw import BuiltImage, Engine
+from pipeline.dockerw import BuiltImage, EngineAPI
 from pipeline.errors import BuildError, InfraError
 
 # Attestations: what this front end says about provenance and SBOM (the verification record links it).
@@ -89,7 +89,7 @@ def find_cli(configured: str, env: Mapping[str, str]) -> CliChoice | None:
     return None
 
 
-def engine_has_buildkit(engine: Engine) -> bool:
+def engine_has_buildkit(engine: EngineAPI) -> bool:
     """BuildKit is in dockerd since 18.09 (API 1.39); a Windows engine has none."""
     info = engine.version()
     try:

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline import __version__
-from pipeline.app import App
 from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError, disk_error
 from pipeline.stages import TABLE
 
 if TYPE_CHECKING:
     from types import FrameType
+
+    from pipeline.app import App  # imported when a command runs: `--help` needs no logger
 
 # command name -> one-line help; each command is `command` in pipeline/commands/<name>.py
 COMMANDS: dict[str, str] = {
@@ -85,6 +86,8 @@ def cli(ctx: click.Context, config_file: Path | None, verbose: int) -> None:
     The main job:   pipeline build --model MiniMax-M3-MXFP4
     Stages:         pin → patch → check → render → build → smoke → tag
     """
+    from pipeline.app import App
+
     app = App.create(config_file=config_file, verbosity=verbose)
     ctx.obj = app
     _CURRENT.append(app)

@@ -378,13 +378,34 @@ class ContainerAPI(Protocol):
 
 
 class EngineAPI(Protocol):
-    """The one engine interface smoke, tag and the orchestrator take (`Engine` implements it)."""
+    """The one engine interface the stages take: imagebuild, selfcheck, smoke, tag and the
+    orchestrator's Context (`Engine` implements it; the unit tier passes fakes)."""
 
     docker_host: str | None
 
+    def close(self) -> None: ...
+    def version(self) -> dict[str, Any]: ...
+    def build(
+        self,
+        context_dir: str | Path,
+        *,
+        dockerfile: str = "Dockerfile",
+        tag: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        buildargs: Mapping[str, str] | None = None,
+        target: str | None = None,
+        nocache: bool = False,
+        pull: bool = False,
+        on_line: Callable[[str], None] | None = None,
+    ) -> BuiltImage: ...
+    def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]: ...
+    def pull(self, ref: str, auth_config: Mapping[str, str] | None = None) -> ImageInfo: ...
+    def archive(self, container: str, path: str) -> bytes: ...
     def image(self, ref: str) -> ImageInfo | None: ...
     def tag(self, image: str, repo: str, tag: str) -> None: ...
-    def remove_image(self, ref: str, *, force: bool = False, missing_ok: bool = True) -> None: ...
+    def remove_image(
+        self, ref: str, *, force: bool = False, noprune: bool = False, missing_ok: bool = True
+    ) -> None: ...
     def push(self, repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str: ...
     def run(
         self,
@@ -693,6 +714,12 @@ class Engine:
                 return ImageInfo.from_inspect(self.api.inspect_image(ref))
             except docker.errors.NotFound:
                 return None
+
+    def archive(self, container: str, path: str) -> bytes:
+        """The tar archive of ``path`` in ``container`` (as `docker cp CONTAINER:PATH -` gives it)."""
+        with _translated(f"copy {path} out of container {container[:12]}"):
+            stream, _ = self.api.get_archive(container, path)
+            return b"".join(stream)
 
     def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]:
         label = key if value is None else f"{key}={value}"

@@ -47,6 +47,12 @@ EXIT_CODES: dict[ExitCode, str] = {
 }
 
 
+def sentence(text: str) -> str:
+    """`text` ended as a sentence (`.`, `!`, `?` or `:`), so that another can follow it."""
+    text = text.rstrip()
+    return text if not text or text.endswith((".", "!", "?", ":")) else text + "."
+
+
 class PipelineError(Exception):
     """Base class. `str(err)` is the user-facing paragraph.
 
@@ -63,7 +69,11 @@ class PipelineError(Exception):
         self.evidence = evidence
 
     def __str__(self) -> str:
-        return f"{self.message} {self.hint}" if self.hint else self.message
+        if not self.hint:
+            return self.message
+        if "\n" in self.message:  # a report below the message: the hint on a line of its own
+            return f"{self.message.rstrip()}\n{self.hint}"
+        return f"{sentence(self.message)} {self.hint}"
 
 
 class UsageError(PipelineError):

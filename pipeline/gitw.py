@@ -26,7 +26,7 @@ from typing import IO
 import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
-from pipeline.errors import InfraError, SourceError
+from pipeline.errors import InfraError, SourceError, sentence
 from pipeline.pickling import by_fields
 
 ProgressFn = Callable[[str], None]
@@ -225,12 +225,12 @@ def git_error(res: GitResult, where: str) -> SourceError | InfraError:
     stderr = res.stderr.strip()
     if is_unreachable(stderr):
         return InfraError(
-            f"git could not reach a remote while running `{res.command}`: {_sentence(_first_line(stderr))}",
+            f"git could not reach a remote while running `{res.command}`: {sentence(_first_line(stderr))}",
             hint="Check the URL and the network, or use a local mirror path.",
             evidence=stderr,
         )
     return SourceError(
-        f"`{res.command}` failed in {where}: {_sentence(_first_line(stderr))}", evidence=stderr
+        f"`{res.command}` failed in {where}: {sentence(_first_line(stderr))}", evidence=stderr
     )
 
 
@@ -246,9 +246,14 @@ class GitRepo:
                 f"{self.path} is not a git repository.",
                 hint="Check the repository path in your configuration or flags.",
             ) from e
-        # Pin git's discovery to this repository for every command gitpython
-        # runs (bare mirrors without a `config` file are otherwise missed).
-        self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
+        # The work tree when `path` is one (it holds `.git`), None for a bare repository: not
+        # gitpython's guess, which takes a mirror without a `config` file for a work tree's .git.
+        self.work_tree: Path | None = self.path if (self.path / ".git").exists() else None
+        if self.work_tree is None:
+            # Pin git's discovery to this repository for every command gitpython runs (bare
+            # mirrors without a `config` file are otherwise missed). Never for a work tree:
+            # GIT_DIR alone makes git take the current directory as the work tree.
+            self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
 
     # -- plumbing -----------------------------------------------------------
     def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
@@ -422,8 +427,12 @@ class GitRepo:
 
         For commands whose exit status is the answer (`apply --check`, `grep`).
         With `work_tree`, the command runs inside that (linked) work tree and
-        git finds the git dir from its `.git` file.
+        git finds the git dir from its `.git` file. A repository that has a work
+        tree of its own runs there (paths are relative to its top, `add -A` sees
+        its files), never in the caller's current directory.
         """
+        if work_tree is None:
+            work_tree = self.work_tree
         if work_tree is None:
             # --git-dir always: mirrors may lack a `config` file, which makes git's own discovery fail.
             return run_git([f"--git-dir={self.repo.git_dir}", *args], env=env, progress=progress)
@@ -446,5 +455,3 @@ def _first_line(text: str) -> str:
     return "(no output)"
 
 
-def _sentence(text: str) -> str:
-    return text if text.endswith((".", "!", "?")) else text + "."

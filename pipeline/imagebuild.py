@@ -30,7 +30,7 @@ from typing import IO
 from pipeline import buildkit, labels
 from pipeline.buildprogress import BuildProgress, timings_path
 from pipeline.config import Settings, load_settings
-from pipeline.dockerw import BuiltImage, Engine, ImageInfo
+from pipeline.dockerw import BuiltImage, EngineAPI, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 from pipeline.fsutil import atomic_write_json
 from pipeline.log import Logger
@@ -108,13 +108,13 @@ def stage_cached(built: BuiltImage, stage: str) -> bool | None:
     return all(s in built.cached for s in steps)
 
 
-def _ensure_tag(engine: Engine, info: ImageInfo, ref: str) -> None:
+def _ensure_tag(engine: EngineAPI, info: ImageInfo, ref: str) -> None:
     if ref not in info.tags:
         repo, tag = split_ref(ref)
         engine.tag(info.id, repo, tag)
 
 
-def _check_base(engine: Engine, base: str, log: Logger) -> None:
+def _check_base(engine: EngineAPI, base: str, log: Logger) -> None:
     """The pinned base image must be on the engine or pullable; else an error naming it."""
     if engine.image(base) is not None:
         return
@@ -137,7 +137,7 @@ def _check_base(engine: Engine, base: str, log: Logger) -> None:
 
 
 def build_image(
-    engine: Engine,
+    engine: EngineAPI,
     context: Path,
     *,
     tag: str | None,
@@ -328,7 +328,7 @@ def _secret_values(manifest: ContextManifest, env: Mapping[str, str]) -> dict[st
 
 
 def _front_end(
-    engine: Engine, settings: Settings, env: Mapping[str, str], manifest: ContextManifest, log: Logger
+    engine: EngineAPI, settings: Settings, env: Mapping[str, str], manifest: ContextManifest, log: Logger
 ) -> buildkit.CliChoice | None:
     """The BuildKit CLI to use, or None for the classic builder ([image] builder)."""
     choice = settings.image.builder
@@ -349,12 +349,12 @@ def _front_end(
     return None
 
 
-def engine_has_buildkit(engine: Engine) -> bool:
+def engine_has_buildkit(engine: EngineAPI) -> bool:
     return buildkit.engine_has_buildkit(engine)
 
 
 def _selfcheck(
-    engine: Engine,
+    engine: EngineAPI,
     image_id: str,
     manifest: ContextManifest,
     settings: Settings,
@@ -396,7 +396,7 @@ def _attestations(run_dir: Path | None, builder: str) -> Path | None:
     return path
 
 
-def _push_cache(engine: Engine, image_id: str, cache_ref: str, log: Logger) -> str:
+def _push_cache(engine: EngineAPI, image_id: str, cache_ref: str, log: Logger) -> str:
     """Push the checked image (it carries the inline cache) as the model's build cache."""
     repo, tag = split_ref(cache_ref)
     try:

@@ -19,15 +19,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from pipeline.errors import PipelineError
+
+StageStatus = Literal["running", "ok", "failed", "skipped", "stopped"]  # stopped: e.g. no GPUs here
 
 
 @dataclass
 class StageRecord:
     name: str
-    status: str = "running"  # running | ok | failed | skipped
+    status: StageStatus = "running"
     seconds: float = 0.0
     figure: str = ""  # the stage's key figure for the summary table
 

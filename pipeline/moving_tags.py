@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline import labels
-from pipeline.errors import InfraError, PipelineError, TagError
+from pipeline.errors import InfraError, PipelineError, TagError, sentence
 from pipeline.log import Logger
 from pipeline.registry import RegistryClient, RegistryError, RegistryUnavailable
 from pipeline.retry import GaveUp, with_retries
@@ -241,8 +241,8 @@ class Mover:
             return MoveOutcome(
                 [], "unknown", note,
                 InfraError(
-                    f"moving the tags of {self.name} to {self.digest} failed at '{at}': {err.message} Then "
-                    f"{note}. The immutable tag and the record are in place.",
+                    f"moving the tags of {self.name} to {self.digest} failed at '{at}': "
+                    f"{sentence(err.message)} Then {note}. The immutable tag and the record are in place.",
                     hint="Run `pipeline tag` again once the registry is healthy: it reads the tags and "
                     "finishes the move.",
                     evidence=err.evidence,

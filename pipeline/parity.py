@@ -15,12 +15,14 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from pipeline.errors import RenderError
 
 UPSTREAM_DOCKERFILE = "docker/Dockerfile"
 UPSTREAM_TARGET = "atom_image"
-STATUSES = ("same", "different", "omitted")
+Parity = Literal["same", "different", "omitted"]
+STATUSES: tuple[Parity, ...] = get_args(Parity)
 KINDS = ("RUN", "COPY", "ENV")
 
 
@@ -28,7 +30,7 @@ KINDS = ("RUN", "COPY", "ENV")
 class Deliberate:
     stage: str
     match: str
-    status: str
+    status: Parity
     ours: str
     reason: str
 
@@ -76,18 +78,19 @@ def load_deliberate(path: Path) -> list[Deliberate]:
     out = []
     for i, raw in enumerate(data.get("step", [])):
         try:
+            status = str(raw["status"])
+            if status not in STATUSES:
+                raise RenderError(f"{path}: step {i + 1} has status {status!r}; use one of {STATUSES}.")
             entry = Deliberate(
                 stage=str(raw["stage"]),
                 match=str(raw["match"]),
-                status=str(raw["status"]),
+                status=status,
                 ours=str(raw.get("ours", "")),
                 reason=str(raw["reason"]),
             )
             re.compile(entry.match)
         except (KeyError, TypeError, re.error) as e:
             raise RenderError(f"{path}: step {i + 1} is malformed ({e}).") from None
-        if entry.status not in STATUSES:
-            raise RenderError(f"{path}: step {i + 1} has status {entry.status!r}; use one of {STATUSES}.")
         out.append(entry)
     return out
 

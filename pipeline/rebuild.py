@@ -99,7 +99,10 @@ def _verdict(checked: check.Outputs | None) -> str:
     if checked is None:
         return ""
     where = f" off {checked.architecture}'s path" if checked.architecture else ""
-    return "compatible" + (f" ({checked.off_path} break(s){where}, warned)" if checked.off_path else "")
+    excused = [f"{checked.off_path} break(s){where}, warned"] if checked.off_path else []
+    if checked.waived:  # the check's own count (compat.report.Counts), as its report prints it
+        excused.append(f"{checked.waived} waived by the recipe")
+    return "compatible" + (f" ({'; '.join(excused)})" if excused else "")
 
 
 def _smoke(resumed_error: PipelineError | None, smoked: smoke.Outputs | None) -> str:

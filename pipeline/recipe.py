@@ -184,10 +184,23 @@ class Gsm8kCheck(_Strict):
     @classmethod
     def _cmd(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         _check_placeholders(v, GSM8K_PLACEHOLDERS)
-        for flag in ("--output_path", "--limit"):
-            if any(a == flag or a.startswith(flag + "=") for a in v):
-                raise ValueError(f"must not contain {flag}: the smoke runner sets it")
+        for flag, short in _RUNNER_SETS:
+            if any(_sets(a, flag, short) for a in v):
+                raise ValueError(f"must not contain {flag} (or {short}): the smoke runner sets it")
         return v
+
+
+# lm_eval's options the smoke runner sets itself, with their short forms (lm_eval/_cli/run.py)
+_RUNNER_SETS = (("--output_path", "-o"), ("--limit", "-L"))
+
+
+def _sets(arg: str, flag: str, short: str) -> bool:
+    """Whether `arg` gives lm_eval's `flag` as argparse reads it: `--output_path[=X]`, an
+    abbreviation (`--output`), or the short form, alone or with its value attached (`-oX`)."""
+    if arg.startswith("--"):
+        name = arg.split("=", 1)[0]
+        return len(name) > 2 and flag.startswith(name)
+    return arg.startswith(short)
 
 
 class BenchRow(_Strict):
@@ -322,8 +335,9 @@ def target_version_to_gfx(version: int) -> str:
 # -- loading -------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader (libyaml's parser when built with it) that refuses duplicate keys (PyYAML silently
+    keeps the last)."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

@@ -952,6 +952,9 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     return out
 
 
+_LOGS: dict[tuple[str, str, str, str], list[CommitInfo]] = {}
+
+
 def drift_one(atom: GitRepo, recipe_name: str, source: str, new_rev: str) -> Drift:
     got = source_of(source)
     if got is None:
@@ -968,8 +971,12 @@ def drift_one(atom: GitRepo, recipe_name: str, source: str, new_rev: str) -> Dri
     if not isinstance(before, dict):
         note = before or f"{path} does not exist at the recipe's own source commit {old_sha[:10]}"
         return Drift(recipe_name, path, old_sha, new_sha, note=note)
-    # Oldest first: the commits between the two pins that touched the file (renames not followed).
-    commits = list(reversed(atom.log(f"{old_sha}..{new_sha}", [path])))
+    # Oldest first: the commits between the two pins that touched the file (renames not followed);
+    # one `git log` per source and range (no process at all for a recipe already at the new pin).
+    key = (str(atom.path), old_sha, new_sha, path)
+    if key not in _LOGS:
+        _LOGS[key] = [] if old_sha == new_sha else list(reversed(atom.log(f"{old_sha}..{new_sha}", [path])))
+    commits = _LOGS[key]
     prev: dict[str, Any] = before
     by: dict[str, list[CommitInfo]] = {}
     for c in commits:

@@ -22,7 +22,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.dockerw import Engine
+from pipeline.dockerw import EngineAPI
 from pipeline.errors import BuildError, PipelineError
 from pipeline.fsutil import atomic_write_json
 
@@ -181,10 +180,12 @@ def _check_signature(report: Any) -> dict[str, Any]:
 
 
 def _commit_tree(src: Path, repo_dir: Path) -> tuple[Any, str]:
-    from pipeline.gitw import GitRepo
+    from pipeline.gitw import GitRepo, git_error, run_git
 
     shutil.copytree(src, repo_dir, symlinks=True)
-    subprocess.run(["git", "init", "-q", str(repo_dir)], check=True, capture_output=True)
+    init = run_git(["init", "-q", str(repo_dir)])
+    if not init.ok:
+        raise git_error(init, str(repo_dir))
     repo = GitRepo(repo_dir)
     env = {
         "GIT_AUTHOR_DATE": _FIXED_DATE,
@@ -194,11 +195,8 @@ def _commit_tree(src: Path, repo_dir: Path) -> tuple[Any, str]:
         "GIT_COMMITTER_NAME": "selfcheck",
         "GIT_COMMITTER_EMAIL": "selfcheck@example.invalid",
     }
-    # in the work tree itself: GitRepo speaks to the git directory, where `add -A` adds nothing
-    # (an empty commit on both sides made the comparison below vacuous)
-    for args in (["add", "-A"], ["commit", "-q", "--allow-empty", "-m", "tree"]):
-        subprocess.run(["git", "-C", str(repo_dir), *args], check=True, capture_output=True,
-                       env={**os.environ, **env})
+    repo.git("add", "-A", env=env)
+    repo.git("commit", "-q", "--allow-empty", "-m", "tree", env=env)
     return repo, repo.git("rev-parse", "HEAD")
 
 
@@ -220,7 +218,7 @@ def _python_only(src: Path, dest: Path) -> None:
 
 
 def run_selfcheck(
-    engine: Engine,
+    engine: EngineAPI,
     image: str,
     expected: Mapping[str, Any],
     context: Path,
@@ -252,10 +250,9 @@ def run_selfcheck(
             result.facts = facts
             result.failures += judge(expected, facts)
             try:
-                stream, _ = engine.api.get_archive(c.id, TREES_TAR)
-                outer = io.BytesIO(b"".join(stream))
-            except Exception as e:  # docker/requests errors: evidence, not a traceback
-                result.failures.append(f"could not copy the installed trees out of the image: {e}")
+                outer = io.BytesIO(engine.archive(c.id, TREES_TAR))
+            except PipelineError as e:  # the engine's refusal is evidence, not a traceback
+                result.failures.append(f"could not copy the installed trees out of the image: {e.message}")
                 _write(run_dir, result)
                 return result
         with tarfile.open(fileobj=outer) as tf:

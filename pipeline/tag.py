@@ -94,7 +94,7 @@ def check_passed(vf: VerdictFile, image: str) -> None:
 
 
 @dataclass(frozen=True)
-class Binding:
+class BoundVerdict:
     """A verdict checked against the image, recipe and lock it must belong to."""
 
     verdict: VerdictFile
@@ -112,7 +112,7 @@ def check_binding(
     lock_path: Path | None,
     recipe_path: Path | None,
     locks_dir: Path,
-) -> Binding:
+) -> BoundVerdict:
     """Refuse a failed, foreign, unproven or stale verdict, each with its own message."""
     where = f"the smoke verdict {vf.path}"
     verdict = vf.verdict
@@ -180,7 +180,7 @@ def check_binding(
             f"{_short(verdict.lock_sha256)}.",
             hint="Rebuild from the current lock (`pipeline build`) and smoke-test it, or restore the lock.",
         )
-    return Binding(vf, info, lock, lock_path, recipe)
+    return BoundVerdict(vf, info, lock, lock_path, recipe)
 
 
 def check_server_evidence(vf: VerdictFile, info: ImageInfo, image: str) -> None:

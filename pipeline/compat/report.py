@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.gitw import CommitInfo
+if TYPE_CHECKING:  # the counts and renderings need no git (a stage's figure, rebuild's summary)
+    from pipeline.gitw import CommitInfo
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 TOOL_NAME = "atom-image-pipeline compat"
@@ -112,6 +113,65 @@ class UncheckedCall:
 
 
 @dataclass(frozen=True)
+class Counts:
+    """What counts as an error, a warning and a waived finding: the one definition that the text
+    and JSON reports, the stage line and the run's records all print.
+
+    An *error* is an error-severity finding after the model's gate (these stop a build); a
+    *warning* is every other finding, off-path and waived ones included; *off path* and *waived*
+    say how many of the check's errors the gate turned into warnings (each finding once: one
+    waiver that matches two call sites waives two).
+    """
+
+    errors: int
+    warnings: int
+    off_path: int = 0
+    waived: int = 0
+    unparseable: int = 0
+
+    @classmethod
+    def of(cls, report: CheckReport, raw: CheckReport | None = None) -> Counts:
+        """The counts of `report`; `raw` is the same check before the gate (reach, then waivers)."""
+        off_path = waived = 0
+        if raw is not None:
+            if len(raw.findings) != len(report.findings):  # the gate re-labels findings, one for one
+                raise ValueError("the gated report does not have the check's findings")
+            for before, after in zip(raw.findings, report.findings, strict=True):
+                if before.severity == "error" and after.severity != "error":
+                    if after.reach == "off-path":
+                        off_path += 1
+                    else:  # reach leaves an on-path error an error: only a waiver turned it
+                        waived += 1
+        return cls(
+            errors=len(report.errors),
+            warnings=len(report.findings) - len(report.errors),
+            off_path=off_path,
+            waived=waived,
+            unparseable=len(report.unparseable),
+        )
+
+    def summary(self) -> str:
+        """`2 error(s), 9 warning(s) (1 off the model's path, 2 waived by the recipe)`."""
+        turned = [
+            f"{n} {why}"
+            for n, why in ((self.off_path, "off the model's path"), (self.waived, "waived by the recipe"))
+            if n
+        ]
+        return f"{self.errors} error(s), {self.warnings} warning(s)" + (
+            f" ({', '.join(turned)})" if turned else ""
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "off_path": self.off_path,
+            "waived": self.waived,
+            "unparseable_files": self.unparseable,
+        }
+
+
+@dataclass(frozen=True)
 class CheckReport:
     findings: list[Finding]
     calls_checked: int
@@ -136,7 +196,9 @@ class CheckReport:
         return [f for f in self.findings if f.severity == "warning"]
 
     # -- renderings -------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, counts: Counts | None = None) -> dict[str, Any]:
+        """`counts`: this report's, as its gate made them (`Counts.of(report, raw)`)."""
+        counts = counts or Counts.of(self)
         return {
             "tool": TOOL_NAME,
             "atom": self.atom_sha,
@@ -146,9 +208,7 @@ class CheckReport:
             "counts": {
                 "calls_checked": self.calls_checked,
                 "calls_unchecked": self.calls_unchecked,
-                "errors": len(self.errors),
-                "warnings": len(self.warnings),
-                "unparseable_files": len(self.unparseable),
+                **counts.to_json(),
             },
             "calls_checked": self.calls_checked,
             "calls_unchecked": self.calls_unchecked,
@@ -157,7 +217,8 @@ class CheckReport:
             "unparseable": [u.to_json() for u in self.unparseable],
         }
 
-    def to_text(self) -> str:
+    def to_text(self, counts: Counts | None = None) -> str:
+        counts = counts or Counts.of(self)
         lines = [
             f"ATOM {self.atom_sha[:10]} × aiter {self.aiter_sha[:10]}"
             + (f" (written against aiter {self.baseline_aiter_sha[:10]})" if self.baseline_aiter_sha else ""),
@@ -178,7 +239,7 @@ class CheckReport:
             lines.append(f"{u.repo}:{u.path}: warning: [unparseable-file] {u.error}")
         verdict = "compatible" if self.ok else "INCOMPATIBLE"
         lines.append(
-            f"{verdict}: {len(self.errors)} error(s), {len(self.warnings)} warning(s); "
+            f"{verdict}: {counts.summary()}; "
             f"{self.calls_checked} call(s) checked, {self.calls_unchecked} unchecked "
             f"(*args/**kwargs, dynamic getattr, callables without a Python signature), "
             f"{len(self.unparseable)} unparseable file(s)"

@@ -221,33 +221,37 @@ def _parse_probe(out: str, what: str) -> dict[str, Any]:
     return data
 
 
-def host_listeners(
-    engine: EngineAPI,
-    *,
-    image: str,
-    port: int,
-    python: str,
-    probe: str,
-    labels_: Mapping[str, str],
-    me: Owner,
-) -> tuple[list[dict[str, Any]], list[Holder]]:
+@dataclass(frozen=True)
+class HostProbe:
+    """How to read the listening sockets of the engine's host: the listener probe (`probe`, run by
+    the image's `python`) in a short-lived container from `image`, with host network and PIDs."""
+
+    engine: EngineAPI
+    image: str
+    python: str
+    probe: str
+    labels: Mapping[str, str]
+    me: Owner
+
+
+def host_listeners(host: HostProbe, port: int) -> tuple[list[dict[str, Any]], list[Holder]]:
     """The sockets listening on `port` on the engine's host, and who holds them (a probe container)."""
-    argv = [python, "-c", probe, "listeners", str(port)]
+    argv = [host.python, "-c", host.probe, "listeners", str(port)]
     name = f"atom-smoke-port-{port}-{os.urandom(4).hex()}"
-    with engine.run(
-        image,
+    with host.engine.run(
+        host.image,
         argv,
         name=name,
         network_mode="host",
         pid_mode="host",
         cap_add=["SYS_PTRACE"],  # to read other processes' /proc/<pid>/fd
         read_only=True,
-        labels=dict(labels_),
+        labels=dict(host.labels),
     ) as c:
         c.wait(timeout=120)
         out = c.logs()
-    data = _parse_probe(out, f"in a container from {image} on the engine's host network")
-    running = engine.running_containers()
+    data = _parse_probe(out, f"in a container from {host.image} on the engine's host network")
+    running = host.engine.running_containers()
     holders = []
     for h in data.get("holders") or []:
         ids = set(_CONTAINER_ID.findall(str(h.get("cgroup", ""))))
@@ -256,25 +260,14 @@ def host_listeners(
         if owner_c is not None:
             o = Owner.from_labels(owner_c.labels)
             if o is not None:
-                owner = o.state(me)[1]
+                owner = o.state(host.me)[1]
         holders.append(Holder(int(h.get("pid", 0)), str(h.get("cmdline", "")), owner_c, owner))
     return list(data.get("listeners") or []), holders
 
 
-def check_port_free(
-    engine: EngineAPI,
-    *,
-    image: str,
-    port: int,
-    python: str,
-    probe: str,
-    labels_: Mapping[str, str],
-    me: Owner,
-) -> None:
+def check_port_free(host: HostProbe, port: int) -> None:
     """Refuse (InfraError, exit 11) when something already listens on the host's `port`."""
-    found, holders = host_listeners(
-        engine, image=image, port=port, python=python, probe=probe, labels_=labels_, me=me
-    )
+    found, holders = host_listeners(host, port)
     if not found:
         return
     named = "; ".join(h.describe() for h in holders) or (
@@ -350,20 +343,9 @@ def prove_identity(
     )
 
 
-def name_foreign_holders(
-    engine: EngineAPI,
-    *,
-    image: str,
-    port: int,
-    python: str,
-    probe: str,
-    labels_: Mapping[str, str],
-    me: Owner,
-) -> str:
+def name_foreign_holders(host: HostProbe, port: int) -> str:
     """Best effort, for the message: who holds the host's `port` besides our container."""
     with contextlib.suppress(PipelineError):
-        _, holders = host_listeners(
-            engine, image=image, port=port, python=python, probe=probe, labels_=labels_, me=me
-        )
+        _, holders = host_listeners(host, port)
         return "; ".join(h.describe() for h in holders)
     return ""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.recipe import BenchmarkCheck, Recipe
-from pipeline.smoke.verdict import Verdict
+from pipeline.smoke.verdict import CheckStatus, Verdict
 
 PLOT_FILE = "benchmark.svg"
 
@@ -22,7 +22,7 @@ PLOT_FILE = "benchmark.svg"
 @dataclass(frozen=True)
 class Row:
     concurrency: int
-    status: str  # the gate's: passed / failed / error
+    status: CheckStatus  # the gate's
     output_throughput: float | None
     mean_ttft_ms: float | None
     p99_ttft_ms: float | None

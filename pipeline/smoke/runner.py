@@ -43,6 +43,7 @@ from pipeline.smoke import plot
 from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in
 from pipeline.smoke.identity import (
+    HostProbe,
     Owner,
     check_port_free,
     name_foreign_holders,
@@ -150,6 +151,11 @@ class _Run:
         self.running: RunningScore | None = None  # the GSM8K score while lm_eval runs
 
     # -- container plumbing ------------------------------------------------------------
+
+    def host_probe(self) -> HostProbe:
+        """The listener probe on the engine's host, as this run's containers are labelled."""
+        python = self.recipe.server.python
+        return HostProbe(self.engine, self.image, python, self.probe, self.labels, self.owner)
 
     def _exec(self, argv: Sequence[str]) -> tuple[int, str]:
         assert self.container is not None
@@ -401,15 +407,7 @@ class _Run:
             )
         except InfraError as err:
             if r.container.network_mode == "host":
-                named = name_foreign_holders(
-                    self.engine,
-                    image=self.image,
-                    port=self.port,
-                    python=r.server.python,
-                    probe=self.probe,
-                    labels_=self.labels,
-                    me=self.owner,
-                )
+                named = name_foreign_holders(self.host_probe(), self.port)
                 if named:
                     err.message += f" Holding port {self.port} on the engine's host: {named}."
             raise
@@ -668,7 +666,7 @@ def run_smoke(
     moved_aside = prepare_run_dir(run_dir)
     if moved_aside is not None:
         log.warn(f"{run_dir} held an earlier smoke run; moved it aside to {moved_aside}")
-    docker_host = getattr(engine, "docker_host", None) or settings.smoke.docker_host or None
+    docker_host = engine.docker_host or settings.smoke.docker_host or None
     engine_desc = f"the Docker engine at {docker_host}" if docker_host else "the local Docker engine"
 
     info = engine.image(image)
@@ -762,15 +760,7 @@ def run_smoke(
     if recipe.container.network_mode == "host":
         with log.stage("port", f"{run.port} on the engine's host") as rec:
             try:
-                check_port_free(
-                    engine,
-                    image=image,
-                    port=run.port,
-                    python=recipe.server.python,
-                    probe=run.probe,
-                    labels_=run.labels,
-                    me=run.owner,
-                )
+                check_port_free(run.host_probe(), run.port)
             except PipelineError as e:
                 rec.status = "failed"
                 finish("error", f"{type(e).__name__}: {e.message}", [], pf.summary())

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import retry
 from pipeline.config import Settings
-from pipeline.errors import DiskError, InfraError, SourceError
+from pipeline.errors import DiskError, InfraError, SourceError, sentence
 from pipeline.fsutil import acquire_lock, make_temp_dir, remove_held_lock
 from pipeline.gitw import GitRepo, GitResult, ProgressFn, is_unreachable, run_git
 from pipeline.log import Logger
@@ -89,28 +89,26 @@ def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError | 
         )
     if is_local(url):  # a path is never "unreachable": it is missing or not a repository
         return SourceError(
-            f"cannot read the repository at {url} while {action}: {_sentence(first)}",
+            f"cannot read the repository at {url} while {action}: {sentence(first)}",
             hint="Check that the path is a git repository (bare or not).",
             evidence=stderr,
         )
     if is_unreachable(stderr) or "timed out" in stderr.lower():
         return InfraError(
-            f"could not reach {url} while {action}: {_sentence(first)}",
+            f"could not reach {url} while {action}: {sentence(first)}",
             hint="Check the URL and the network; for offline use point the source at a local mirror path.",
             evidence=stderr,
         )
     if "terminal prompts disabled" in stderr or "authentication failed" in stderr.lower():
         return SourceError(
-            f"{url} asked for credentials while {action}: {_sentence(first)}",
+            f"{url} asked for credentials while {action}: {sentence(first)}",
             hint="Configure a git credential helper or ssh key for this host; "
             "credentials are never taken from the command line.",
             evidence=stderr,
         )
-    return SourceError(f"git failed while {action} from {url}: {_sentence(first)}", evidence=stderr)
+    return SourceError(f"git failed while {action} from {url}: {sentence(first)}", evidence=stderr)
 
 
-def _sentence(text: str) -> str:
-    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _with_retries(
@@ -381,8 +379,8 @@ def open_mirror(
             except InfraError as e:
                 if log is not None:
                     log.warn(
-                        f"{e.message} Continuing OFFLINE with the existing mirror of {url} as it is "
-                        f"(last fetched {last_fetched(path)}); refs may be out of date."
+                        f"{sentence(e.message)} Continuing OFFLINE with the existing mirror of {url} "
+                        f"as it is (last fetched {last_fetched(path)}); refs may be out of date."
                     )
                 return repo
             _update_head(repo)

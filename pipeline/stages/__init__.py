@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from pipeline.stages.base import Context, StageData, Upstream
@@ -42,8 +41,7 @@ class Stage(Protocol):
     def run(self, ctx: Context, inputs: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):  # not a dataclass: `pipeline --help` reads this table without importing dataclasses
     """One row of the table: the stage's module and its one-line help (for `pipeline --help`).
 
     `stage` holds an already loaded stage (tests register fake stages that way).

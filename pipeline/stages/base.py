@@ -29,7 +29,7 @@ from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
-    from pipeline.dockerw import Engine
+    from pipeline.dockerw import EngineAPI
     from pipeline.log import Logger
 
 DIGEST_SCHEMA = 2
@@ -59,14 +59,33 @@ class Context:
     env: Mapping[str, str]
     work_dir: Path
     resume_command: str | None = None
-    _engine: Engine | None = field(default=None, repr=False)
+    _engine: EngineAPI | None = field(default=None, repr=False)
+    _engine_host: str | None = field(default=None, repr=False)
 
-    def engine(self) -> Engine:
-        """The Docker engine ([smoke] docker_host, else DOCKER_HOST or the local socket), opened once."""
+    def settings_with(self, **sections: Mapping[str, Any]) -> Settings:
+        """The settings with the values a stage's Inputs carry put back, section by section.
+
+        A stage's Inputs are what its digest covers (and what `--resume` replays), so a setting
+        recorded there, e.g. `settings_with(tag={"registry": inputs.registry})`, wins over the
+        configuration the Context was opened with.
+        """
+        update = {
+            name: getattr(self.settings, name).model_copy(update=dict(values))
+            for name, values in sections.items()
+        }
+        return self.settings.model_copy(update=update)
+
+    def engine(self, docker_host: str | None = None) -> EngineAPI:
+        """The Docker engine, opened once: `docker_host` (a stage's Inputs record it), else
+        [smoke] docker_host, else DOCKER_HOST or the local socket."""
+        host = docker_host or self.settings.smoke.docker_host or None
+        if self._engine is not None and self._engine_host != host:
+            self.close()
         if self._engine is None:
             from pipeline.dockerw import Engine
 
-            self._engine = Engine.connect(self.settings.smoke.docker_host or None, env=self.env, log=self.log)
+            self._engine = Engine.connect(host, env=self.env, log=self.log)
+            self._engine_host = host
         return self._engine
 
     def close(self) -> None:

@@ -62,13 +62,9 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.imagebuild import build_image, registry_lookup
 
-    settings = ctx.settings.model_copy(
-        update={
-            "tag": ctx.settings.tag.model_copy(update={"registry": inputs.registry}),
-            "image": ctx.settings.image.model_copy(
-                update={"repository": inputs.repository or ctx.settings.image.repository}
-            ),
-        }
+    settings = ctx.settings_with(
+        tag={"registry": inputs.registry},
+        image={"repository": inputs.repository or ctx.settings.image.repository},
     )
     engine = ctx.engine()
     out = build_image(
@@ -118,7 +114,7 @@ def _pull_found(ctx: Context, found: str, candidate: str) -> str:
 
 def _push_candidate(ctx: Context, inputs: Inputs, candidate: str) -> str:
     """Push the candidate tag to the target registry: where `registry_lookup` looks on the next run."""
-    from pipeline.errors import PipelineError
+    from pipeline.errors import PipelineError, sentence
     from pipeline.imagebuild import split_ref
     from pipeline.registry import credentials_for
 
@@ -132,7 +128,9 @@ def _push_candidate(ctx: Context, inputs: Inputs, candidate: str) -> str:
             engine.tag(candidate, target, tag)
         digest = engine.push(target, tag, auth_config=creds.auth_config if creds else None)
     except PipelineError as e:
-        ctx.log.warn(f"could not push the candidate {target}:{tag}: {e.message} The next run may rebuild it.")
+        ctx.log.warn(
+            f"could not push the candidate {target}:{tag}: {sentence(e.message)} The next run may rebuild it."
+        )
         return ""
     ctx.log.detail(f"pushed candidate {target}:{tag}@{digest}")
     return f"{target}:{tag}@{digest}"

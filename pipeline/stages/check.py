@@ -7,7 +7,8 @@ turn matching errors into warnings that stay in every report.
 
 With a recipe, the check gates for that model (pipeline.compat.reach): errors in
 calls off the model's code path become warnings carrying the evidence, then the
-recipe's reviewed waivers apply. Counts, the same everywhere: an *error* is an
+recipe's reviewed waivers apply. Counts, the same everywhere (`compat.report.Counts`,
+one function for the reports, this stage's line and its record): an *error* is an
 error-severity finding after that; a *warning* is every other finding (off-path
 and waived ones included); *off path* and *waived* say how many errors each turned
 into warnings.
@@ -25,6 +26,7 @@ from pipeline.stages.base import Context, StageData, Upstream
 from pipeline.stages.spec import BuildSpec
 
 if TYPE_CHECKING:
+    from pipeline.compat.report import Counts
     from pipeline.gitw import GitRepo
 
 NAME = "check"
@@ -60,17 +62,17 @@ class Outputs(StageData):
     architecture: str | None = None  # the model's, when its reach was computed
     pristine_errors: int | None = None  # errors of the unpatched pin, when it was checked
 
+    def counts(self) -> Counts:
+        from pipeline.compat.report import Counts
+
+        return Counts(self.errors, self.warnings, off_path=self.off_path, waived=self.waived)
+
     def figure(self) -> str:
-        gated = self.errors + self.waived + self.off_path
+        gated = self.errors + self.waived + self.off_path  # the check's errors before the gate
         fixed = ""
         if self.pristine_errors is not None and self.pristine_errors > gated:
-            fixed = f"{self.pristine_errors - gated} fixed by patches, "
-        if self.off_path:
-            fixed += f"{self.off_path} off the model's path, "
-        return (
-            f"{self.errors} error(s), {self.warnings} warning(s), {self.checked} calls bind "
-            f"({fixed}{self.waived} waived by the recipe, {self.unchecked} unchecked)"
-        )
+            fixed = f", {self.pristine_errors - gated} fixed by patches"
+        return f"{self.counts().summary()}; {self.checked} calls bind ({self.unchecked} unchecked{fixed})"
 
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
@@ -98,6 +100,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
 
     from pipeline.compat import run_check
     from pipeline.compat.reach import gate_model
+    from pipeline.compat.report import Counts
     from pipeline.errors import IncompatibleError
     from pipeline.fsutil import atomic_write_json, atomic_write_text
     from pipeline.recipe import load_recipe
@@ -120,17 +123,17 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             pristine = run_check(atom, inputs.pristine, aiter, inputs.aiter_rev, cache_dir=cache)
         atomic_write_json(inputs.reports_dir / "check-pristine.json", pristine.to_json())
         pristine_errors = len(pristine.errors)
-    waived = off_path = 0
-    reach = None
+    raw, reach = report, None
     if inputs.recipe is not None:
         gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
-        report, waived, off_path, reach = gate.report, gate.waived, gate.off_path, gate.reach
+        report, reach = gate.report, gate.reach
         if reach is not None:
             ctx.log.detail(reach.edges_summary())
         for msg in (*gate.warnings, *(n.message for n in gate.notes)):
             ctx.log.warn(msg)
-    text = report.to_text() + (f"\nreach: {reach.edges_summary()}" if reach is not None else "")
-    data = report.to_json()
+    counts = Counts.of(report, raw)
+    text = report.to_text(counts) + (f"\nreach: {reach.edges_summary()}" if reach is not None else "")
+    data = report.to_json(counts)
     if reach is not None:
         data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
     atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
@@ -142,12 +145,12 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     out = Outputs(
         atom_sha=report.atom_sha,
         aiter_sha=report.aiter_sha,
-        errors=len(report.errors),
-        warnings=len(report.findings) - len(report.errors),
-        waived=waived,
+        errors=counts.errors,
+        warnings=counts.warnings,
+        waived=counts.waived,
         checked=report.calls_checked,
         unchecked=report.calls_unchecked,
-        off_path=off_path,
+        off_path=counts.off_path,
         architecture=reach.facts.architecture if reach is not None else None,
         pristine_errors=pristine_errors,
     )

@@ -82,11 +82,13 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     )
     try:
         verdict = run_smoke(
-            ctx.engine(),
+            ctx.engine(inputs.docker_host),
             image=inputs.image,
             recipe=recipe,
             recipe_path=inputs.recipe,
-            settings=ctx.settings,
+            settings=ctx.settings_with(
+                smoke={"docker_host": inputs.docker_host, "run_all_checks": inputs.run_all}
+            ),
             env=ctx.env,
             run_dir=inputs.out_dir,
             log=ctx.log,

@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,12 +49,22 @@ from tests.fixtures.second_engine import second_dockerd
 from .conftest import DockerCleanup, Registry, _start_registry
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "dockerfiles"
-CACHE_ROOT = Path(tempfile.gettempdir()) / "atom-pipeline-test-cache"
+# The cache (mirrors, one build directory per model) every test of this module shares, so BuildKit
+# sends only what changed; it lives in this session's pytest temp dir (`_build_cache`), never in a
+# directory another run on the machine shares (same TMPDIR or not), which would race with this one.
+CACHE_ROOT: list[Path] = []
 SHOW_ATOM = (
     "import atom.models.minimax_m3 as m, aiter; "
     "print(m.API); print(m.__file__); print(open('/app/aiter-test/BUILD_STAMP').read().strip()); "
     "print(open('/app/aiter-test/3rdparty/composable_kernel/include/ck.hpp').read().strip())"
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    CACHE_ROOT[:] = [tmp_path_factory.mktemp("build-cache")]
+    yield CACHE_ROOT[0]
+    CACHE_ROOT.clear()
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +119,7 @@ def settings_env(base_ref: str, case: str, **extra: str) -> dict[str, str]:
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",  # the debootstrap minbase image has no git
         # one build directory per model for every test: BuildKit sends only what changed
-        "PIPELINE_CACHE_DIR": str(CACHE_ROOT),
+        "PIPELINE_CACHE_DIR": str(CACHE_ROOT[0]),
     }
     env.update({f"PIPELINE_{k.upper()}": v for k, v in extra.items()})
     return env

@@ -187,6 +187,42 @@ def test_recipe_waiver_lets_a_reviewed_break_through_and_keeps_it_visible(
     )
 
 
+def test_one_waiver_for_two_call_sites_is_counted_twice_everywhere(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15 §3: the report, its JSON and the stage line count the same waived findings."""
+    run_git(world.atom, "checkout", "-q", world.patched_sha)  # the split-kv call, then a second one
+    module = world.atom / "atom" / "models" / "minimax_m3.py"
+    call = module.read_text().splitlines()[-1]
+    module.write_text(
+        module.read_text()
+        + "\n\ndef forward_again(q, k, kv_cache_k, kv_cache_v, index_cache):\n"
+        + call
+        + "\n"
+    )
+    run_git(world.atom, "commit", "-q", "-am", "a second call site")
+    atom = run_git(world.atom, "rev-parse", "HEAD")
+    breaking = break_aiter(world)  # both calls now shift a slot
+    world.recipe.write_text(
+        world.recipe.read_text()
+        + "\ncompat:\n  waive:\n"
+        + "    - path: atom/models/minimax_m3.py\n"
+        + "      function: aiter.ops.fused_qknorm_idxrqknorm.fused_qknorm_idxrqknorm\n"
+        + '      reason: "reviewed: both calls"\n'
+    )
+    args = ["check", "--atom", atom, "--aiter", breaking, "--model", MODEL]
+    capsys.readouterr()
+    assert main([*args, "--no-waivers"]) == ExitCode.INCOMPATIBLE
+    assert "INCOMPATIBLE: 2 error(s), 0 warning(s);" in capsys.readouterr().out
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "compatible: 0 error(s), 2 warning(s) (2 waived by the recipe);" in out
+    assert "0 error(s), 2 warning(s) (2 waived by the recipe);" in err  # the stage line
+    assert main([*args, "--format", "json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert (counts["errors"], counts["warnings"], counts["waived"], counts["off_path"]) == (0, 2, 2, 0)
+
+
 def test_check_with_a_lock_applies_the_models_recipe_waivers(
     world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

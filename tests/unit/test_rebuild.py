@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from pipeline.errors import ExitCode
-from pipeline.rebuild import ModelOutcome, Plan, overall_exit, summary_markdown
+from pipeline.rebuild import ModelOutcome, Plan, _verdict, overall_exit, summary_markdown
+from pipeline.stages import check
 
 
 def test_exit_code_is_the_worst_but_no_gpus_only_when_nothing_else_failed() -> None:
@@ -66,6 +67,15 @@ def test_the_workflow_matrix_is_the_recipes_directory(monkeypatch: pytest.Monkey
         exec(one_liner, {})  # the job's own listing, run here
     assert json.loads(out.getvalue()) == sorted(p.stem for p in (root / "recipes").glob("*.yaml"))
     assert "MiniMax-M3-MXFP4" in json.loads(out.getvalue())
+
+
+def test_the_verdict_column_says_what_the_gate_excused_as_the_check_counts_it() -> None:
+    out = check.Outputs(
+        atom_sha="a" * 40, aiter_sha="b" * 40, errors=0, warnings=4, waived=2, checked=9, unchecked=0,
+        off_path=1, architecture="X",
+    )  # fmt: skip
+    assert _verdict(out) == "compatible (1 break(s) off X's path, warned; 2 waived by the recipe)"
+    assert "(1 off the model's path, 2 waived by the recipe)" in out.figure()
 
 
 def test_the_matrix_is_the_pin_jobs_plan_and_every_model_job_builds_it(

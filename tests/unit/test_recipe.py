@@ -84,6 +84,27 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
 
 
 @pytest.mark.parametrize(
+    ("given", "flag"),
+    [
+        (["-o", "/tmp/out"], "--output_path"),
+        (["-o/tmp/out"], "--output_path"),
+        (["--output_path=/tmp/out"], "--output_path"),
+        (["--output", "/tmp/out"], "--output_path"),  # argparse takes an unambiguous abbreviation
+        (["-L", "5"], "--limit"),
+        (["-L5"], "--limit"),
+        (["--lim", "5"], "--limit"),
+    ],
+)
+def test_gsm8k_command_may_not_set_what_the_runner_sets_in_any_form(
+    tmp_path: Path, given: list[str], flag: str
+) -> None:
+    extra = "".join(f"      - '{a}'\n" for a in given)
+    path = _broken(tmp_path, "      - --fewshot_as_multiturn\n", "      - --fewshot_as_multiturn\n" + extra)
+    with pytest.raises(ConfigError, match=f"must not contain {flag}"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
     ("old", "new", "expect"),
     [
         ("gpus: 4", "gpus: four", "hardware.gpus: Input should be a valid integer"),
