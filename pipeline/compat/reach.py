@@ -445,15 +445,20 @@ def summarize(data: bytes, path: str) -> FileSummary:
     # names it imports (a substring test: a false mention only keeps more code on the path).
     owners = [lines.owner_name(t) for t in range(len(lines.tops))]
     candidates = {o for o in owners if o} | {x for e in edges for x in e.names}
-    refs: dict[str, set[str]] = {}
-    data_owners: set[str] = set()
-    for t, owner in enumerate(owners):
-        start = lines.tops[t]
-        chunk = text[start : lines.tops[t + 1] if t + 1 < len(lines.tops) else len(text)]
-        if owner and not chunk.startswith(("def ", "async def ", "class ", "@")):
-            data_owners.add(owner)
-        got = refs.setdefault(owner, set())
-        got.update(c for c in candidates if c in chunk and c != owner)
+    tops = lines.tops
+    refs: dict[str, set[str]] = {owner: set() for owner in owners}
+    data_owners = {
+        o
+        for t, o in enumerate(owners)
+        if o and not text.startswith(("def ", "async def ", "class ", "@"), tops[t])
+    }
+    # Each name's occurrences, each in the top-level statement it falls in (a name has no newline,
+    # so none straddles two).
+    for c in candidates:
+        for pos in _finds(text, c):
+            t = bisect.bisect_right(tops, pos) - 1
+            if t >= 0 and owners[t] != c:
+                refs[owners[t]].add(c)
     return FileSummary(
         tuple(edges),
         False,
@@ -666,6 +671,18 @@ class _Tree:
         self.blobs = blobs
         self.mods = module_files(blobs)
         self.summaries = summaries
+        self._targets: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+
+    def _runs(self, target: str) -> tuple[str | None, tuple[str, ...]]:
+        """(the file a dotted name runs, the package __init__ files above it), once per name."""
+        got = self._targets.get(target)
+        if got is None:
+            dst = self.path_of(target)
+            parts = target.split(".")
+            pkgs = [self.mods.get(".".join(parts[:depth])) for depth in range(1, len(parts))]
+            got = dst, tuple(p for p in pkgs if p is not None and p.endswith("__init__.py") and p != dst)
+            self._targets[target] = got
+        return got
 
     def path_of(self, dotted: str) -> str | None:
         """The file a dotted name runs: the longest prefix that is a module."""
@@ -692,14 +709,10 @@ class _Tree:
             kind: EdgeKind = r.kind
             if path == REGISTRY_PATH and r.kind == "string" and r.key in registry:
                 kind = "registry"
-            dst = self.path_of(r.target)
+            dst, pkgs = self._runs(r.target)
             if dst is not None:
                 out.append(Edge(path, dst, r.line, kind, r.key if kind == "registry" else None, r))
-            parts = r.target.split(".")
-            for depth in range(1, len(parts)):
-                pkg = self.mods.get(".".join(parts[:depth]))
-                if pkg is not None and pkg.endswith("__init__.py") and pkg != dst:
-                    out.append(Edge(path, pkg, r.line, "package", raw=r))
+            out += [Edge(path, pkg, r.line, "package", raw=r) for pkg in pkgs]
             for n in r.names:
                 sub = self.mods.get(f"{r.target}.{n}")
                 if sub is not None:
