@@ -3,8 +3,9 @@
 The fixture upstreams (tests/fixtures/build_repos.py) have the shape of the real bug: aiter
 split `kv_cache` into `kv_cache_k`/`kv_cache_v`, ATOM still calls the old signature, and
 our patch series fixes the call. Here ATOM also ships the server: the docker tier's
-OpenAI-compatible stand-in (tests/servers/openai_server.py) and the stand-ins for lm_eval and
-benchmark_serving, so the image the pipeline builds is the image the smoke stage serves.
+OpenAI-compatible stand-in (tests/servers/openai_server.py), the stand-in for benchmark_serving
+and a generated GSM8K-format task (tests/servers/gsm8k_local.py) for the real lm_eval the image
+bakes in, so the image the pipeline builds is the image the smoke stage serves and scores.
 Its warm-up imports the patched ATOM model and calls aiter: an unpatched tree would die
 there with a TypeError, as the real server died on MI355.
 
@@ -66,7 +67,11 @@ def e2e_recipe(dest: Path) -> Path:
             f'command: [sh, -c, "python3 -c \\"{WARMUP}\\" && exec python3 {TOOLS}/openai_server.py '
             f'--model ${{model}} --port ${{port}}"]'
         ),
-        "      - lm_eval\n": f"      - python3\n      - {TOOLS}/standin_lm_eval.py\n",
+        # the real lm_eval the image bakes in, on the generated GSM8K-format task, written in the
+        # container by the check's setup step (it includes the image's own lm_eval gsm8k config)
+        "    task: gsm8k\n": (
+            f"    setup: [python3, {TOOLS}/gsm8k_local.py, {TOOLS}/lm_eval_tasks]\n    task: gsm8k\n"
+        ),
         "/opt/smoke/": f"{TOOLS}/",
     }
     for old, new in replacements.items():
@@ -91,7 +96,7 @@ def world(
     entry = repos.atom / "atom" / "entrypoints"
     entry.mkdir(parents=True)
     (entry / "__init__.py").write_text("")
-    for name in ("openai_server.py", "standin_lm_eval.py", "standin_benchmark_serving.py"):
+    for name in ("openai_server.py", "gsm8k_local.py", "standin_benchmark_serving.py"):
         shutil.copy(SERVERS / name, entry / name)
     run_git(repos.atom, "add", "-A")
     run_git(repos.atom, "commit", "-q", "-m", "OpenAI server", date="2026-06-24T10:00:00Z")
@@ -165,6 +170,12 @@ def test_build_to_verified_tag_then_rebuild_falls_back_on_a_breaking_aiter(
     tag = json.loads((run / "stages" / "tag.json").read_text())["outputs"]
     image = json.loads((run / "stages" / "build.json").read_text())["outputs"]["image"]
     assert verdict["image"]["id"] == image
+    # the GSM8K gate read the results file of the real lm_eval in the built image, and the
+    # running score from the recording proxy ended where lm_eval did
+    gsm = next(c for c in verdict["checks"] if c["name"] == "gsm8k")
+    assert gsm["status"] == "passed" and gsm["figures"]["samples"] == 60
+    assert gsm["figures"]["value"] == 1.0 == gsm["figures"]["running_value"]
+    assert gsm["figures"]["running_scored"] == 60
 
     # the registry has the immutable tag and the moving tag, on the same digest
     client = RegistryClient(world.registry.host)
