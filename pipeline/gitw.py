@@ -27,6 +27,7 @@ import git
 from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from pipeline.errors import InfraError, SourceError, sentence
+from pipeline.pickling import by_fields
 
 ProgressFn = Callable[[str], None]
 
@@ -70,6 +71,7 @@ def is_unreachable(stderr: str) -> bool:
     return any(p in low for p in _UNREACHABLE)
 
 
+@by_fields
 @dataclass(frozen=True)
 class CommitInfo:
     sha: str

@@ -216,7 +216,7 @@ def _lock_inputs(
 
 def _repo_path(settings: Settings, url: str, name: str) -> Path:
     """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
-    from pipeline.sources import is_local, open_mirror
+    from pipeline.sources import is_local
 
     validate.url(url, what=f"{name} repository")
     path = Path(url).expanduser()
@@ -227,6 +227,8 @@ def _repo_path(settings: Settings, url: str, name: str) -> Path:
             f"the {name} repository path {url} does not exist.",
             hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
         )
+    from pipeline.sources import open_mirror  # (a URL: its mirror; local paths need none of that)
+
     return Path(open_mirror(settings, url, fetch=False).path)
 
 

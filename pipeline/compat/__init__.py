@@ -4,9 +4,22 @@ run_check(atom, atom_rev, aiter, aiter_rev, *, baseline_aiter_rev=None, cache_di
 search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None) -> SearchResult
 """
 
+from typing import TYPE_CHECKING, Any
+
 from pipeline.compat.engine import run_check
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
-from pipeline.compat.search import SearchResult, search_compatible
+
+if TYPE_CHECKING:
+    from pipeline.compat.search import SearchResult, search_compatible
+
+
+def __getattr__(name: str) -> Any:  # the search is imported by `pin --auto` only (start-up)
+    if name in ("SearchResult", "search_compatible"):
+        from pipeline.compat import search
+
+        return getattr(search, name)
+    raise AttributeError(f"module 'pipeline.compat' has no attribute {name!r}")
+
 
 __all__ = [
     "CauseInfo",

@@ -32,6 +32,7 @@ from pipeline.compat.pysource import (
     resolve_relative,
     strip_bodies,
 )
+from pipeline.pickling import by_fields
 
 # References from ATOM (pipeline.compat.calls): `(module, attribute chain)`, where the segment CALL
 # means "the result of calling what precedes it", and the module TORCH_OPS holds the ops registered
@@ -42,6 +43,7 @@ TORCH_OPS = "torch.ops.aiter"
 ParamKind = Literal["posonly", "pos", "vararg", "kwonly", "varkw"]
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Param:
     name: str
@@ -56,6 +58,7 @@ class Param:
         return f"{prefix}{self.name}{ann}"
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Signature:
     name: str
@@ -80,12 +83,14 @@ class Signature:
         return tuple((p.name, p.kind, p.has_default, p.annotation) for p in self.params)
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Member:
     kind: Literal["method", "static", "class", "property"]
     sig: Signature  # as written (self/cls included)
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class ClassInfo:
     """What a class defines: enough to resolve `obj.method(...)` on its instances."""
@@ -112,6 +117,7 @@ class ClassInfo:
 Event = tuple[str, str, object, int]
 
 
+@by_fields
 @dataclass(slots=True)
 class ModSummary:
     module: str
@@ -212,7 +218,45 @@ def _ann(node: ast.expr | None) -> str | None:
         return None
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value  # string annotation
-    return ast.unparse(node)
+    return _plain(node) or ast.unparse(node)
+
+
+def _plain(node: ast.expr) -> str | None:
+    """`ast.unparse` of the shapes annotations and defaults almost always have (it is slow), else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _plain(node.value) if isinstance(node.value, ast.Name | ast.Attribute) else None
+        return f"{base}.{node.attr}" if base else None
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is None or isinstance(v, bool):
+            return str(v)
+        if v is Ellipsis:
+            return "..."
+        if type(v) is int and v >= 0:
+            return str(v)
+        return None
+    if isinstance(node, ast.Subscript):
+        base = _plain(node.value) if isinstance(node.value, ast.Name | ast.Attribute) else None
+        sl = node.slice
+        if base is None:
+            return None
+        if isinstance(sl, ast.Tuple) and sl.elts:
+            items = [_plain(e) for e in sl.elts]
+            return f"{base}[{', '.join(items)}]" if all(items) else None  # type: ignore[arg-type]
+        inner = _plain(sl) if not isinstance(sl, ast.Tuple) else None
+        return f"{base}[{inner}]" if inner else None
+    if isinstance(node, ast.List):
+        items = [_plain(e) for e in node.elts]
+        return f"[{', '.join(items)}]" if all(items) else None  # type: ignore[arg-type]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        if isinstance(node.right, ast.BinOp):
+            return None  # `a | (b | c)`: unparse's parentheses
+        left, right = _plain(node.left), _plain(node.right)
+        if left and right and (not isinstance(node.left, ast.BinOp) or isinstance(node.left.op, ast.BitOr)):
+            return f"{left} | {right}"
+    return None
 
 
 def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

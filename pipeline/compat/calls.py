@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
+from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
     from pipeline.compat.aiterapi import Target
@@ -33,12 +34,14 @@ ROOT = "aiter"
 Ref = tuple[str, tuple[str, ...]]
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Arg:
     text: str  # source text, shortened
     etype: str | None  # evident type: int/float/str/bool/None/Tensor/list/tuple/dict, or None if unknown
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class RawCall:
     path: str
@@ -67,6 +70,7 @@ def qualname(ref: Ref) -> str:
     return out
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Unchecked:
     path: str
@@ -75,6 +79,7 @@ class Unchecked:
     reason: str
 
 
+@by_fields
 @dataclass(slots=True)
 class FileCalls:
     path: str
@@ -128,6 +133,34 @@ _INT_METHODS = {"size", "dim", "numel", "stride", "element_size", "nelement", "n
 
 _WORD_RE = re.compile(r"[A-Za-z_]\w*")
 _NOT_WRAPPERS = {"view", "to", "type", "astype", "get", "append", "add", "index", "fill_", "copy_"}
+
+
+def lines_naming(text: str, names: set[str]) -> list[int]:
+    """The lines (1-based, ascending) where one of `names` occurs as a whole word.
+
+    `str.find` per name rather than one regex of all of them: compiling an
+    alternation of a file's hundred names costs more than the search (re compiles in Python).
+    """
+    starts: list[int] | None = None
+    hits: set[int] = set()
+    n = len(text)
+    for name in names:
+        if not name.isidentifier():
+            continue
+        at = text.find(name)
+        while at >= 0:
+            end = at + len(name)
+            before = text[at - 1] if at else " "
+            after = text[end] if end < n else " "
+            if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
+                if starts is None:
+                    starts = [0, *(m.end() for m in _NEWLINE_RE.finditer(text))]
+                hits.add(bisect.bisect_right(starts, at))
+            at = text.find(name, end)
+    return sorted(hits)
+
+
+_NEWLINE_RE = re.compile("\n")
 
 
 def _handler_catches_import(h: ast.ExceptHandler) -> bool:
@@ -268,9 +301,7 @@ class _Scanner:
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
-        names = {n for n in names if n.isidentifier()}
-        pat = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, names))) + r")\b")
-        self.hot_lines = [i for i, line in enumerate(self.lines, 1) if pat.search(line)]
+        self.hot_lines = lines_naming(self.text, names)
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
         lo = getattr(fn, "lineno", 1)

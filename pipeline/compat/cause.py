@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,8 +20,10 @@ from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
 from pipeline.compat.pysource import SummaryCache, _header_end, module_of
 from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.pickling import by_fields
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class FileVersion:
     commit: CommitInfo
@@ -206,6 +207,37 @@ class History:
 _OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")
 
 
+_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _top_level_bindings(raw: bytes, nb: bytes) -> tuple[list[int], bool]:
+    """(starts of the lines `def nb(` / `async def nb(` at column 0, whether `class nb` or `nb =` is too).
+
+    A scan of the name's occurrences, not a regex: the history screen asks this
+    for hundreds of names, which would recompile (and evict) a pattern each.
+    """
+    hits: list[int] = []
+    other = False
+    n = len(raw)
+    at = raw.find(nb)
+    while at >= 0:
+        end = at + len(nb)
+        line = raw.rfind(b"\n", 0, at) + 1
+        head = raw[line:at]
+        k = end
+        while k < n and raw[k] in b" \t":
+            k += 1
+        nxt = raw[k : k + 1]
+        words = head.split()
+        if not head or (head[0] not in b" \t" and head[-1] in b" \t"):  # at column 0, a whole word
+            if words in ([b"def"], [b"async", b"def"]) and nxt == b"(":
+                hits.append(line)
+            elif (words == [b"class"] and (end >= n or raw[end] not in _WORD)) or (not words and nxt == b"="):
+                other = True
+        at = raw.find(nb, end)
+    return hits, other
+
+
 def _one_def(raw: bytes, path: str, name: str) -> Signature | bool | None:
     """The signature of the only top-level `def name(` in `raw`, parsed from its header alone.
 
@@ -215,12 +247,10 @@ def _one_def(raw: bytes, path: str, name: str) -> Signature | bool | None:
     nb = name.encode()
     if nb not in raw:
         return None
-    pat = re.compile(rb"^(?:async[ \t]+)?def[ \t]+" + re.escape(nb) + rb"[ \t]*\(", re.M)
-    hits = list(pat.finditer(raw))
-    other = re.search(rb"^(?:class[ \t]+" + re.escape(nb) + rb"\b|" + re.escape(nb) + rb"[ \t]*=)", raw, re.M)
-    if len(hits) != 1 or other is not None:
-        return False if hits or other is not None else None
-    start = hits[0].start()
+    hits, other = _top_level_bindings(raw, nb)
+    if len(hits) != 1 or other:
+        return False if hits or other else None
+    start = hits[0]
     lines = raw[start:].split(b"\n", 200)
     j, col = _header_end(lines, 0)
     if j < 0:

@@ -15,11 +15,12 @@ problem at the pin is an error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,55 +93,73 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
 
 
 def scan_atom(atom: GitRepo, atom_sha: str, caches: Caches) -> list[FileCalls]:
+    """Every ATOM file's calls of aiter, in path order."""
+    got = dict(scan_atom_stream(atom, atom_sha, caches))
+    return [got[i] for i in sorted(got)]
+
+
+def scan_atom_stream(atom: GitRepo, atom_sha: str, caches: Caches) -> Iterator[tuple[int, FileCalls]]:
+    """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
+
+    A cold check parses a hundred files in worker processes; the checker binds
+    each file's calls while the workers parse the next ones (two cores: neither waits).
+    """
     tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
-    missing = [(p, s) for p, s in pairs if f"{s}:{p}" not in caches.atom.data]
+    missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     if len(missing) >= PARALLEL_MIN_FILES and (os.cpu_count() or 1) > 1:
-        blobs = dict(atom.read_blobs(sorted({s for _, s in missing})))
-        for (path, sha), calls in zip(
-            missing, _parallel_scan([(p, blobs[s]) for p, s in missing]), strict=True
-        ):
+        todo = set(missing)
+        for i, (path, sha) in enumerate(pairs):
+            if i not in todo:
+                yield i, caches.atom.data[f"{sha}:{path}"]
+        blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
+        work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
+        for k, calls in _parallel_scan(work):
+            path, sha = pairs[missing[k]]
             caches.atom.data[f"{sha}:{path}"] = calls
-        caches.atom.dirty = True
+            caches.atom.dirty = True
+            yield missing[k], calls
+        return
     got = caches.atom.get_many(atom, pairs, scan_file)
-    return [got[p] for p in sorted(got)]
+    yield from ((i, got[p]) for i, (p, _) in enumerate(pairs))
 
 
-# A cold check parses a hundred ATOM files: split them over the CPUs (fork: no re-import,
-# the sources are inherited, only the small per-file results travel back).
+# Files are split over the CPUs (fork: no re-import, the sources are inherited, only the small
+# per-file results travel back).
 PARALLEL_MIN_FILES = 40
 _WORK: list[tuple[str, bytes]] = []
 
 
-def _scan_one(i: int) -> FileCalls:
+def _scan_one(i: int) -> tuple[int, FileCalls]:
     path, data = _WORK[i]
-    return scan_file(data, path)
+    return i, scan_file(data, path)
 
 
-def _parallel_scan(work: list[tuple[str, bytes]]) -> list[FileCalls]:
+def _parallel_scan(work: list[tuple[str, bytes]]) -> Iterator[tuple[int, FileCalls]]:
+    """(index in `work`, calls) in the order the workers finish them."""
     global _WORK
     todo = [i for i, (_, d) in enumerate(work) if worth_scanning(d)]
-    out = [FileCalls(p) for p, _ in work]
+    wanted = set(todo)
+    yield from ((i, FileCalls(p)) for i, (p, _) in enumerate(work) if i not in wanted)
     if not todo:
-        return out
+        return
     try:
         ctx = multiprocessing.get_context("fork")
     except ValueError:  # no fork on this platform
-        return [scan_file(d, p) for p, d in work]
+        yield from ((i, scan_file(work[i][1], work[i][0])) for i in todo)
+        return
     _WORK = work
     todo.sort(key=lambda i: -len(work[i][1]))  # big files first: better balance
     pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
     try:
-        for i, fc in zip(todo, pool.imap(_scan_one, todo, chunksize=4), strict=True):
-            out[i] = fc
+        yield from pool.imap_unordered(_scan_one, todo, chunksize=2)
         pool.close()
-    except BaseException:
+    except BaseException:  # (GeneratorExit too: a consumer that stops early)
         pool.terminate()
         raise
     finally:
         pool.join()
         _WORK = []
-    return out
 
 
 def _worker_init() -> None:
@@ -214,9 +233,10 @@ class Checker:
         self.caches = caches
         self.tip = tip
         self.explicit_baseline = explicit_baseline
-        self.files = scan_atom(atom, atom_sha, caches)
-        self.atom_ops = atom_ops(self.files)
-        self.op_names = frozenset(c.ref[1][0] for fc in self.files for c in fc.calls if c.ref[0] == TORCH_OPS)
+        self._scan: Iterator[tuple[int, FileCalls]] | None = scan_atom_stream(atom, atom_sha, caches)
+        self._scanned: dict[int, FileCalls] = {}
+        self.atom_ops: dict[str, str] = {}
+        self.op_names: frozenset[str] = frozenset()
         self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
@@ -297,36 +317,51 @@ class Checker:
         return got.get(path)
 
     # -- the check -----------------------------------------------------------
+    @property
+    def files(self) -> list[FileCalls]:
+        """Every ATOM file's calls, in path order (the scan finished)."""
+        for _ in self._files_as_ready():
+            pass
+        return [self._scanned[i] for i in sorted(self._scanned)]
+
+    def _files_as_ready(self) -> Iterator[tuple[int, FileCalls]]:
+        """(position in path order, calls) per file: the scan's results as they come, the first time."""
+        if self._scan is None:
+            yield from sorted(self._scanned.items())
+            return
+        for i, fc in self._scan:
+            self._scanned[i] = fc
+            yield i, fc
+        self._scan = None
+        files = [self._scanned[i] for i in sorted(self._scanned)]
+        self.atom_ops = atom_ops(files)
+        self.op_names = frozenset(c.ref[1][0] for fc in files for c in fc.calls if c.ref[0] == TORCH_OPS)
+        for index in self._index.values():
+            index.op_names = self.op_names
+
+    # -- the check -----------------------------------------------------------
     def check(self, aiter_sha: str, *, with_causes: bool = True) -> CheckReport:
         t0 = time.perf_counter()
         idx = self.index(aiter_sha)
         findings: list[Finding] = []
-        unchecked: list[UncheckedCall] = []
+        unchecked: list[tuple[tuple[int, int, int], UncheckedCall]] = []  # keyed by where, for path order
         checked = 0
+        ops: list[tuple[int, int, RawCall]] = []  # torch.ops calls: bound once every file says its ops
+        one = functools.partial(self._check_one, idx, aiter_sha=aiter_sha, causes=with_causes)
+        for fi, fc in self._files_as_ready():
+            for ui, u in enumerate(fc.unchecked):
+                unchecked.append(((fi, 0, ui), UncheckedCall(u.path, u.line, u.display, u.reason)))
+            for ci, call in enumerate(fc.calls):
+                if call.ref[0] == TORCH_OPS:
+                    ops.append((fi, ci, call))
+                    continue
+                checked += one(call, findings=findings, unchecked=unchecked, where=(fi, 1, ci))
+        for fi, ci, call in ops:
+            checked += one(call, findings=findings, unchecked=unchecked, where=(fi, 1, ci))
         unparseable = [Unparseable("atom", f.path, f.error) for f in self.files if f.error]
-        for fc in self.files:
-            for u in fc.unchecked:
-                unchecked.append(UncheckedCall(u.path, u.line, u.display, u.reason))
-            for call in fc.calls:
-                t = target_of(idx, call)
-                if t.kind in ("func", "class") and t.sig is not None:
-                    if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
-                        unchecked.append(UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY))
-                        continue
-                    checked += 1
-                    f = self._check_call(call, t.sig, aiter_sha, with_causes)
-                    if f is not None:
-                        findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
-                elif t.kind == "missing":
-                    checked += 1
-                    findings.append(self._missing(call, t, aiter_sha, with_causes))
-                elif t.kind in ("module", "foreign"):
-                    continue  # a module, or a value of a type that is not aiter's: not a call of aiter
-                else:
-                    reason = unchecked_reason(call, t, self.atom_ops)
-                    unchecked.append(UncheckedCall(call.path, call.line, call.qualname, reason))
         unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
+        unchecked.sort(key=lambda u: u[0])
         return CheckReport(
             findings=findings,
             calls_checked=checked,
@@ -335,9 +370,38 @@ class Checker:
             atom_sha=self.atom_sha,
             aiter_sha=aiter_sha,
             baseline_aiter_sha=self.explicit_baseline or self.date_baseline,
-            unchecked=unchecked,
+            unchecked=[u for _, u in unchecked],
             seconds=time.perf_counter() - t0,
         )
+
+    def _check_one(
+        self,
+        idx: ApiIndex,
+        call: RawCall,
+        aiter_sha: str,
+        causes: bool,
+        findings: list[Finding],
+        unchecked: list[tuple[tuple[int, int, int], UncheckedCall]],
+        where: tuple[int, int, int],
+    ) -> int:
+        """Bind one call at the pin; 1 when it counts as checked."""
+        t = target_of(idx, call)
+        if t.kind in ("func", "class") and t.sig is not None:
+            if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
+                unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY)))
+                return 0
+            f = self._check_call(call, t.sig, aiter_sha, causes)
+            if f is not None:
+                findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
+            return 1
+        if t.kind == "missing":
+            findings.append(self._missing(call, t, aiter_sha, causes))
+            return 1
+        if t.kind in ("module", "foreign"):
+            return 0  # a module, or a value of a type that is not aiter's: not a call of aiter
+        reason = unchecked_reason(call, t, self.atom_ops)
+        unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, reason)))
+        return 0
 
     # -- one call ------------------------------------------------------------
     def _sig_at(self, aiter_sha: str | None, call: RawCall) -> Signature | None:

@@ -212,6 +212,8 @@ def resolve_relative(module: str, is_package: bool, level: int, target: str | No
     return ".".join(base) if base else None
 
 
+# A def header's tokens: strings (a triple quote first), a comment, brackets, ':'.
+_HEADER_TOKEN = re.compile(rb"""'''|\"\"\"|"(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|#|[()\[\]{}:]""")
 _DEF_RE = re.compile(rb"^([ \t]*)(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(", re.M)
 
 
@@ -240,6 +242,7 @@ def def_spans(data: bytes) -> tuple[list[bytes], list[tuple[int, int, int, int]]
             continue  # one-line def
         b0 = k = j + 1
         in_str: bytes | None = None
+        deeper = b" " * (indent + 1)  # a line starting so cannot end the body (most lines of it)
         while k < n:
             body = lines[k]
             if in_str is not None:
@@ -247,13 +250,14 @@ def def_spans(data: bytes) -> tuple[list[bytes], list[tuple[int, int, int, int]]
                     in_str = None
                 k += 1
                 continue
-            stripped = body.lstrip()
-            if (
-                stripped
-                and not stripped.startswith(b"#")
-                and len(body[: len(body) - len(stripped)].expandtabs()) <= indent
-            ):
-                break
+            if not body.startswith(deeper):
+                stripped = body.lstrip()
+                if (
+                    stripped
+                    and not stripped.startswith(b"#")
+                    and len(body[: len(body) - len(stripped)].expandtabs()) <= indent
+                ):
+                    break
             if b'"""' in body or b"'''" in body:
                 for q in (b'"""', b"'''"):
                     if body.count(q) % 2 == 1:
@@ -319,31 +323,19 @@ def _header_end(lines: list[bytes], i: int) -> tuple[int, int]:
             break
         j += 1
     depth = 0
-    j = i
-    while j < n:
-        text = lines[j]
-        k = 0
-        quote = 0
-        while k < len(text):
-            c = text[k]
-            if quote:
-                if c == 92:  # backslash
-                    k += 2
-                    continue
-                if c == quote:
-                    quote = 0
-            elif c in (34, 39):  # " '
-                if text[k : k + 3] in (b'"""', b"'''"):
+    for j in range(i, n):
+        for m in _HEADER_TOKEN.finditer(lines[j]):  # strings end at the line's end, as Python's do
+            tok = m.group()
+            c = tok[:1]
+            if c in b"\"'":
+                if tok in (b'"""', b"'''"):
                     return -1, -1  # triple quotes in a header: give up
-                quote = c
-            elif c == 35:  # comment
+            elif c == b"#":
                 break
-            elif c in (40, 91, 123):
+            elif c in b"([{":
                 depth += 1
-            elif c in (41, 93, 125):
+            elif c in b")]}":
                 depth -= 1
-            elif c == 58 and depth == 0:  # ':'
-                return j, k
-            k += 1
-        j += 1
+            elif depth == 0:  # ':'
+                return j, m.start()
     return -1, -1

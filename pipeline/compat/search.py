@@ -105,11 +105,52 @@ def search_compatible(
         # The calls that broke at the last commit examined, per ATOM tree: an older commit where one of
         # them still breaks is not compatible either, and needs no full check to say so.
         suspects: dict[int, set[tuple[str, int, int]]] = {id(checker): _sites(at_head)}
+        # The last examined commit, what its breaking calls read, and the commits since the last one
+        # whose every call was resolved (a function ATOM calls may have gone missing among them).
+        unchanged = _Unchanged(checker, head)
+        ref, ref_checker = head, checker
+        ref_deps = unchanged.deps(checker, head_idx, at_head)
+        unscanned: list[CommitInfo] = []
+
+        def lacking(report: CheckReport) -> list[Finding]:
+            return [
+                f for f in report.errors
+                if f.kind in ("missing-function", "missing-module") and f.function in present_at_head
+            ]  # fmt: skip
+
+        def stop(checker: Checker, cand: CommitInfo, gone: list[Finding]) -> SearchResult:
+            """The walk ends at the newest commit lacking a function ATOM calls."""
+            if unscanned:
+                cand = unchanged.first_lacking(checker, [*unscanned, cand], {f.function for f in gone})
+            report = check(checker, cand.sha, with_causes=False)  # every break, for the record
+            gone = lacking(report) or gone
+            names = ", ".join(sorted({f"`{f.function}`" for f in gone}))
+            others = sorted(
+                {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
+                - {f"`{f.function}` ({f.path}:{f.line})" for f in gone}
+            )
+            also = f"; it also breaks {', '.join(others[:5])}" if others else ""
+            return _none(
+                at_head, examined, report, t0,
+                f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} "
+                f"{variants.phrase}: going back from the head, every commit keeps at least one "
+                "breaking call "
+                f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
+                f"(older aiter commits lack them too){also}.",
+            )  # fmt: skip
+
         for cand in candidates[:max_commits]:
             checker = variants.checker_for(cand.sha)
-            report = _quick(checker, cand.sha, suspects.get(id(checker), set()), adjust)
+            if checker is ref_checker and ref_deps is not None and unchanged.between(ref, cand.sha, ref_deps):
+                unscanned.append(cand)  # the calls that break at `ref` break here the same way
+                newer = cand
+                continue
+            every_call = len(unscanned) >= SCAN_EVERY or checker is not ref_checker
+            report = _quick(checker, cand.sha, suspects.get(id(checker), set()), adjust, every_call)
+            scanned = every_call
             if report is None:
                 report = check(checker, cand.sha, with_causes=False)
+                scanned = True
             suspects[id(checker)] = _sites(report)
             examined += 1
             # Files the check reads may differ at older commits (functions move).
@@ -132,32 +173,24 @@ def search_compatible(
                     ),
                     seconds=time.perf_counter() - t0,
                 )  # fmt: skip
-            missing_later = [
-                f
-                for f in report.errors
-                if f.kind in ("missing-function", "missing-module") and f.function in present_at_head
-            ]
+            gone = lacking(report)
+            if gone:
+                return stop(checker, cand, gone)
             last_report = report
             newer = cand
+            if scanned:
+                unscanned = []
+            else:
+                unscanned.append(cand)
+            ref, ref_checker = cand.sha, checker
+            ref_deps = unchanged.deps(checker, checker.index(cand.sha), report)
             checker.drop_index(cand.sha)
-            if missing_later:
-                last_report = report = check(
-                    checker, cand.sha, with_causes=False
-                )  # every break, for the record
-                names = ", ".join(sorted({f"`{f.function}`" for f in missing_later}))
-                others = sorted(
-                    {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
-                    - {f"`{f.function}` ({f.path}:{f.line})" for f in missing_later}
-                )
-                also = f"; it also breaks {', '.join(others[:5])}" if others else ""
-                return _none(
-                    at_head, examined, last_report, t0,
-                    f"no aiter commit up to {head[:10]} is compatible with ATOM {atom_sha[:10]} "
-                    f"{variants.phrase}: going back from the head, every commit keeps at least one "
-                    "breaking call "
-                    f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
-                    f"(older aiter commits lack them too){also}.",
-                )  # fmt: skip
+        if unscanned:  # the last commits were not scanned for functions gone missing
+            last = check(checker, newer.sha, with_causes=False)
+            gone = lacking(last)
+            if gone:
+                unscanned.pop()  # `newer` itself: the last of them
+                return stop(checker, newer, gone)
         if last_report is not at_head:
             last_report = check(checker, newer.sha, with_causes=False)  # every break, not only the first
         return _none(
@@ -237,6 +270,84 @@ class _Variants:
         return True
 
 
+# How many commits a walk examines by their breaking calls alone before it resolves every call
+# again (a function ATOM calls gone missing ends the walk; the commit is then found by bisection).
+SCAN_EVERY = 16
+
+
+class _Unchanged:
+    """Which aiter commits a walk may pass unexamined: none of the modules its breaking calls read changed.
+
+    A call's resolution records the modules it read (`ApiIndex._ref_deps`); its
+    finding depends on those blobs and on the callee's history, which is read
+    from aiter's head whatever the pin. So a break found at one commit holds at
+    every older commit up to the next one that changes such a module.
+    """
+
+    def __init__(self, checker: Checker, head: str) -> None:
+        from pipeline.compat.aiterapi import module_from_path
+
+        self.commits = [sha for _, sha in checker.first_parent.commits]  # newest first
+        self.order = {sha: i for i, sha in enumerate(self.commits)}
+        self.changed: dict[str, set[str]] = {}  # commit -> modules its first-parent diff touches
+        for path, versions in checker.hist.first_parent_log(head, AITER_PREFIX + "/").items():
+            mod = module_from_path(path)
+            for k, v in enumerate(versions):
+                touched = self.changed.setdefault(v.commit.sha, set())
+                touched.add(mod)
+                if v.blob is None or k == len(versions) - 1:  # removed or added: packages may appear/go
+                    parts = mod.split(".")
+                    touched.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+    def deps(self, checker: Checker, idx: object, report: CheckReport) -> frozenset[str] | None:
+        """Modules the breaking calls' resolutions read (None: one cannot be traced: examine every commit)."""
+        from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex
+
+        assert isinstance(idx, ApiIndex)
+        sites = _sites(report)
+        out: set[str] = set()
+        found = 0
+        for fc in checker.files:
+            for call in fc.calls:
+                if (call.path, call.line, call.col) not in sites:
+                    continue
+                got = idx._ref_deps.get(call.ref)
+                if got is None or call.ref[0] == TORCH_OPS:
+                    return None
+                out |= got[1] | {m for m, _ in got[2]}
+                found += 1
+        return frozenset(out) if found and out else None
+
+    def between(self, newer: str, older: str, deps: frozenset[str]) -> bool:
+        """No commit from `newer` (included) back to `older` (excluded) touched one of `deps`."""
+        i, j = self.order.get(newer), self.order.get(older)
+        if i is None or j is None or j <= i:
+            return False
+        return all(self.changed.get(sha, set()).isdisjoint(deps) for sha in self.commits[i:j])
+
+    def first_lacking(self, checker: Checker, commits: list[CommitInfo], names: set[str]) -> CommitInfo:
+        """The newest of `commits` (newest first; the last lacks one of `names`) that lacks one of them."""
+        from pipeline.compat.engine import target_of
+
+        def lacks(c: CommitInfo) -> bool:
+            idx = checker.index(c.sha)
+            return any(
+                call.qualname in names and target_of(idx, call).kind == "missing"
+                for fc in checker.files
+                for call in fc.calls
+            )
+
+        lo, hi = 0, len(commits) - 1  # lacks(commits[hi]) holds
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if lacks(commits[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+            checker.drop_index(commits[mid].sha)
+        return commits[lo]
+
+
 def _sites(report: CheckReport) -> set[tuple[str, int, int]]:
     return {(f.path, f.line, f.col) for f in report.errors}
 
@@ -246,8 +357,9 @@ def _quick(
     sha: str,
     suspects: set[tuple[str, int, int]],
     adjust: Callable[[CheckReport], CheckReport] | None,
+    every_call: bool = True,
 ) -> CheckReport | None:
-    """The breaks at `sha` among the suspects and every call to a missing name, when there is one.
+    """The breaks at `sha` among the suspects (and, with `every_call`, every call to a missing name).
 
     None when none of them breaks (then only a full check can tell). A report from here is
     incomplete (other calls are not bound), but enough to say "not compatible" and to see the
@@ -261,6 +373,8 @@ def _quick(
     findings: list[Finding] = []
     for fc in checker.files:
         for call in fc.calls:
+            if not every_call and (call.path, call.line, call.col) not in suspects:
+                continue
             t = target_of(idx, call)
             if t.kind == "missing":
                 findings.append(checker._missing(call, t, sha, False))

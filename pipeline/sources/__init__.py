@@ -20,37 +20,84 @@ One module per job (all of git itself goes through `pipeline.gitw.run_git`):
 
 from __future__ import annotations
 
-from pipeline.sources.mirrors import (
-    FETCHED_MARKER,
-    MIRROR_LOCK_TIMEOUT,
-    PIN_REF_PREFIX,
-    FetchProgress,
-    fetch_commit,
-    keep_pinned,
-    last_fetched,
-    lock_path,
-    mirrors_for_lock,
-    open_mirror,
-)
-from pipeline.sources.pinning import (
-    AiterChooser,
-    DigestResolver,
-    PinResult,
-    default_digest_resolver,
-    pin,
-    pin_base_image,
-)
-from pipeline.sources.refs import nearest_refs, resolve_ref
-from pipeline.sources.submodules import read_submodules, submodule_mirror
-from pipeline.sources.urls import (
-    is_local,
-    mirror_name,
-    mirror_path,
-    normalise_url,
-    resolve_relative_url,
-    strip_credentials,
-    validate_model,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.sources.mirrors import (
+        FETCHED_MARKER,
+        MIRROR_LOCK_TIMEOUT,
+        PIN_REF_PREFIX,
+        FetchProgress,
+        fetch_commit,
+        keep_pinned,
+        last_fetched,
+        lock_path,
+        mirrors_for_lock,
+        open_mirror,
+    )
+    from pipeline.sources.pinning import (
+        AiterChooser,
+        DigestResolver,
+        PinResult,
+        default_digest_resolver,
+        pin,
+        pin_base_image,
+    )
+    from pipeline.sources.refs import nearest_refs, resolve_ref
+    from pipeline.sources.submodules import read_submodules, submodule_mirror
+    from pipeline.sources.urls import (
+        is_local,
+        mirror_name,
+        mirror_path,
+        normalise_url,
+        resolve_relative_url,
+        strip_credentials,
+        validate_model,
+    )
+
+# name -> the module that defines it: imported on first use (a check of local repositories
+# needs only `is_local`, and should not load the pin and fetch machinery).
+_WHERE = {
+    "FETCHED_MARKER": "mirrors",
+    "MIRROR_LOCK_TIMEOUT": "mirrors",
+    "PIN_REF_PREFIX": "mirrors",
+    "FetchProgress": "mirrors",
+    "fetch_commit": "mirrors",
+    "keep_pinned": "mirrors",
+    "last_fetched": "mirrors",
+    "lock_path": "mirrors",
+    "mirrors_for_lock": "mirrors",
+    "open_mirror": "mirrors",
+    "AiterChooser": "pinning",
+    "DigestResolver": "pinning",
+    "PinResult": "pinning",
+    "default_digest_resolver": "pinning",
+    "pin": "pinning",
+    "pin_base_image": "pinning",
+    "nearest_refs": "refs",
+    "resolve_ref": "refs",
+    "read_submodules": "submodules",
+    "submodule_mirror": "submodules",
+    "is_local": "urls",
+    "mirror_name": "urls",
+    "mirror_path": "urls",
+    "normalise_url": "urls",
+    "resolve_relative_url": "urls",
+    "strip_credentials": "urls",
+    "validate_model": "urls",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pipeline.sources' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"pipeline.sources.{mod}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FETCHED_MARKER",

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.lock import Lock
-from pipeline.stages import patch as patch_stage
 from pipeline.stages.base import Context, StageData, Upstream
-from pipeline.stages.spec import BuildSpec
 
 if TYPE_CHECKING:
     from pipeline.compat.report import Counts
     from pipeline.gitw import GitRepo
+    from pipeline.stages.spec import BuildSpec
 
 NAME = "check"
 STOPS: tuple[type[Exception], ...] = ()
@@ -76,6 +75,8 @@ class Outputs(StageData):
 
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
+    from pipeline.stages import patch as patch_stage
+
     patched = up.get("patch", patch_stage.Outputs)
     lock = patched.lock
     return Inputs(
@@ -99,11 +100,9 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     import json
 
     from pipeline.compat import run_check
-    from pipeline.compat.reach import gate_model
     from pipeline.compat.report import Counts
     from pipeline.errors import IncompatibleError
     from pipeline.fsutil import atomic_write_json, atomic_write_text
-    from pipeline.recipe import load_recipe
 
     atom, aiter = _repos(ctx, inputs)
     cache = ctx.settings.cache_dir / "compat"
@@ -124,7 +123,10 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         atomic_write_json(inputs.reports_dir / "check-pristine.json", pristine.to_json())
         pristine_errors = len(pristine.errors)
     raw, reach = report, None
-    if inputs.recipe is not None:
+    if inputs.recipe is not None:  # (reach and recipes imported only here: a plain check starts faster)
+        from pipeline.compat.reach import gate_model
+        from pipeline.recipe import load_recipe
+
         gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
         report, reach = gate.report, gate.reach
         if reach is not None:
@@ -171,7 +173,6 @@ def _repos(ctx: Context, inputs: Inputs) -> tuple[GitRepo, GitRepo]:
     """The repositories given, else the mirrors of the lock's sources (where the patched commit lives)."""
     from pipeline.errors import SourceError, UsageError
     from pipeline.gitw import GitRepo
-    from pipeline.sources import open_mirror
 
     lock = inputs.lock
     found = []
@@ -182,6 +183,8 @@ def _repos(ctx: Context, inputs: Inputs) -> tuple[GitRepo, GitRepo]:
         if given is not None:
             repo = GitRepo(given)
         elif url is not None:
+            from pipeline.sources import open_mirror  # (given repositories need no mirror)
+
             repo = open_mirror(ctx.settings, url, fetch=False)
         else:
             raise UsageError(f"which {name} repository? Pass --lock or --{name.lower()}-repo.")

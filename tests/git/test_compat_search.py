@@ -89,3 +89,41 @@ def test_search_runs_on_the_patched_tree(fx: CompatRepos, tmp_path: Path) -> Non
     later = search_compatible(atom, fx.t["T1"], aiter, fx.a["A3"], patches=PatchSeries.load(series))
     assert later.newest_compatible is not None and later.newest_compatible.sha == fx.a["A2"]
     assert later.first_breaking is not None and later.first_breaking.sha == fx.a["A3"]
+
+
+# -- commits passed unexamined (search._Unchanged) -----------------------------------------------
+
+
+def _with_later_noise(root: Path, n: int) -> tuple[CompatRepos, str]:
+    """The fixture with n later aiter commits that touch only `rms_norm`'s module (a file the check
+    reads, which none of the breaking calls resolves through)."""
+    from tests.fixtures.gitfixture import commit_all, write_files
+
+    fx = build_compat_repos(root)
+    head = fx.a["A4"]
+    for i in range(n):
+        write_files(
+            fx.aiter, {"aiter/ops/norm.py": f"def rms_norm(x, w, eps: float = 1e-6):\n    return x  # {i}\n"}
+        )
+        head = commit_all(fx.aiter, f"norm: tidy {i}", f"2026-03-{i + 1:02d}T10:00:00+00:00")
+    return fx, head
+
+
+def test_commits_that_cannot_change_the_breaks_are_passed(tmp_path: Path) -> None:
+    fx, head = _with_later_noise(tmp_path / "fx", 20)
+    r = search_compatible(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), head)
+    # the same answer as without the noise, and the 20 commits that only touch norm.py are not examined
+    assert r.newest_compatible is not None and r.newest_compatible.sha == fx.a["A1c"]
+    assert r.first_breaking is not None and r.first_breaking.sha == fx.a["A2"]
+    assert r.commits_examined <= 5
+
+
+def test_the_commit_lacking_a_called_function_is_exact_among_those_passed(tmp_path: Path) -> None:
+    # T3 calls new_fn (added in A3): going back, A2 is the first commit that lacks it. Between the
+    # head and A2 the walk examines only by the breaking calls; the commit is found by bisection.
+    fx, head = _with_later_noise(tmp_path / "fx", 20)
+    r = search_compatible(GitRepo(fx.atom), fx.t["T3"], GitRepo(fx.aiter), head)
+    assert r.newest_compatible is None
+    a2 = GitRepo(fx.aiter).commit_info(fx.a["A2"])
+    assert f"until {a2.short} " in r.explanation and "`aiter.ops.fused.new_fn`" in r.explanation
+    assert r.commits_examined <= 6
