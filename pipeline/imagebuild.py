@@ -35,6 +35,7 @@ from pipeline.config import Settings, load_settings
 from pipeline.dockerw import BuiltImage, EngineAPI, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
 from pipeline.log import Logger
+from pipeline.progress import Progress
 from pipeline.render import (
     DOCKERFILE,
     DOCKERFILE_CLASSIC,
@@ -216,7 +217,11 @@ def build_image(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = log_path.open("w", encoding="utf-8")
 
-    shown = BuildProgress(log, timings_path(settings.cache_dir, manifest.model))
+    shown = BuildProgress(
+        log,
+        timings_path(settings.cache_dir, manifest.model),
+        progress=Progress.for_stream(log.stream, env, redact=log.redact),  # CI: plain lines
+    )
     # with a live display the bar shows the current step; plain output gets a line per step
     step_line = log.detail if shown.live else log.info
 
