@@ -183,6 +183,12 @@ def test_build_to_verified_tag_then_rebuild_falls_back_on_a_breaking_aiter(
     assert client.manifest_digest(world.repository, f"{MODEL}-verified") == tag["digest"]
     record = json.loads((run / "smoke" / "record.json").read_text())
     assert record["subject"][0]["digest"]["sha256"] == tag["digest"].removeprefix("sha256:")
+    # no SLSA/SBOM from this front end, said in the record; our build provenance of this image linked
+    att = record["predicate"]["attestations"]
+    assert att["slsa_provenance"] is None and att["sbom"] is None and att["note"].startswith("not produced")
+    prov = json.loads(Path(att["build_provenance"]["path"]).read_text())
+    assert prov["subject"][0]["digest"]["sha256"] == image.removeprefix("sha256:")
+    assert prov["predicate"]["slsa"]["level"] is None and prov["predicate"]["inputs_digest"]
     # the image serves the patched ATOM: the warm-up line is in the server log
     assert "warm-up: new-api" in "".join(p.read_text() for p in (run / "smoke").rglob("*.log"))
     # the released state the next rebuild compares with
