@@ -192,3 +192,34 @@ def test_stream_blobs_reads_in_order_and_names_a_missing_object(fx: tuple[ReachR
     assert dict(atom.stream_blobs(shas)) == atom.cat_blobs(shas)
     with pytest.raises(SourceError, match=r"object 0{40} is missing"):
         list(atom.stream_blobs([shas[0], "0" * 40]))
+
+
+def test_a_file_reached_through_both_branches_of_an_if_is_unconditional(
+    fx: tuple[ReachRepos, str], tmp_path: Path
+) -> None:
+    repos, _ = fx
+    clone = tmp_path / "atom"
+    shutil.copytree(repos.atom, clone)
+    server = "atom/entrypoints/openai_server.py"
+    write_files(
+        clone,
+        {
+            server: (
+                "import os\n\nif os.environ.get('ALT_SERVER'):\n    from atom.entrypoints.alt import main\n"
+                "else:\n    from atom.entrypoints.openai.api_server import main\n"
+            ),
+            "atom/entrypoints/alt.py": (
+                "from atom.model_engine.model_runner import ModelRunner\n\n\ndef main():\n    ModelRunner()\n"
+            ),
+        },
+    )
+    sha = commit_all(clone, "two servers, one chosen by the environment", "2026-01-17T00:00:00+00:00")
+    r = compute_reach(GitRepo(clone), sha, ModelFacts("DeltaForCausalLM"))
+    # Each server module only under its branch; what both of them import, either way.
+    assert r.conditions("atom/entrypoints/alt.py") == (("if os.environ.get('ALT_SERVER')",),)
+    assert r.conditions("atom/entrypoints/openai/api_server.py") == (
+        ("else of if os.environ.get('ALT_SERVER')",),
+    )
+    runner = "atom/model_engine/model_runner.py"
+    assert r.on_path(runner) and runner not in r.conditional and "only under" not in r.evidence(runner)
+    assert r.conditions(TRITON) == (("if self.use_triton_decode and not prefill",), ("if self.use_triton",))
