@@ -656,7 +656,7 @@ class _Scanner:
             if name in env and name not in self._aiter_assigned(fn, env, cls_env):
                 env.pop(name, None)
         self.fn_hot.append(self._function_hot(fn, {ROOT, *env, *cls_env}))
-        self.fn_dicts.append(self._dict_literals(fn) if "**" in self._fn_text(fn) else {})
+        self.fn_dicts.append(self._dict_literals(fn) if _may_spread_a_local_dict(self._fn_text(fn)) else {})
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
@@ -844,6 +844,22 @@ def _walk_stmts(
         elif isinstance(st, ast.Match):
             for c in st.cases:
                 stack.extend(reversed(c.body))
+
+
+_SPREAD_RE = re.compile(r"\*\*\s*([A-Za-z_]\w*)")
+
+
+def _may_spread_a_local_dict(text: str) -> bool:
+    """Whether a function's text passes `**name` for a `name` it assigns a dict literal to.
+
+    A text test before `_dict_literals` walks the whole body: most functions never do.
+    """
+    if "**" not in text:
+        return False
+    for name in set(_SPREAD_RE.findall(text)):
+        if re.search(rf"\b{name}\s*(?::[^=\n]*)?=\s*\(?\s*(?:\{{|dict\s*\()", text):
+            return True
+    return False
 
 
 def _walk_scope(fn: ast.AST) -> list[ast.AST]:
