@@ -26,6 +26,7 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.toolpins import LM_EVAL_REQUIREMENT
 
 UPSTREAM = "ROCm/ATOM"
 SERVER_MODULE = "atom.entrypoints.openai_server"
@@ -704,8 +705,9 @@ def render_yaml(v: Variant, source_path: str, sha: str) -> str:
             f"    # The recipe's lm_eval command (markdown line {v.gsm8k_line}).",
             "    command:",
             *_argv(v.gsm8k, "      "),
-            "    # inferred: ATOM CI installs lm-eval when the image lacks it.",
-            "    setup: [sh, -c, \"command -v lm_eval >/dev/null 2>&1 || pip install 'lm-eval[api]'\"]",
+            "    # inferred: ATOM CI installs lm-eval when the image lacks it (pinned: the image's version).",
+            "    setup: [sh, -c, \"command -v lm_eval >/dev/null 2>&1 || "
+            f"pip install '{LM_EVAL_REQUIREMENT}'\"]",
             "    task: gsm8k",
             "    metric: exact_match,flexible-extract",
             "    reference:",

@@ -59,7 +59,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 5  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 6  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -302,8 +302,15 @@ class _Blocks:
         return line - self.text.count("\n", self.starts[i], offset)
 
     def condition(self, i: int) -> str:
-        """`if self.use_triton`, `else`, `except ImportError`: the header without its colon."""
+        """`if self.use_triton`, `except ImportError`: the header without its colon; an `else`
+        names the header it follows (`else of if envs.USE_ATOMESH_ENTRYPOINTS`)."""
         text = " ".join(self.text[self.starts[i] : self.ends[i]].split())
+        if self.word[i] == "else":
+            j = i - 1
+            while j >= 0 and self.indent[j] > self.indent[i]:
+                j -= 1  # the blocks nested in the branch before it
+            if j >= 0 and self.indent[j] == self.indent[i] and self.word[j] != "else":
+                text += " of " + " ".join(self.text[self.starts[j] : self.ends[j]].split())
         return text
 
 

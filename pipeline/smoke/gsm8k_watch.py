@@ -20,7 +20,7 @@ says why the running score is unavailable. It prints one JSON line per event on 
     {"event": "stopped", ...the last score...}
 
 ``POST /__atom-smoke/stop`` ends it: queued completions are scored first (waiting for the task
-to load, at most ``stop_wait_s``), then the last score is printed.
+to load, at most ``stop_wait_s``, 60 s by default), then the last score is printed.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     emit("listening", port=server.server_address[1])
     stop.wait()
-    scorer.drain(float(config.get("stop_wait_s", 120)))
+    scorer.drain(float(config.get("stop_wait_s", 60)))
     emit("stopped", error=scorer.error, **scorer.snapshot())
     return 0
 

@@ -497,7 +497,7 @@ class _Run:
                 stop = f"http://127.0.0.1:{score.port}{STOP_PATH}"
                 with contextlib.suppress(PipelineError):
                     self._probe("http", "POST", stop, "10", "{}")
-                thread.join(150)
+                thread.join(75)  # the proxy waits at most 60 s for the task to load
             self.running = None
             self.log.detail(f"running GSM8K score at the end: {score.status() or 'nothing scored'}")
 

@@ -68,3 +68,24 @@ def test_classic_builder_steps_count_of_n_by_the_wall_clock(tmp_path: Path) -> N
     assert lines[0].startswith("  … build: 0 steps / 3 steps (0%)") and "Step 1/3 : FROM base" in lines[0]
     steps = json.loads(timings_path(tmp_path, "m").read_text())["steps"]
     assert set(steps) == {"Step 1/3 : FROM base", "Step 2/3 : COPY a /a", "Step 3/3 : RUN make"}
+
+
+def test_on_github_actions_a_terminal_still_gets_plain_lines_inside_the_stage_group(tmp_path: Path) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    log = Logger(stream=out, github=True)
+    env = {"CI": "true", "GITHUB_ACTIONS": "true"}
+    with log.stage("build"):
+        shown = BuildProgress(log, timings_path(tmp_path, "m"), progress=Progress.for_stream(out, env))
+        for line in BUILDKIT:
+            shown(line)
+        shown.close(succeeded=True)
+    text = out.getvalue()
+    assert "\x1b[" not in text  # no escape codes in a CI log
+    lines = text.splitlines()
+    assert lines[0] == "::group::build" and lines[-2] == "::endgroup::"
+    assert lines[1].startswith("  … build: ") and "[aiter 1/3] FROM" in lines[1]  # the first step at once
+    assert "(done)" in lines[-3] and len(lines) == 5  # and the end: one line per 30 s at most

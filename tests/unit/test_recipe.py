@@ -160,3 +160,17 @@ def test_find_recipe(tmp_path: Path) -> None:
 def test_gfx_target_version(gfx: str, version: int) -> None:
     assert gfx_to_target_version(gfx) == version
     assert target_version_to_gfx(version) == gfx
+
+
+def test_a_recipe_setup_that_installs_lm_eval_installs_the_pinned_version() -> None:
+    """The lm_eval a GPU host installs is the one the image bakes in and CI runs (toolpins)."""
+    from pipeline.recipe import Gsm8kCheck
+    from pipeline.toolpins import LM_EVAL_REQUIREMENT
+
+    installing = 0
+    for path in sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")):
+        for check in load_recipe(path).checks:
+            if isinstance(check, Gsm8kCheck) and "install" in " ".join(check.setup or ()):
+                installing += 1
+                assert f"'{LM_EVAL_REQUIREMENT}'" in " ".join(check.setup or ()), path.name
+    assert installing >= 5
