@@ -9,8 +9,9 @@ for the hour the real aiter build takes on the ROCm base image):
   the classic builder sends the whole context every time);
 - unchanged inputs: nothing is built (the inputs digest finds the image; target < 1 s);
 - a clean engine (a second, empty dockerd: no image, no build cache) rebuilding from the
-  registry cache: BuildKit with --cache-from (target: at most 10% of the cold build); the
-  classic builder has no registry cache, so today's path rebuilds cold there;
+  registry cache: BuildKit with --cache-from (target: at most 10% of the cold build), with its
+  phases (base pull, build, self-check, cache push), without the base pull, and without dockerd's
+  unpigz; the classic builder has no registry cache, so today's path rebuilds cold there;
 - one aiter file changed: the aiter step runs again on both (correctly), timed.
 
 Every run uses fresh fixture trees (a random nonce), so the cold builds really are cold. The base
@@ -29,6 +30,7 @@ import argparse
 import io
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,6 +40,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +56,7 @@ from tests.fixtures.build_repos import (  # noqa: E402
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,
     CK_PATH,
+    TEST_BASE_PYTHON,
     BuildRepos,
     make_build_repos,
     run_git,
@@ -107,6 +111,7 @@ def settings_for(
             "PIPELINE_AITER_BUILD_CMD": aiter_cmd,
             "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
             "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+            "PIPELINE_PYTHON_VERSION": TEST_BASE_PYTHON,
             "PIPELINE_OFFLINE_BUILD": "1",
             "PIPELINE_REQUIRE_GIT": "0",
             "PIPELINE_BUILDER": builder,
@@ -155,9 +160,36 @@ def context_mb(ctx: Path) -> float:
     return total / 1e6
 
 
+def phases(out: BuildOutcome) -> str:
+    return ", ".join(f"{k} {v:.1f} s" for k, v in out.phases.items())
+
+
+@dataclass
+class Row:
+    figure: str
+    ours: str  # BuildKit
+    peer: str  # the classic builder, same run
+    target: str
+    ratio: float | None  # measured / target (<= 1 meets it); None: a yes/no target
+    met: bool
+    note: str = ""
+
+    def line(self) -> str:
+        ratio = f"{self.ratio:6.3f}" if self.ratio is not None else "     -"
+        verdict = "met" if self.met else "MISSED"
+        return (
+            f"{self.figure:34s} {self.ours:>11s} {self.peer:>11s}  {self.target:24s} {ratio}  "
+            f"{verdict:6s}  {self.note}"
+        )
+
+
+HEADER = f"{'figure':34s} {'BuildKit':>11s} {'classic':>11s}  {'target':24s} {'ratio':>6s}  result"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--aiter-seconds", type=float, default=20.0, help="simulated aiter build time")
+    ap.add_argument("--keep-logs", type=Path, help="copy every build log into this directory")
     args = ap.parse_args()
     aiter_cmd = f"{AITER_BUILD_CMD} && sleep {args.aiter_seconds:g}"
 
@@ -167,8 +199,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-build-"))
     log = Logger(stream=io.StringIO())
     cleanup: list[str] = []
-    rows: list[str] = []
-    ok = True
+    rows: list[Row] = []
 
     def timed(
         eng: Engine, ctx: Path, s: Settings, run: str, nocache: bool = False
@@ -177,12 +208,18 @@ def main() -> int:
         out = build_image(
             eng, ctx, tag=None, log=log, run_dir=work / run, extra_labels=labels, settings=s, nocache=nocache
         )
-        return time.monotonic() - t0, out
+        took = time.monotonic() - t0
+        if args.keep_logs and out.log_path is not None and out.log_path.is_file():
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(out.log_path, args.keep_logs / f"{run}.log")
+        return took, out
 
-    def row(name: str, bk: float, classic: float, note: str) -> None:
-        ratio = f"({bk / classic:5.3f} x classic)"
-        rows.append(f"{name:28s} BuildKit {bk:7.2f} s   classic {classic:7.2f} s   {ratio}  {note}")
-        print(rows[-1], flush=True)
+    def add(row: Row) -> None:
+        rows.append(row)
+        print(row.line(), flush=True)
+
+    def secs(t: float) -> str:
+        return f"{t:.2f} s"
 
     try:
         with local_registry(work / "registry") as host:
@@ -195,6 +232,11 @@ def main() -> int:
             cache_repo = f"{host}/atom-pipeline-bench/cache"
             bk = settings_for(base, work, aiter_cmd, "buildkit", cache_repo, "cache-bk")
             cl = settings_for(base, work, aiter_cmd, "classic", "", "cache-cl")
+            print(
+                f"fixture build; aiter step simulated as {args.aiter_seconds:g} s (the real one: an hour); "
+                f"load average {os.getloadavg()[0]:.2f}"
+            )
+            print(HEADER, flush=True)
 
             repos = make_build_repos(work / "upstreams", nonce=run_id)
             ctx_bk = render(repos, base, work / "ctx-bk1", bk)
@@ -203,7 +245,17 @@ def main() -> int:
             # whatever each builder's cache holds (--nocache would time pip, not our pipeline)
             t_cl_cold, _ = timed(engine, ctx_cl, cl, "cl1")
             t_bk_cold, cold = timed(engine, ctx_bk, bk, "bk1")
-            row("cold build", t_bk_cold, t_cl_cold, f"BuildKit sent {(cold.context_bytes or 0) / 1e6:.1f} MB")
+            add(
+                Row(
+                    "cold build (engine A)",
+                    secs(t_bk_cold),
+                    secs(t_cl_cold),
+                    "(the reference)",
+                    None,
+                    True,
+                    f"BuildKit: {phases(cold)}; sent {(cold.context_bytes or 0) / 1e6:.1f} MB",
+                )
+            )
 
             # patch-only rebuild
             repos2 = repos.repatch("-bench")
@@ -213,47 +265,104 @@ def main() -> int:
             ctx_cl2 = render(repos2, base, work / "ctx-cl2", cl)
             t_cl_patch, cl_patch = timed(engine, ctx_cl2, cl, "cl2")
             t_bk_patch, bk_patch = timed(engine, ctx_bk2, bk, "bk2")
+            add(
+                Row(
+                    "patch-only rebuild",
+                    secs(t_bk_patch),
+                    secs(t_cl_patch),
+                    "aiter step never re-run",
+                    None,
+                    bk_patch.aiter_cached is True,
+                    f"aiter step from cache: BuildKit {'yes' if bk_patch.aiter_cached else 'NO'}, classic "
+                    f"{'yes' if cl_patch.aiter_cached else 'NO'}; render {t_render:.2f} s; "
+                    f"{phases(bk_patch)}",
+                )
+            )
             sent = (bk_patch.context_bytes or 0) / 1e6
-            full = context_mb(ctx_cl2)
-            row(
-                "patch-only rebuild",
-                t_bk_patch,
-                t_cl_patch,
-                f"aiter step from cache: BuildKit {'yes' if bk_patch.aiter_cached else 'NO'}, classic "
-                f"{'yes' if cl_patch.aiter_cached else 'NO'}; render {t_render:.2f} s",
+            limit = 0.05 * REAL_CONTEXT_MB
+            add(
+                Row(
+                    "  context sent, patch-only",
+                    f"{sent:.3f} MB",
+                    f"{context_mb(ctx_cl2):.1f} MB",
+                    f"<= 5% of {REAL_CONTEXT_MB:.0f} MB ({limit:.2f} MB)",
+                    sent / limit,
+                    sent <= limit,
+                    f"{sent / REAL_CONTEXT_MB * 100:.4f}% of the real context; classic sends it all",
+                )
             )
-            rows.append(
-                f"{'  context sent':28s} BuildKit {sent:7.3f} MB  classic {full:7.1f} MB (whole context)   "
-                f"{sent / REAL_CONTEXT_MB * 100:.3f}% of the real {REAL_CONTEXT_MB:.0f} MB (target <= 5%)"
-            )
-            ok &= bk_patch.aiter_cached is True and sent <= 0.05 * REAL_CONTEXT_MB
 
             # unchanged inputs
             t_bk_same, bk_same = timed(engine, ctx_bk2, bk, "bk3")
             t_cl_same, cl_same = timed(engine, ctx_cl2, cl, "cl3")
-            row(
-                "unchanged inputs",
-                t_bk_same,
-                t_cl_same,
-                f"skipped: {'yes' if bk_same.skipped and cl_same.skipped else 'NO'} (target < 1 s)",
+            add(
+                Row(
+                    "unchanged inputs",
+                    secs(t_bk_same),
+                    secs(t_cl_same),
+                    "nothing built, < 1 s",
+                    t_bk_same / 1.0,
+                    bk_same.skipped and cl_same.skipped and t_bk_same < 1.0,
+                    f"skipped: {'yes' if bk_same.skipped and cl_same.skipped else 'NO'}",
+                )
             )
-            ok &= bk_same.skipped and t_bk_same < 1.0
 
-            # a clean engine from the registry cache (BuildKit pushed it after the patch-only build)
+            # a clean engine from the registry cache (BuildKit pushed it after the patch-only build):
+            # with dockerd's unpigz (make setup installs pigz), and without it (MOBY_DISABLE_PIGZ),
+            # to show what the layer decompression costs; the classic builder has no registry
+            # cache: today's path rebuilds cold on a fresh engine, base pull and lm-eval included
             with second_dockerd() as (clean, _):
                 bk_b = settings_for(base, work, aiter_cmd, "buildkit", cache_repo, "cache-b")
                 t_b, out_b = timed(clean, ctx_bk2, bk_b, "b1")
+                image_mb = int(clean.api.inspect_image(out_b.image_id)["Size"]) / 1e6
+            os.environ["MOBY_DISABLE_PIGZ"] = "1"  # read by the second dockerd only (started now)
+            try:
+                with second_dockerd() as (clean, _):
+                    bk_n = settings_for(base, work, aiter_cmd, "buildkit", cache_repo, "cache-b3")
+                    t_n, out_n = timed(clean, ctx_bk2, bk_n, "b3")
+            finally:
+                del os.environ["MOBY_DISABLE_PIGZ"]
             with second_dockerd() as (clean, _):
                 cl_b = settings_for(base, work, aiter_cmd, "classic", "", "cache-b2")
-                t_b_cl, _ = timed(clean, ctx_cl2, cl_b, "b2")
-            row(
-                "clean engine, registry cache",
-                t_b,
-                t_b_cl,
-                f"{t_b / t_bk_cold:.3f} x the cold build (target <= 0.10); aiter step from the registry "
-                f"cache: {'yes' if out_b.aiter_cached else 'NO'}; classic has no registry cache",
+                t_b_cl, out_b_cl = timed(clean, ctx_cl2, cl_b, "b2")
+            pulled = out_b.phases.get("base", 0.0) + out_b.phases.get("build", 0.0)
+            add(
+                Row(
+                    "clean engine, registry cache",
+                    secs(t_b),
+                    secs(t_b_cl),
+                    "<= 0.10 x the cold build",
+                    t_b / t_bk_cold / 0.10,
+                    out_b.aiter_cached is True and t_b <= 0.10 * t_bk_cold,
+                    f"{t_b / t_bk_cold:.3f} x the cold build on engine A; {t_b / t_b_cl:.3f} x a cold build "
+                    f"on a clean engine (classic, base pull included: {phases(out_b_cl)}); aiter step from "
+                    f"the registry cache: {'yes' if out_b.aiter_cached else 'NO'}; {phases(out_b)}",
+                )
             )
-            ok &= out_b.aiter_cached is True and t_b <= 0.10 * t_bk_cold
+            add(
+                Row(
+                    "  same, base pull not counted",
+                    secs(t_b - out_b.phases.get("base", 0.0)),
+                    "",
+                    "<= 0.10 x the cold build",
+                    (t_b - out_b.phases.get("base", 0.0)) / t_bk_cold / 0.10,
+                    t_b - out_b.phases.get("base", 0.0) <= 0.10 * t_bk_cold,
+                    "engine A's cold build found the base on the engine",
+                )
+            )
+            add(
+                Row(
+                    "  same, without unpigz",
+                    secs(t_n),
+                    "",
+                    "(what pigz saves)",
+                    None,
+                    out_n.aiter_cached is True,
+                    f"{phases(out_n)}; the image is {image_mb:.0f} MB: base pull + build (layer pulls, "
+                    f"context) took {pulled:.1f} s with unpigz, "
+                    f"{out_n.phases.get('base', 0.0) + out_n.phases.get('build', 0.0):.1f} s without",
+                )
+            )
 
             # one aiter file changed: the aiter step runs again (as it must)
             repos3 = change_aiter_file(repos2, f"bench {run_id}")
@@ -261,21 +370,49 @@ def main() -> int:
             ctx_cl3 = render(repos3, base, work / "ctx-cl3", cl)
             t_cl_aiter, _ = timed(engine, ctx_cl3, cl, "cl4")
             t_bk_aiter, bk_aiter = timed(engine, ctx_bk3, bk, "bk4")
-            row(
-                "one aiter file changed",
-                t_bk_aiter,
-                t_cl_aiter,
-                f"aiter step re-run: {'yes' if not bk_aiter.aiter_cached else 'NO'}; BuildKit sent "
-                f"{(bk_aiter.context_bytes or 0) / 1e6:.3f} MB",
+            add(
+                Row(
+                    "one aiter file changed",
+                    secs(t_bk_aiter),
+                    secs(t_cl_aiter),
+                    "aiter step re-run (correct)",
+                    None,
+                    bk_aiter.aiter_cached is False,
+                    f"{t_bk_aiter / t_cl_aiter:.3f} x classic; aiter step re-run: "
+                    f"{'yes' if not bk_aiter.aiter_cached else 'NO'}; {phases(bk_aiter)}",
+                )
             )
-            ok &= bk_aiter.aiter_cached is False
+            sent3 = (bk_aiter.context_bytes or 0) / 1e6
+            add(
+                Row(
+                    "  context sent, one aiter file",
+                    f"{sent3:.3f} MB",
+                    f"{context_mb(ctx_cl3):.1f} MB",
+                    f"<= 5% of {REAL_CONTEXT_MB:.0f} MB ({limit:.2f} MB)",
+                    sent3 / limit,
+                    sent3 <= limit,
+                    "",
+                )
+            )
 
-        print(
-            f"fixture build; aiter step simulated as {args.aiter_seconds:g} s (the real one: about an hour)"
-        )
-        print("\n".join(rows))
+            # the clean-engine time holds no aiter step (it comes from the cache), the cold build
+            # holds all of it: at which length of that step would the ratio reach the target?
+            fixed = t_bk_cold - args.aiter_seconds
+            needed = 10 * t_b - fixed
+            print(
+                f"note: the clean-engine rebuild ({t_b:.1f} s) does not grow with the aiter step; the cold "
+                f"build is {fixed:.1f} s + the aiter step. The 0.10 target holds once the aiter step takes "
+                f">= {needed:.0f} s (this run simulates {args.aiter_seconds:g} s; the real one: about an "
+                "hour), an extrapolation from this run's figures, not a measurement.",
+                flush=True,
+            )
+
+        print(f"\nsummary (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}):")
+        print(HEADER)
+        print("\n".join(r.line() for r in rows))
+        ok = all(r.met for r in rows)
         if not ok:
-            print("TARGET MISSED", file=sys.stderr)
+            print("TARGET MISSED: " + ", ".join(r.figure.strip() for r in rows if not r.met), file=sys.stderr)
         return 0 if ok else 1
     finally:
         for info in engine.images_with_label(LABEL, run_id):

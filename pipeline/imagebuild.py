@@ -20,10 +20,12 @@ that registry's inline cache and push the checked image there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -32,12 +34,12 @@ from pipeline.buildprogress import BuildProgress, timings_path
 from pipeline.config import Settings, load_settings
 from pipeline.dockerw import BuiltImage, EngineAPI, ImageInfo
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
-from pipeline.fsutil import atomic_write_json
 from pipeline.log import Logger
 from pipeline.progress import Progress
 from pipeline.render import (
     DOCKERFILE,
     DOCKERFILE_CLASSIC,
+    MANIFEST,
     ContextManifest,
     candidate_tag,
     locked_shared_context,
@@ -45,7 +47,7 @@ from pipeline.render import (
 )
 
 BUILD_LOG = "build.log"
-ATTESTATIONS = "attestations.json"
+ATTESTATIONS = "attestations.json"  # pipeline.provenance writes it
 TAIL_LINES = 20
 
 # Looks an inputs digest up in the target registry: returns where an image with it was found, or None.
@@ -71,6 +73,8 @@ class BuildOutcome:
     selfcheck: Path | None = None  # the self-check report
     attestations: Path | None = None  # what the front end produced (or why not)
     cache_ref: str = ""  # where the build cache was pushed
+    # wall seconds per phase: base (check or pull the pinned base), build, selfcheck, cache-push
+    phases: Mapping[str, float] = field(default_factory=dict)
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -190,7 +194,10 @@ def build_image(
                 found_in=where,
             )
 
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
     _check_base(engine, manifest.base_image, log)
+    phases["base"] = time.monotonic() - t0
     img = settings.image
     secrets = _secret_values(manifest, env)
     cli = _front_end(engine, settings, env, manifest, log)
@@ -235,6 +242,7 @@ def build_image(
             log.debug(line)
 
     context_bytes: int | None = None
+    t0 = time.monotonic()
     try:
         if cli is not None:
             builder = f"buildkit ({cli.path} {cli.version})"
@@ -282,17 +290,23 @@ def build_image(
             fh.close()
     shown.close(succeeded=True)
 
+    phases["build"] = time.monotonic() - t0
     built_info = engine.image(built.id)
     if built_info is None or built_info.labels.get(labels.INPUTS_DIGEST) != digest:
         raise BuildError(
             f"the built image {built.id[:19]} does not carry the inputs digest label {digest[:12]}.",
             hint="The Dockerfile template must keep its LABEL block; render again from the shipped template.",
         )
+    t0 = time.monotonic()
     report = _selfcheck(engine, built.id, manifest, settings, run_dir, extra_labels, log)
+    phases["selfcheck"] = time.monotonic() - t0
     repo, tag_name = split_ref(ref)
     engine.tag(built.id, repo, tag_name)
-    attestations = _attestations(run_dir, builder)
+    attestations = _attestations(run_dir, builder, built, manifest, ref, report, cache_ref)
+    t0 = time.monotonic()
     pushed = _push_cache(engine, built.id, cache_ref, log) if cache_ref else ""
+    if cache_ref:
+        phases["cache-push"] = time.monotonic() - t0
     aiter_cached = stage_cached(built, "aiter")
     log.info(
         f"built {built.id[:19]} as {ref}: {len(built.steps)} steps, {built.cached_steps} from cache"
@@ -313,6 +327,7 @@ def build_image(
         selfcheck=report,
         attestations=attestations,
         cache_ref=pushed,
+        phases=phases,
     )
 
 
@@ -388,17 +403,42 @@ def _selfcheck(
     return (run_dir / selfcheck.REPORT) if run_dir is not None else None
 
 
-def _attestations(run_dir: Path | None, builder: str) -> Path | None:
+def _attestations(
+    run_dir: Path | None,
+    builder: str,
+    built: BuiltImage,
+    manifest: ContextManifest,
+    ref: str,
+    selfcheck_report: Path | None,
+    cache_from: str,
+) -> Path | None:
+    """attestations.json (none from this front end, and why) linking our own build provenance."""
     if run_dir is None:
         return None
-    path = run_dir / ATTESTATIONS
-    text = (
+    from pipeline import provenance
+
+    try:
+        render_manifest = json.loads((manifest.dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        render_manifest = {}  # read_manifest accepted it a moment ago; then the record is thinner
+    statement = provenance.build_provenance(
+        image_id=built.id,
+        image_ref=ref,
+        render_manifest=render_manifest,
+        builder=builder,
+        selfcheck=selfcheck_report,
+        cache_from=cache_from,
+        steps=len(built.steps),
+        cached_steps=built.cached_steps,
+    )
+    unsupported = (
         buildkit.ATTESTATIONS_UNSUPPORTED
         if builder.startswith("buildkit")
-        else ("not produced: the classic builder has no attestations")
+        else "not produced: the classic builder has no provenance (SLSA) or SBOM attestations"
     )
-    atomic_write_json(path, {"builder": builder, "provenance": None, "sbom": None, "note": text})
-    return path
+    return provenance.write_build_attestations(
+        run_dir, builder=builder, unsupported=unsupported, statement=statement
+    )
 
 
 def _push_cache(engine: EngineAPI, image_id: str, cache_ref: str, log: Logger) -> str:

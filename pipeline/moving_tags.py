@@ -200,8 +200,7 @@ class Mover:
         moved = [t for t in tags if t not in left]
         where = ", ".join(f"{t} → {d or 'absent'}" for t, d in left.items())
         err = TagError(
-            f"after moving, {where} in {self.name}: "
-            "another writer moved them back.",
+            f"after moving, {where} in {self.name}: another writer moved them back.",
             hint="Run `pipeline tag` again; it moves forward only.",
         )
         return MoveOutcome(moved, "moved", "moved, but another writer changed some tags after us", err, left)
@@ -235,9 +234,7 @@ class Mover:
                 state = self.state(tags)
         except (GaveUp, PipelineError) as gone:
             why = gone.error if isinstance(gone, GaveUp) else gone
-            note = (
-                f"the registry did not answer after the failure ({why}); the moving tags' state is unknown"
-            )
+            note = f"the registry did not answer after the failure ({why}); the moving tags' state is unknown"
             return MoveOutcome(
                 [], "unknown", note,
                 InfraError(

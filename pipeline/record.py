@@ -6,8 +6,13 @@ An in-toto Statement v1 (https://github.com/in-toto/attestation, spec v1):
       "_type": "https://in-toto.io/Statement/v1",
       "subject": [{"name": "127.0.0.1:5000/rocm/atom-dev", "digest": {"sha256": "..."}}],
       "predicateType": "https://atom-image-pipeline.dev/verification/v1",
-      "predicate": {image, tags, lock (the lock file as data), patches, recipe, smoke, tool, times}
+      "predicate": {image, tags, lock (the lock file as data), patches, recipe, smoke, attestations,
+                    tool, times}
     }
+
+`attestations` says what exists beside this record: `slsa_provenance` and `sbom` are null with
+the reason (our front ends make none), and `build_provenance` links the build's own in-toto
+statement of its inputs (pipeline.provenance) once its subject is checked to be this image.
 
 Written atomically as `record.json` next to the verdict, twice: before any moving tag
 moves (``moving_state: pending``, no moving tag; the predicate alone, `predicate.json`,
@@ -27,6 +32,7 @@ from typing import Any
 from pipeline import __version__
 from pipeline.fsutil import atomic_write_json
 from pipeline.lock import Lock
+from pipeline.provenance import record_attestations
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://atom-image-pipeline.dev/verification/v1"
@@ -73,6 +79,9 @@ class RecordInputs:
     finished: str  # when the immutable push was verified
     moving_state: str = "moved"  # pending (before the moves), moved, finished, rolled back, yielded, unknown
     moving_note: str = ""  # one sentence: what happened to the moving tags
+    # pipeline.provenance.record_attestations: SLSA/SBOM (none from our front ends, and why) and the
+    # link to our own build provenance; None: not known to this tag run
+    attestations: Mapping[str, Any] | None = None
 
 
 def build_statement(inp: RecordInputs) -> dict[str, Any]:
@@ -115,6 +124,7 @@ def build_statement(inp: RecordInputs) -> dict[str, Any]:
             "finished": verdict.get("finished"),
             "tool_version": verdict.get("tool_version"),
         },
+        "attestations": dict(inp.attestations or record_attestations(None, inp.image_id)),
         "tool": {"name": "atom-image-pipeline", "version": __version__},
         "times": {"tag_started": inp.started, "verified": inp.finished},
     }

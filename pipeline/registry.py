@@ -487,6 +487,7 @@ class RegistryClient:
         if wanted:
             query["scope"] = wanted
         auth = (self._credentials.username, self._credentials.password) if self._credentials else None
+
         def fetch() -> requests.Response:
             try:
                 got = self.session.get(params["realm"], params=query, auth=auth, timeout=self.timeout)

@@ -413,6 +413,7 @@ def plan_render(
         "lm_eval_requirement": toolpins.LM_EVAL_REQUIREMENT,
         "setuptools_scm_requirement": toolpins.SETUPTOOLS_SCM_REQUIREMENT,
         "wheels_in_image": WHEELS_IN_IMAGE,
+        "python_version": img.python_version,  # the base image's; the wheelhouse is for it
         "aiter_requirements": aiter_requirements,
         "wheelhouse": bool(wheel_hashes) if wheel_hashes is not None else True,
         "max_jobs": img.max_jobs,
@@ -679,14 +680,44 @@ def read_file_index(context: Path) -> FileIndex:
         return {}
 
 
-def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool) -> dict[str, str]:
+def wheel_pythons(name: str) -> set[str] | None:
+    """The CPython versions ("3.11") a wheel file is built for; None when any python 3 takes it
+    (a pure `py3` wheel, or the stable ABI `abi3`)."""
+    parts = name[: -len(".whl")].split("-")
+    if len(parts) < 5:
+        return None
+    py_tags, abi = parts[-3].split("."), parts[-2]
+    if abi == "abi3" or not all(re.fullmatch(r"cp3\d+", t) for t in py_tags):
+        return None
+    return {f"3.{t[3:]}" for t in py_tags}
+
+
+def check_wheelhouse_python(wheels_dir: Path, names: list[str], python_version: str) -> None:
+    """Refuse a wheelhouse downloaded for another python than the image's ([image] python_version)."""
+    foreign = [(n, v) for n in names if (v := wheel_pythons(n)) is not None and python_version not in v]
+    if not foreign:
+        return
+    theirs = sorted({x for _, v in foreign for x in v})
+    raise RenderError(
+        f"the wheelhouse {wheels_dir} holds wheels for python {', '.join(theirs)} (e.g. {foreign[0][0]}), "
+        f"but [image] python_version is {python_version}, the base image's python: pip in the image "
+        "could not install them.",
+        hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (it needs "
+        f"python{python_version} on this host) and leave [paths] wheels_dir empty (default "
+        f"<cache>/wheels/py{python_version}), or "
+        "set [image] python_version to the base image's python.",
+    )
+
+
+def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_version: str) -> dict[str, str]:
     """Hard-link (or copy) the wheelhouse into the context; {file name: sha256}.
 
     Without the pinned lm-eval, setuptools_scm and pip the image installs those pins from the
     package index instead (the build needs the network, as upstream's does); `required` (an
-    offline build) refuses that.
+    offline build) refuses that. Wheels built for another python than `python_version` are refused.
     """
     names = sorted(p.name for p in wheels_dir.glob("*.whl")) if wheels_dir.is_dir() else []
+    check_wheelhouse_python(wheels_dir, names, python_version)
     want = f"lm_eval-{toolpins.LM_EVAL_VERSION}-"
     scm = f"setuptools_scm-{toolpins.SETUPTOOLS_SCM_VERSION}-"
     missing = [w.rstrip("-") for w in (want, scm, "pip-") if not any(n.startswith(w) for n in names)]
@@ -850,7 +881,10 @@ def render_context(
     stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.", suffix="")  # the umask's mode, not 0700
     try:
         wheel_hashes = link_wheelhouse(
-            settings.wheels_dir, stage / WHEELS, required=settings.image.offline_build
+            settings.wheels_dir,
+            stage / WHEELS,
+            required=settings.image.offline_build,
+            python_version=settings.image.python_version,
         )
         if not wheel_hashes:
             notes.append(

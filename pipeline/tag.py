@@ -40,6 +40,7 @@ from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
 from pipeline.moving_tags import MoveOutcome, Mover, current
+from pipeline.provenance import record_attestations
 from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
 from pipeline.registry import (
     MEDIA_DOCKER_MANIFEST,
@@ -364,6 +365,7 @@ def tag_verified(
     run_cosign: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     allow_older: bool = False,
+    build_attestations: Path | None = None,
 ) -> TagResult:
     """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags.
 
@@ -427,9 +429,7 @@ def tag_verified(
         log.detail(f"pushing {local_ref}")
         return _push(engine, target.name, immutable, auth, log, sleep)
 
-    mover = Mover(
-        client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None
-    )
+    mover = Mover(client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None)
     record_dir = verdict_path.parent
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
@@ -496,6 +496,7 @@ def tag_verified(
                         verdict_sha256=verdict.sha256,
                         started=started,
                         finished=_now(),
+                        attestations=record_attestations(build_attestations, img.id),
                     )
                 ),
                 predicate_too=first,  # predicate.json stays what was attested

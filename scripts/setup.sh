@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
 # Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
 #
-#   scripts/setup.sh [apt] [pip] [wheels] [dockerd] [base-image] [wheelhouse]   (no argument: all six, in this order)
+#   scripts/setup.sh [apt] [pip] [dockerd] [base-image] [wheelhouse]   (no argument: all five, in this order)
 #
 # Each step is idempotent and prints how long it took:
 #   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm, openssh-server
-#               (the docker tier's real sshd for ssh:// engines) when a command is missing
+#               (the docker tier's real sshd for ssh:// engines) and pigz (dockerd's unpigz for
+#               layer pulls) when a command is missing
 #   pip         pip install -e '.[test,plot]' from the repo root; in a linked git worktree (PIP_INSTALL=auto,
 #               the default) only the dependencies, so other worktrees' imports are not hijacked;
 #               PIP_INSTALL=1 forces the editable install, PIP_INSTALL=0 skips the step
-#   wheels      the wheels of lm-eval[api] at the version pinned in pipeline/toolpins.py (and pip),
-#               built from PyPI by name into $ATOM_PIPELINE_WHEELS/lm-eval-<version>/ for the images
-#               that install it (containers cannot reach PyPI); skipped when that directory is complete
 #   dockerd     start dockerd in the background when `docker info` does not answer, wait for it
 #               (at most DOCKERD_WAIT seconds, default 90); fail with the tail of its log otherwise
 #   base-image  build the local test base image (debootstrap minbase bookworm + python3, then
 #               `docker import`) when the tag ATOM_PIPELINE_TEST_BASE_IMAGE is absent
-#   wheelhouse  download the wheelhouse the image installs without PyPI (lm-eval[api], setuptools_scm
-#               and pip at the versions in pipeline/toolpins.py, with their dependencies; sdists built
-#               into wheels) into <cache>/wheels/py<version>, the default [paths] wheels_dir, for each
-#               python in WHEELS_PYTHON (default: this machine's, which is the test base image's; the
-#               release host adds its base image's, e.g. WHEELS_PYTHON="3.11 3.10", with python3.10
-#               installed); skipped when complete
+#   wheelhouse  download the one wheelhouse every image installs from without PyPI (lm-eval[api],
+#               setuptools_scm and pip at the versions in pipeline/toolpins.py, with their dependencies;
+#               sdists built into wheels) into <cache>/wheels/py<version>, the default [paths] wheels_dir,
+#               for each python in WHEELS_PYTHON (default: this machine's, which is the test base
+#               image's). A release host building for the ROCm base (python 3.10, [image]
+#               python_version) needs WHEELS_PYTHON=3.10 (or "3.11 3.10"), with python3.10 installed;
+#               render refuses a wheelhouse made for another python. Skipped when complete.
 #
 # Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
-# PIP_INSTALL (auto), ATOM_PIPELINE_WHEELS (/var/cache/atom-pipeline/wheels), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
+# PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
 # DEBIAN_MIRROR (http://deb.debian.org/debian), WHEELS_PYTHON, PIPELINE_CACHE_DIR (the wheelhouse root).
 set -euo pipefail
 
@@ -36,7 +35,6 @@ DOCKERD_LOG="${DOCKERD_LOG:-/var/log/dockerd.log}"
 DOCKERD_WAIT="${DOCKERD_WAIT:-90}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PYTHON="${PYTHON:-python}"
-WHEELS_DIR="${ATOM_PIPELINE_WHEELS:-/var/cache/atom-pipeline/wheels}"
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -64,8 +62,11 @@ step_apt() {
     command -v npm >/dev/null 2>&1 || missing+=(npm)
     # sshd: the docker tier drives the engine through a real ssh:// connection
     [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    # unpigz: dockerd decompresses pulled layers with it when it is on PATH (Go's gzip otherwise);
+    # a clean engine starting from the registry cache spends most of its time there
+    command -v unpigz >/dev/null 2>&1 || missing+=(pigz)
     if [ ${#missing[@]} -eq 0 ]; then
-        say "apt: docker.io, debootstrap, docker-registry, git, node, npm and openssh-server are installed"
+        say "apt: docker.io, debootstrap, docker-registry, git, node, npm, openssh-server and pigz are installed"
         return
     fi
     need_root "installing ${missing[*]}"
@@ -116,33 +117,6 @@ print("\n".join(p["dependencies"] + x["test"] + x["plot"]))')
             say "pip: installing the package, its test dependencies and the plot extra (pip install -e '.[test,plot]')"
             "$PYTHON" -m pip install --disable-pip-version-check --root-user-action=ignore -q -e '.[test,plot]' ;;
     esac
-}
-
-step_wheels() {
-    local req version dir
-    req=$("$PYTHON" -c 'import runpy; print(runpy.run_path("pipeline/toolpins.py")["LM_EVAL_REQUIREMENT"])')
-    version=${req##*==}
-    dir="$WHEELS_DIR/lm-eval-$version"
-    if [ -f "$dir/.complete" ]; then
-        say "wheels: $req present in $dir"
-        return
-    fi
-    # The images install these with their own python3 (Debian bookworm: CPython 3.11).
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
-        die "wheels: $PYTHON is not CPython 3.11, the test images' Python; run with PYTHON=python3.11."
-    mkdir -p "$WHEELS_DIR"
-    exec 8>"$WHEELS_DIR/.lock"
-    flock 8
-    if [ ! -f "$dir/.complete" ]; then
-        say "wheels: building $req (and pip) from PyPI into $dir"
-        rm -rf "$dir.partial"
-        "$PYTHON" -m pip wheel --disable-pip-version-check -q --wheel-dir "$dir.partial" "$req" pip ||
-            die "wheels: pip could not build the wheels of $req (see above)."
-        touch "$dir.partial/.complete"
-        rm -rf "$dir"
-        mv "$dir.partial" "$dir"
-    fi
-    flock -u 8
 }
 
 docker_answers() { timeout 10 docker info >/dev/null 2>&1; }
@@ -234,7 +208,7 @@ wheels_for() {
     reqs=$("$py" -c 'import runpy; t = runpy.run_path("pipeline/toolpins.py"); print("\n".join(t["WHEELHOUSE_REQUIREMENTS"]))')
     digest=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-16)
     if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$digest" ]; then
-        say "wheels: $dest is complete for: $(echo $reqs)"
+        say "wheelhouse: $dest is complete for: $(echo $reqs)"
         return
     fi
     mkdir -p "$cache/wheels"
@@ -242,21 +216,21 @@ wheels_for() {
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" RETURN
     local pipq=(--disable-pip-version-check -q)
-    say "wheels: downloading $(echo $reqs) for python $target into $dest"
+    say "wheelhouse: downloading $(echo $reqs) for python $target into $dest"
     # wheels, plus sdists (sqlitedict, word2number, ...) built into pure wheels
     printf '%s\n' "$reqs" | "$py" -m pip download "${pipq[@]}" -d "$tmp/host" -r /dev/stdin \
-        || die "wheels: pip download failed (is PyPI reachable?)."
+        || die "wheelhouse: pip download failed (is PyPI reachable?)."
     local sdists=()
     while IFS= read -r f; do sdists+=("$f"); done < <(find "$tmp/host" -maxdepth 1 \( -name '*.tar.gz' -o -name '*.zip' \))
     if [ ${#sdists[@]} -gt 0 ]; then
-        "$py" -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/host" "${sdists[@]}" || die "wheels: building ${sdists[*]} failed."
+        "$py" -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/host" "${sdists[@]}" || die "wheelhouse: building ${sdists[*]} failed."
         rm -f "${sdists[@]}"
     fi
     mv "$tmp/host" "$tmp/out"
     printf '%s\n' "$digest" >"$tmp/out/.complete"
     rm -rf "$dest"
     mv "$tmp/out" "$dest"
-    say "wheels: $(find "$dest" -name '*.whl' | wc -l) wheels for python $target, $(du -sh "$dest" | cut -f1)"
+    say "wheelhouse: $(find "$dest" -name '*.whl' | wc -l) wheels for python $target, $(du -sh "$dest" | cut -f1)"
 }
 
 step_wheelhouse() {
@@ -266,22 +240,21 @@ step_wheelhouse() {
         py="$PYTHON"
         if [ "$t" != "$host_ver" ]; then
             py="python$t"
-            command -v "$py" >/dev/null 2>&1 || die "wheels: python $t is needed to download its wheelhouse (pip resolves markers with the python it runs in); install python$t or run this where the base image's python is."
+            command -v "$py" >/dev/null 2>&1 || die "wheelhouse: python $t is needed to download its wheelhouse (pip resolves markers with the python it runs in); install python$t or run this where the base image's python is."
         fi
         wheels_for "$t" "$py"
     done
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(apt pip wheels dockerd base-image wheelhouse)
+[ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image wheelhouse)
 for s in "${steps[@]}"; do
     case "$s" in
         apt) timed apt step_apt ;;
         pip) timed pip step_pip ;;
-        wheels) timed wheels step_wheels ;;
         dockerd) timed dockerd step_dockerd ;;
         base-image) timed base-image step_base_image ;;
         wheelhouse) timed wheelhouse step_wheelhouse ;;
-        *) die "unknown step '$s' (apt, pip, wheels, dockerd, base-image, wheelhouse)" ;;
+        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheelhouse)" ;;
     esac
 done

@@ -124,14 +124,15 @@ def _git_identity(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 @pytest.fixture(autouse=True)
 def _image_build_defaults(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """git/docker tiers: how test images are built (unless a test sets it): from the real wheelhouse
-    `scripts/setup.sh wheels` downloads for this python (the base image's), offline (containers
+    `scripts/setup.sh wheelhouse` downloads for the base image's python, offline (containers
     cannot reach PyPI), on a base image without git (debootstrap minbase)."""
     if tier_of(request.node.path) not in ("git", "docker"):
         return
-    from tests.fixtures.build_repos import test_wheelhouse
+    from tests.fixtures.build_repos import TEST_BASE_PYTHON, test_wheelhouse
 
     defaults = {
         "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+        "PIPELINE_PYTHON_VERSION": TEST_BASE_PYTHON,
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",
     }

@@ -47,6 +47,11 @@ from pipeline.app import App, pass_app
     is_flag=True,
     help="Move the moving tags even onto an image older than the one they hold (said loudly).",
 )
+@click.option(
+    "--build-attestations",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The build's attestations.json (in its run directory): the record links the build provenance.",
+)
 @click.option("--docker-host", help="Docker engine to use (default: DOCKER_HOST or the local socket).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @pass_app
@@ -61,6 +66,7 @@ def command(
     cosign: bool | None,
     push_latest: bool | None,
     allow_older: bool,
+    build_attestations: Path | None,
     docker_host: str | None,
     as_json: bool,
 ) -> None:
@@ -98,6 +104,7 @@ def command(
         repository=settings.image.repository,
         tag=settings.tag,
         allow_older=allow_older,
+        build_attestations=build_attestations,
     )
     try:
         with app.log.stage("tag", image) as rec:

@@ -38,6 +38,7 @@ class Outputs(StageData):
     aiter_cached: bool | None = None
     pushed: str = ""  # the registry reference the candidate was pushed to
     log: Path | None = None
+    attestations: Path | None = None  # attestations.json: none from the front end, our build provenance
 
     def figure(self) -> str:
         if self.skipped:
@@ -93,6 +94,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         aiter_cached=out.aiter_cached,
         pushed=pushed,
         log=out.log_path,
+        attestations=out.attestations,
     )
 
 

@@ -34,6 +34,7 @@ class Inputs(StageData):
     model: str = ""
     inputs_digest: str = ""  # the context's, for the released state
     allow_older: bool = False  # move the moving tags back onto an older image (said loudly)
+    build_attestations: Path | None = None  # the build's attestations.json, linked from the record
 
 
 class Outputs(StageData):
@@ -67,6 +68,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         release=Path(ctx.settings.paths.locks_dir),
         model=spec.model,
         inputs_digest=rendered.inputs_digest,
+        build_attestations=built.attestations,
     )
 
 
@@ -101,6 +103,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         log=ctx.log,
         env=ctx.env,
         allow_older=inputs.allow_older,
+        build_attestations=inputs.build_attestations,
     )
     if inputs.release is not None and inputs.lock is not None:
         Lock.load(inputs.lock).save(inputs.release / f"{inputs.model}.toml")

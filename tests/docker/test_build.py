@@ -40,7 +40,9 @@ from tests.fixtures.build_repos import (
     ATOM_INSTALL_CMD,
     CK_PATH,
     MODEL,
+    TEST_BASE_PYTHON,
     BuildRepos,
+    fake_wheelhouse,
     make_build_repos,
     test_wheelhouse,
 )
@@ -116,6 +118,7 @@ def settings_env(base_ref: str, case: str, **extra: str) -> dict[str, str]:
         "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
         "PIPELINE_TEMPLATES_DIR": str(TEMPLATES),
         "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+        "PIPELINE_PYTHON_VERSION": TEST_BASE_PYTHON,
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",  # the debootstrap minbase image has no git
         # one build directory per model for every test: BuildKit sends only what changed
@@ -289,6 +292,30 @@ def test_failing_build_shows_step_and_tail_and_tags_nothing(
     assert "Nothing was tagged" in text and str(tmp_path / "run" / BUILD_LOG) in text
     assert "aiter-kernel-compile-failed-here" in (tmp_path / "run" / BUILD_LOG).read_text()
     assert engine.image(ctx.image_ref) is None
+    assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
+
+
+def test_base_python_other_than_the_wheelhouse_fails_at_once_and_says_what_to_run(
+    engine: Engine, pinned_base: str, repos: BuildRepos, docker_cleanup: DockerCleanup, tmp_path: Path
+) -> None:
+    # a release host's mistake: the wheelhouse and [image] python_version say 3.10, the base has 3.11
+    # (pure wheels only, so render cannot tell; the build's first step can)
+    s = settings(
+        pinned_base,
+        docker_cleanup.case_id,
+        tmp_path,
+        python_version="3.10",
+        wheels_dir=str(fake_wheelhouse(tmp_path / "wheels-py3.10")),
+    )
+    ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
+    with pytest.raises(BuildError) as e:
+        build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
+    text = str(e.value)
+    assert (
+        f"the base image's python is {TEST_BASE_PYTHON}, but the wheelhouse holds wheels for python 3.10"
+        in text
+    )
+    assert f"WHEELS_PYTHON={TEST_BASE_PYTHON} scripts/setup.sh wheelhouse" in text and "[base 2/2]" in text
     assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
 
 

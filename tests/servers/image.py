@@ -1,8 +1,8 @@
 """The docker tier's test server image: the local base image, the real lm_eval, tests/servers.
 
 - ``lm-eval[api]`` at the version the pipeline pins (pipeline/toolpins.py), installed from the
-  wheels `scripts/setup.sh wheels` built from PyPI (containers cannot reach PyPI): the real
-  ``lm_eval`` CLI, no torch;
+  wheelhouse `scripts/setup.sh wheelhouse` downloads from PyPI, the one the pipeline's images
+  install from (containers cannot reach PyPI): the real ``lm_eval`` CLI, no torch;
 - a local GSM8K-format task over generated documents (tests/servers/gsm8k_local.py) at
   ``LM_EVAL_TASKS``, which the test recipe passes as ``--include_path``;
 - the OpenAI-compatible test server and the benchmark stand-in at ``/opt/smoke``.
@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,17 +18,18 @@ from typing import Any
 from pipeline.toolpins import LM_EVAL_REQUIREMENT, LM_EVAL_VERSION
 
 SERVERS = Path(__file__).resolve().parent
-WHEELS_ROOT = Path(os.environ.get("ATOM_PIPELINE_WHEELS", "/var/cache/atom-pipeline/wheels"))
 LM_EVAL_TASKS = "/opt/smoke/lm_eval_tasks"
 
 
 def lm_eval_wheels() -> Path:
-    """The wheel directory `scripts/setup.sh wheels` fills; a clear failure when it is missing."""
-    path = WHEELS_ROOT / f"lm-eval-{LM_EVAL_VERSION}"
-    if not (path / ".complete").is_file():
+    """The wheelhouse for the test base image's python; a clear failure when it is incomplete."""
+    from tests.fixtures.build_repos import test_wheelhouse
+
+    path = test_wheelhouse()
+    if not (path / ".complete").is_file() or not any(path.glob(f"lm_eval-{LM_EVAL_VERSION}-*.whl")):
         raise FileNotFoundError(
-            f"{path} holds no complete wheel set of {LM_EVAL_REQUIREMENT}: run `make setup` "
-            "(scripts/setup.sh wheels builds them from PyPI)."
+            f"{path} holds no complete wheelhouse with {LM_EVAL_REQUIREMENT}: run `make setup` "
+            "(scripts/setup.sh wheelhouse downloads it from PyPI)."
         )
     return path
 

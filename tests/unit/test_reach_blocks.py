@@ -65,8 +65,8 @@ def test_conditions_follow_if_elif_else_and_except() -> None:
     got = _edges()
     assert got["atom.under_x"] == (True, ("x",), (("if x", 12),))
     assert got["atom.under_y"] == (True, ("y",), (("elif y", 14),))
-    assert got["atom.in_try"] == (True, (), (("else", 16),))
-    assert got["atom.fallback"] == (True, (), (("else", 16), ("except ImportError", 19)))
+    assert got["atom.in_try"] == (True, (), (("else of elif y", 16),))
+    assert got["atom.fallback"] == (True, (), (("else of elif y", 16), ("except ImportError", 19)))
     # After the if/else: only the function (a multi-line signature) holds it.
     assert got["atom.in_build"] == (True, (), ())
     assert got["atom.triton.Kernel"] == (True, (), (("if self.use_triton and not self.prefill", 33),))

@@ -97,6 +97,7 @@ def _run(
     credentials: tuple[str, str] | None = None,
     log: Logger | None = None,
     allow_older: bool = False,
+    build_attestations: Path | None = None,
     **settings: Any,
 ) -> TagResult:
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None, credentials=credentials)
@@ -113,6 +114,7 @@ def _run(
         client=client,
         lock_timeout=1,
         allow_older=allow_older,
+        build_attestations=build_attestations,
     )
 
 
@@ -149,6 +151,9 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
     assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
     assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
     assert pred["tool"]["version"] and pred["times"]["verified"]
+    # no build attestations given to this run: said, not left out
+    assert pred["attestations"]["slsa_provenance"] is None and pred["attestations"]["sbom"] is None
+    assert pred["attestations"]["note"].startswith("unknown:")
     # the record says what happened; predicate.json is what was true when it could be attested
     assert pred["image"]["moving_tags"] == [f"{MODEL}-verified", "latest"]
     assert pred["image"]["moving_state"] == "moved"
@@ -158,6 +163,30 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
         k: v for k, v in pred.items() if k not in ("image", "times")
     }
     assert engine.removed == [f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"]  # the local push tag
+
+
+def test_record_links_the_build_provenance_of_the_tagged_image(world: World, fake: FakeRegistry) -> None:
+    from pipeline.provenance import build_provenance, write_build_attestations
+
+    build_dir = world.verdict_path.parent.parent / "build"
+    build_dir.mkdir()
+    statement = build_provenance(
+        image_id=IMAGE_ID,
+        image_ref="atom:candidate-x",
+        render_manifest={"inputs_digest": "d" * 64},
+        builder="buildkit",
+        selfcheck=None,
+        cache_from="",
+        steps=1,
+        cached_steps=0,
+    )
+    att = write_build_attestations(
+        build_dir, builder="buildkit", unsupported="none here", statement=statement
+    )
+    result = _run(world, _engine(world, fake), fake, build_attestations=att)
+    rec = json.loads(result.record_path.read_text())["predicate"]["attestations"]
+    assert rec["slsa_provenance"] is None and rec["sbom"] is None and rec["note"] == "none here"
+    assert rec["build_provenance"]["path"] == str(build_dir / "provenance.json")
 
 
 def test_second_run_is_idempotent(world: World, fake: FakeRegistry) -> None:
