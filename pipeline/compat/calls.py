@@ -116,7 +116,9 @@ def unchecked_reason(call: RawCall, t: Target, ops: dict[str, str]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Binding:
+class NameRef:
+    """What a name in ATOM's scope is bound to in aiter (`bind.Binding` is a call bound to a signature)."""
+
     ref: Ref
     guarded: bool
     line: int
@@ -183,7 +185,7 @@ def _short(node: ast.AST, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[str, Binding]) -> str | None:
+def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[str, NameRef]) -> str | None:
     """The type of an argument when it is evident without running anything."""
     if isinstance(node, ast.Constant):
         v = node.value
@@ -328,7 +330,7 @@ class _Scanner:
         return i < len(hot_lines) and hot_lines[i] <= hi
 
     # -- references -------------------------------------------------------
-    def ref_of(self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]) -> Binding | None:
+    def ref_of(self, node: ast.expr, env: dict[str, NameRef], cls_env: dict[str, NameRef]) -> NameRef | None:
         """The aiter reference an expression denotes, if any."""
         # getattr(aiter, "f"[, default])
         if (
@@ -342,25 +344,25 @@ class _Scanner:
             name = node.args[1]
             if base is not None and isinstance(name, ast.Constant) and isinstance(name.value, str):
                 guarded = base.guarded or len(node.args) >= 3
-                return Binding((base.ref[0], (*base.ref[1], name.value)), guarded, base.line)
+                return NameRef((base.ref[0], (*base.ref[1], name.value)), guarded, base.line)
             return None
         chain = _attr_chain(node, through_calls=True)
         if chain is None:
             return None
         head, attrs = chain
         if head == "torch" and attrs[:2] == ["ops", ROOT] and "torch" not in env:
-            return Binding((TORCH_OPS, tuple(attrs[2:])), False, node.lineno)
+            return NameRef((TORCH_OPS, tuple(attrs[2:])), False, node.lineno)
         if head == "self" and attrs and attrs[0] in cls_env:
             cb = cls_env[attrs[0]]
-            return Binding((cb.ref[0], (*cb.ref[1], *attrs[1:])), cb.guarded, cb.line)
+            return NameRef((cb.ref[0], (*cb.ref[1], *attrs[1:])), cb.guarded, cb.line)
         eb = env.get(head)
         if eb is None:
             return None
-        return Binding((eb.ref[0], (*eb.ref[1], *attrs)), eb.guarded, eb.line)
+        return NameRef((eb.ref[0], (*eb.ref[1], *attrs)), eb.guarded, eb.line)
 
     def wrapped_ref(
-        self, node: ast.expr, env: dict[str, Binding], cls_env: dict[str, Binding]
-    ) -> Binding | None:
+        self, node: ast.expr, env: dict[str, NameRef], cls_env: dict[str, NameRef]
+    ) -> NameRef | None:
         """`W(f, k=v)` where `f` is an aiter function and W is not aiter's: a signature-keeping wrapper."""
         if not isinstance(node, ast.Call) or len(node.args) != 1:
             return None
@@ -377,8 +379,8 @@ class _Scanner:
     def collect_env(
         self,
         stmts: list[ast.stmt],
-        env: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        env: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
         guarded: bool,
         *,
         module_level: bool,
@@ -393,9 +395,9 @@ class _Scanner:
                         env.pop(name, None)
                         continue
                     if a.asname:
-                        env[a.asname] = Binding((a.name, ()), guarded, st.lineno)
+                        env[a.asname] = NameRef((a.name, ()), guarded, st.lineno)
                     else:
-                        env[ROOT] = Binding((ROOT, ()), guarded, st.lineno)
+                        env[ROOT] = NameRef((ROOT, ()), guarded, st.lineno)
                         if a.name != ROOT:
                             # `import aiter.ops.x` imports the submodule: remember it
                             # is required (a missing module is reported on the call).
@@ -408,7 +410,7 @@ class _Scanner:
                 for a in st.names:
                     if a.name == "*":
                         continue
-                    env[a.asname or a.name] = Binding((st.module, (a.name,)), guarded, st.lineno)
+                    env[a.asname or a.name] = NameRef((st.module, (a.name,)), guarded, st.lineno)
             elif isinstance(st, ast.Assign | ast.AnnAssign):
                 targets = st.targets if isinstance(st, ast.Assign) else [st.target]
                 value = st.value
@@ -419,11 +421,11 @@ class _Scanner:
                     # `f = getattr(aiter, "f", None) if ok else None`
                     b = self.ref_of(value.body, env, cls_env) or self.ref_of(value.orelse, env, cls_env)
                     if b is not None:
-                        b = Binding(b.ref, True, b.line)
+                        b = NameRef(b.ref, True, b.line)
                 for t in targets:
                     if isinstance(t, ast.Name):
                         if b is not None:
-                            env[t.id] = Binding(b.ref, b.guarded or guarded, b.line)
+                            env[t.id] = NameRef(b.ref, b.guarded or guarded, b.line)
                         elif isinstance(value, ast.Constant) and value.value is None:
                             continue  # fallback `f = None` after a failed import
                         elif t.id in env:
@@ -456,7 +458,7 @@ class _Scanner:
     def scan(self) -> FileCalls:
         for m in _GUARD_RE.finditer(self.text):
             self.guard_names.add(m.group(1) or m.group(2))
-        env: dict[str, Binding] = {}
+        env: dict[str, NameRef] = {}
         self.collect_env(self.tree.body, env, {}, False, module_level=True, shadow=set())
         self._compute_hot({ROOT, *env})
         # Instance attributes bound to aiter functions make their methods hot too.
@@ -470,7 +472,7 @@ class _Scanner:
         self._scan_body(self.tree.body, env, {}, {}, False)
         return self.out
 
-    _class_envs: dict[ast.ClassDef, dict[str, Binding]]
+    _class_envs: dict[ast.ClassDef, dict[str, NameRef]]
 
     def _has_self_binding(self) -> bool:
         self._class_envs = {}
@@ -479,8 +481,8 @@ class _Scanner:
     def _scan_body(
         self,
         stmts: list[ast.stmt],
-        env: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        env: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
@@ -490,8 +492,8 @@ class _Scanner:
     def _scan_stmt(
         self,
         st: ast.stmt,
-        env: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        env: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
@@ -541,9 +543,9 @@ class _Scanner:
                 self._scan_expr(value, env, cls_env, local_types, guarded)
             del name
 
-    def _class_env(self, cls: ast.ClassDef, env: dict[str, Binding]) -> dict[str, Binding]:
+    def _class_env(self, cls: ast.ClassDef, env: dict[str, NameRef]) -> dict[str, NameRef]:
         """`self.x = <aiter function>` anywhere in the class's methods."""
-        out: dict[str, Binding] = {}
+        out: dict[str, NameRef] = {}
         for fn in cls.body:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not self.hot(fn):
                 continue
@@ -562,7 +564,7 @@ class _Scanner:
                         if b is None and isinstance(v, ast.IfExp):
                             b = self.ref_of(v.body, fenv, {}) or self.ref_of(v.orelse, fenv, {})
                             if b is not None:
-                                b = Binding(b.ref, True, b.line)
+                                b = NameRef(b.ref, True, b.line)
                         if b is not None:
                             out[t.attr] = b
         return out
@@ -627,8 +629,8 @@ class _Scanner:
     def _scan_function(
         self,
         fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
-        outer: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        outer: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
     ) -> None:
         env = dict(outer)
         a = fn.args
@@ -654,7 +656,7 @@ class _Scanner:
             if name in env and name not in self._aiter_assigned(fn, env, cls_env):
                 env.pop(name, None)
         self.fn_hot.append(self._function_hot(fn, {ROOT, *env, *cls_env}))
-        self.fn_dicts.append(self._dict_literals(fn) if "**" in self._fn_text(fn) else {})
+        self.fn_dicts.append(self._dict_literals(fn) if _may_spread_a_local_dict(self._fn_text(fn)) else {})
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
@@ -667,7 +669,7 @@ class _Scanner:
         return "\n".join(self.lines[lo - 1 : hi])
 
     def _aiter_assigned(
-        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding], cls_env: dict[str, Binding]
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, NameRef], cls_env: dict[str, NameRef]
     ) -> set[str]:
         out: set[str] = set()
         for node in _walk_stmts(fn):
@@ -681,7 +683,7 @@ class _Scanner:
         return out
 
     def _local_types(
-        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, Binding]
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, NameRef]
     ) -> dict[str, str | None]:
         """Names assigned in the function; the evident type when all assignments agree."""
         seen: dict[str, list[ast.expr | None]] = {}
@@ -717,8 +719,8 @@ class _Scanner:
     def _scan_expr(
         self,
         node: ast.expr,
-        env: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        env: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
@@ -735,8 +737,8 @@ class _Scanner:
     def _call(
         self,
         node: ast.Call,
-        env: dict[str, Binding],
-        cls_env: dict[str, Binding],
+        env: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
@@ -844,6 +846,22 @@ def _walk_stmts(
                 stack.extend(reversed(c.body))
 
 
+_SPREAD_RE = re.compile(r"\*\*\s*([A-Za-z_]\w*)")
+
+
+def _may_spread_a_local_dict(text: str) -> bool:
+    """Whether a function's text passes `**name` for a `name` it assigns a dict literal to.
+
+    A text test before `_dict_literals` walks the whole body: most functions never do.
+    """
+    if "**" not in text:
+        return False
+    for name in set(_SPREAD_RE.findall(text)):
+        if re.search(rf"\b{name}\s*(?::[^=\n]*)?=\s*\(?\s*(?:\{{|dict\s*\()", text):
+            return True
+    return False
+
+
 def _walk_scope(fn: ast.AST) -> list[ast.AST]:
     """Nodes of a function body, not descending into nested functions/classes."""
     out: list[ast.AST] = []
@@ -896,7 +914,7 @@ def _scan_file(data: bytes, path: str) -> FileCalls:
     if skeleton is not None:
         sk = parse_source(skeleton, path)
         if isinstance(sk, ast.Module):
-            env: dict[str, Binding] = {}
+            env: dict[str, NameRef] = {}
             _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             names = {ROOT, *env}
             pat = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")

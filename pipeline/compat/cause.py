@@ -387,7 +387,7 @@ def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | No
         for a in olds[k:]:
             pos = o.index(a) + 1
             out.append((f"`{a}` removed (was position {pos})", pos))
-        for x in set(moved_in) | set(moved_out):
+        for x in sorted(set(moved_in) | set(moved_out), key=n.index):  # (a set's order varies per run)
             out.append((f"`{x}` moved from position {o.index(x) + 1} to {n.index(x) + 1}", n.index(x) + 1))
     old_by = {p.name: p for p in old.params}
     for p in new.params:

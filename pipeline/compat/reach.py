@@ -883,11 +883,19 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         break
     walk.unreached_plugin_code()
     parents, excluded, followed = dict(walk.parents), walk.excluded, walk.followed
-    # The same walk through unconditional edges only: what is left is reached only under an `if`.
-    plain = _Walk(graph, tree, rules, facts, model_path, host, skip_conditional=True)
-    plain.run([model_path, entry])
-    parents.update(plain.parents)  # chains without conditions where there are such chains
-    conditional = _conditional_entries(walk, plain)
+    # The same walk through unconditional edges only: what is left is reached only under an `if`,
+    # except a file reached through both branches of one `if ...:`/`else:` (it runs either way).
+    roots = [model_path, entry]
+    while True:
+        plain = _Walk(graph, tree, rules, facts, model_path, host, skip_conditional=True)
+        plain.run(roots)
+        conditional = _conditional_entries(walk, plain)
+        either = sorted(p for p, es in conditional.items() if _both_branches(es))
+        if not either:
+            break
+        roots += either
+    # Chains without conditions where there are such chains.
+    parents.update({p: e for p, e in plain.parents.items() if e is not None})
     # The result keeps edges without their raw context (smaller to cache).
     bare: dict[int, Edge] = {}
 
@@ -920,6 +928,22 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
         files=frozenset(tree.blobs),
         conditional={p: tuple(strip(e) for e in es) for p, es in conditional.items()},
     )
+
+
+def _both_branches(entries: Iterable[Edge]) -> bool:
+    """Do two ways in differ only in the branch of one `if C:` they take (`if C` / `else of if C`)?"""
+    ways = {(e.src, e.raw.conditions if e.raw is not None else e.conditions) for e in entries}
+    for src, conds in ways:
+        if not conds or not conds[-1][0].startswith("if "):
+            continue
+        text, line = conds[-1]
+        if any(
+            src2 == src and c2[:-1] == conds[:-1] and c2[-1][0] == f"else of {text}" and c2[-1][1] > line
+            for src2, c2 in ways
+            if c2
+        ):
+            return True
+    return False
 
 
 def _conditional_entries(walk: _Walk, plain: _Walk) -> dict[str, list[Edge]]:

@@ -169,26 +169,31 @@ def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterC
     patches = inputs.patches_dir
     series = PatchSeries.load(patches) if patches is not None and patches.is_dir() else None
     adjust = None
+    cache = ctx.settings.cache_dir / "compat"
     if inputs.recipe is not None and inputs.recipe.is_file():
+        # The same gate as the check stage: the model's code path (off-path breaks do not make an
+        # aiter incompatible for this model), then the recipe's reviewed waivers.
+        from pipeline.compat.reach import gate_model
         from pipeline.recipe import load_recipe
 
-        waivers = load_recipe(inputs.recipe).compat.waive
-        if waivers:
-            from pipeline.compat.waivers import apply_waivers
+        recipe = load_recipe(inputs.recipe)
+        gated_atom: list[GitRepo] = []  # the ATOM repository the search reads (set by `choose`)
 
-            def adjust(report: CheckReport) -> CheckReport:
-                return apply_waivers(report, waivers)[0]
+        def adjust(report: CheckReport) -> CheckReport:
+            return gate_model(report, gated_atom[0], recipe, cache_dir=cache).report
 
     def choose(atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, head: CommitInfo) -> CommitInfo:
         ctx.log.info(
             f"searching aiter up to {head.short} for the newest commit compatible with ATOM {atom.short}"
         )
+        if adjust is not None:
+            gated_atom[:] = [atom_repo]
         res = compat.search_compatible(
             atom_repo,
             atom.sha,
             aiter_repo,
             head.sha,
-            cache_dir=ctx.settings.cache_dir / "compat",
+            cache_dir=cache,
             patches=series,
             adjust=adjust,
         )
@@ -204,7 +209,7 @@ def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterC
                 f"no aiter commit up to {head.sha} is compatible with ATOM {atom.sha}"
                 + (" even with the patch series" if series is not None else " without patches")
                 + (f" (first breaking: {first.sha} {first.subject!r})" if first else "")
-                + ".",
+                + f". {res.explanation}",
                 hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
                 "or choose another ATOM commit.",
             )

@@ -176,6 +176,7 @@ def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
             first_breaking=info(breaking),
             report_at_head=None,
             commits_examined=2,
+            explanation="the walk's reason",
         )
 
     mod.search_compatible = search_compatible  # type: ignore[attr-defined]
@@ -204,6 +205,7 @@ def test_auto_with_no_compatible_aiter_is_incompatible(
     assert main(pin_args(ups, "--auto")) == ExitCode.INCOMPATIBLE
     err = capsys.readouterr().err
     assert "no aiter commit" in err and "without patches" in err and ups.shas["aiter_old"] in err
+    assert "the walk's reason" in err  # why nothing fits, from the search
     assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
 
 

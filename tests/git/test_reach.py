@@ -239,3 +239,35 @@ def test_the_build_check_stage_gates_on_the_models_path(
     else:  # Alpha's own break gates; the two off its path are warnings
         assert findings[BROKEN]["reach"] == "on-path" and findings[BROKEN]["severity"] == "error"
         assert {findings[p]["severity"] for p in (ORPHAN, QUANT)} == {"warning"}
+
+
+def test_pin_auto_gates_on_the_models_path(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # At aiter's head only Alpha's path breaks: for Gamma the head is the answer, as `check --model
+    # Gamma` says; an off-path break must not walk the pin back (it did, when only waivers applied).
+    for d in ("recipes", "patches"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "patches" / "series").write_text("")
+    for name, arch in (("Gamma", "GammaForCausalLM"), ("Alpha", "AlphaForCausalLM")):
+        (tmp_path / "recipes" / f"{name}.yaml").write_text(recipe_yaml(name, arch))
+    env = {
+        "PIPELINE_ATOM_REPO": str(fx.atom),
+        "PIPELINE_AITER_REPO": str(fx.aiter),
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
+        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
+        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
+        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
+        "PIPELINE_FETCH_RETRIES": "0",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    assert main(["pin", "--model", "Gamma", "--atom", fx.atom_sha, "--auto", "--json"]) == 0
+    gamma = json.loads(capsys.readouterr().out)
+    assert gamma["sources"]["aiter"]["sha"] == fx.aiter_sha
+    assert main(["pin", "--model", "Alpha", "--atom", fx.atom_sha, "--auto", "--json"]) == 0
+    alpha = json.loads(capsys.readouterr().out)
+    assert alpha["sources"]["aiter"]["sha"] != fx.aiter_sha  # Alpha's own break walks it back
+    assert alpha["auto"]["first_breaking"]["sha"] == fx.aiter_sha

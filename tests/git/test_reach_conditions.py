@@ -79,6 +79,14 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> tuple[ReachRepos, str]:
     return ReachRepos(base.atom.parent / "atom-delta", base.aiter, sha, base.aiter_sha), sha
 
 
+def _clone(repos: ReachRepos, tmp_path: Path, files: dict[str, str | None], message: str) -> tuple[Path, str]:
+    """The Delta tree with `files` changed, committed as the next ATOM commit."""
+    clone = tmp_path / "atom"
+    shutil.copytree(repos.atom, clone)
+    write_files(clone, files)
+    return clone, commit_all(clone, message, "2026-01-17T00:00:00+00:00")
+
+
 def _waiver_recipe(when: list[str] | None) -> str:
     text = recipe_yaml("Delta", "DeltaForCausalLM")
     text += f"""compat:
@@ -144,13 +152,9 @@ def test_an_unconditional_way_in_voids_the_conditional_waiver(
     fx: tuple[ReachRepos, str], tmp_path: Path
 ) -> None:
     repos, _ = fx
-    clone = tmp_path / "atom"
-    shutil.copytree(repos.atom, clone)
-    text = (
-        clone / METHOD
-    ).read_text() + "\n\ndef warm_up():\n    from atom.model_ops.triton_moe import run\n\n    return run\n"
-    write_files(clone, {METHOD: text})
-    sha = commit_all(clone, "warm-up imports the Triton MoE unconditionally", "2026-01-17T00:00:00+00:00")
+    text = (repos.atom / METHOD).read_text()
+    text += "\n\ndef warm_up():\n    from atom.model_ops.triton_moe import run\n\n    return run\n"
+    clone, sha = _clone(repos, tmp_path, {METHOD: text}, "warm-up imports the Triton MoE unconditionally")
     r = compute_reach(GitRepo(clone), sha, ModelFacts("DeltaForCausalLM"))
     assert TRITON not in r.conditional and r.conditions(TRITON) == ()
     assert "only under" not in r.evidence(TRITON)
@@ -192,3 +196,29 @@ def test_stream_blobs_reads_in_order_and_names_a_missing_object(fx: tuple[ReachR
     assert dict(atom.stream_blobs(shas)) == atom.cat_blobs(shas)
     with pytest.raises(SourceError, match=r"object 0{40} is missing"):
         list(atom.stream_blobs([shas[0], "0" * 40]))
+
+
+def test_a_file_reached_through_both_branches_of_an_if_is_unconditional(
+    fx: tuple[ReachRepos, str], tmp_path: Path
+) -> None:
+    repos, _ = fx
+    server = "atom/entrypoints/openai_server.py"
+    files: dict[str, str | None] = {
+        server: (
+            "import os\n\nif os.environ.get('ALT_SERVER'):\n    from atom.entrypoints.alt import main\n"
+            "else:\n    from atom.entrypoints.openai.api_server import main\n"
+        ),
+        "atom/entrypoints/alt.py": (
+            "from atom.model_engine.model_runner import ModelRunner\n\n\ndef main():\n    ModelRunner()\n"
+        ),
+    }
+    clone, sha = _clone(repos, tmp_path, files, "two servers, one chosen by the environment")
+    r = compute_reach(GitRepo(clone), sha, ModelFacts("DeltaForCausalLM"))
+    # Each server module only under its branch; what both of them import, either way.
+    assert r.conditions("atom/entrypoints/alt.py") == (("if os.environ.get('ALT_SERVER')",),)
+    assert r.conditions("atom/entrypoints/openai/api_server.py") == (
+        ("else of if os.environ.get('ALT_SERVER')",),
+    )
+    runner = "atom/model_engine/model_runner.py"
+    assert r.on_path(runner) and runner not in r.conditional and "only under" not in r.evidence(runner)
+    assert r.conditions(TRITON) == (("if self.use_triton_decode and not prefill",), ("if self.use_triton",))

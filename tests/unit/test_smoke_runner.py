@@ -165,9 +165,11 @@ class FakeEngine:
         pass
 
 
-def smoke(tmp_path: Path, container: FakeContainer, **opts: Any) -> tuple[Verdict, FakeEngine]:
+def smoke(
+    tmp_path: Path, container: FakeContainer, *, out: io.StringIO | None = None, **opts: Any
+) -> tuple[Verdict, FakeEngine]:
     engine = FakeEngine(container)
-    log = Logger(stream=io.StringIO())
+    log = Logger(stream=out or io.StringIO())
     verdict = run_smoke(
         engine,
         image="atom:test",
@@ -345,20 +347,8 @@ def test_the_running_gsm8k_score_comes_from_the_proxy_lm_eval_talks_through(tmp_
 
 def test_a_running_score_that_disagrees_with_lm_eval_is_a_warning_not_the_verdict(tmp_path: Path) -> None:
     c = FakeContainer(["ready"], accuracy=0.95, proxy_correct=20)
-    engine = FakeEngine(c)
     out = io.StringIO()
-    verdict = run_smoke(
-        engine,
-        image="atom:test",
-        recipe=load_recipe(RECIPE_PATH),
-        recipe_path=RECIPE_PATH,
-        settings=load_settings(env={}, cwd=tmp_path),
-        env={"HF_TOKEN": "hf_unit_secret"},
-        run_dir=tmp_path / "run",
-        log=Logger(stream=out),
-        sysfs_root=make_sysfs(tmp_path / "sys"),
-        options=SmokeOptions(quick=True),
-    )
+    verdict, _ = smoke(tmp_path, c, out=out, quick=True)
     gsm = next(x for x in verdict.checks if x.name == "gsm8k")
     assert gsm.figures["running_value"] == 0.5 and gsm.figures["value"] == 0.95 and gsm.passed
     assert "running GSM8K score (flexible-extract 0.500" in out.getvalue()
