@@ -799,6 +799,24 @@ def compute_reach(
 ) -> Reach:
     """The ATOM files the server entry point plus `facts.architecture`'s module can run."""
     t0 = time.perf_counter()
+    memo_key = (str(atom.path), atom_rev, facts.key, str(cache_dir))
+    if len(atom_rev) == 40 and memo_key in _MEMO:  # a full SHA: `pin --auto` gates hundreds of reports
+        return replace(_MEMO[memo_key], seconds=time.perf_counter() - t0)
+    reach = _compute_reach(atom, atom_rev, facts, cache_dir, t0)
+    if len(atom_rev) == 40:
+        if len(_MEMO) > 16:
+            _MEMO.clear()
+        _MEMO[memo_key] = reach
+    return reach
+
+
+# Reaches computed in this process, by (repository, full SHA, model facts, cache dir).
+_MEMO: dict[tuple[str, str, str, str], Reach] = {}
+
+
+def _compute_reach(
+    atom: GitRepo, atom_rev: str, facts: ModelFacts, cache_dir: Path | None, t0: float
+) -> Reach:
     atom_sha = atom.rev_parse(atom_rev)
     if atom_sha is None:
         raise SourceError(f"ATOM ref {atom_rev!r} is not a commit in {atom.path}.")

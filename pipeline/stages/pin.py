@@ -161,33 +161,33 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
 
 
 def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterChooser:
-    """`--auto`: the newest aiter whose signatures ATOM's calls (with the series, waivers) bind."""
+    """`--auto`: the newest aiter ATOM's calls bind (the series applied, gated as the check stage gates)."""
     from pipeline.errors import IncompatibleError
     from pipeline.patchq import PatchSeries
 
     compat = importlib.import_module("pipeline.compat")  # from sys.modules: the git tier stands in for it
     patches = inputs.patches_dir
     series = PatchSeries.load(patches) if patches is not None and patches.is_dir() else None
-    adjust = None
     cache = ctx.settings.cache_dir / "compat"
+    recipe = None
     if inputs.recipe is not None and inputs.recipe.is_file():
-        # The same gate as the check stage: the model's code path (off-path breaks do not make an
-        # aiter incompatible for this model), then the recipe's reviewed waivers.
-        from pipeline.compat.reach import gate_model
         from pipeline.recipe import load_recipe
 
         recipe = load_recipe(inputs.recipe)
-        gated_atom: list[GitRepo] = []  # the ATOM repository the search reads (set by `choose`)
-
-        def adjust(report: CheckReport) -> CheckReport:
-            return gate_model(report, gated_atom[0], recipe, cache_dir=cache).report
 
     def choose(atom_repo: GitRepo, atom: CommitInfo, aiter_repo: GitRepo, head: CommitInfo) -> CommitInfo:
         ctx.log.info(
             f"searching aiter up to {head.short} for the newest commit compatible with ATOM {atom.short}"
         )
-        if adjust is not None:
-            gated_atom[:] = [atom_repo]
+        adjust = None
+        if recipe is not None:
+            # The check stage's gate: the model's code path (an off-path break does not make an aiter
+            # incompatible for this model), then the recipe's reviewed waivers.
+            from pipeline.compat.reach import gate_model
+
+            def adjust(report: CheckReport) -> CheckReport:
+                return gate_model(report, atom_repo, recipe, cache_dir=cache).report
+
         res = compat.search_compatible(
             atom_repo,
             atom.sha,
