@@ -92,12 +92,6 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
     return sha
 
 
-def scan_atom(atom: GitRepo, atom_sha: str, caches: Caches) -> list[FileCalls]:
-    """Every ATOM file's calls of aiter, in path order."""
-    got = dict(scan_atom_stream(atom, atom_sha, caches))
-    return [got[i] for i in sorted(got)]
-
-
 def scan_atom_stream(atom: GitRepo, atom_sha: str, caches: Caches) -> Iterator[tuple[int, FileCalls]]:
     """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
 

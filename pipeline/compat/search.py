@@ -25,6 +25,7 @@ from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
 if TYPE_CHECKING:
+    from pipeline.compat.aiterapi import ApiIndex
     from pipeline.patchq import PatchSeries
     from pipeline.patchq.model import Patch
 
@@ -278,7 +279,7 @@ SCAN_EVERY = 16
 class _Unchanged:
     """Which aiter commits a walk may pass unexamined: none of the modules its breaking calls read changed.
 
-    A call's resolution records the modules it read (`ApiIndex._ref_deps`); its
+    A call's resolution records the modules it read (`ApiIndex.modules_read`); its
     finding depends on those blobs and on the callee's history, which is read
     from aiter's head whatever the pin. So a break found at one commit holds at
     every older commit up to the next one that changes such a module.
@@ -299,11 +300,10 @@ class _Unchanged:
                     parts = mod.split(".")
                     touched.update(".".join(parts[:i]) for i in range(1, len(parts)))
 
-    def deps(self, checker: Checker, idx: object, report: CheckReport) -> frozenset[str] | None:
+    def deps(self, checker: Checker, idx: ApiIndex, report: CheckReport) -> frozenset[str] | None:
         """Modules the breaking calls' resolutions read (None: one cannot be traced: examine every commit)."""
-        from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex
+        from pipeline.compat.aiterapi import TORCH_OPS
 
-        assert isinstance(idx, ApiIndex)
         sites = _sites(report)
         out: set[str] = set()
         found = 0
@@ -311,10 +311,10 @@ class _Unchanged:
             for call in fc.calls:
                 if (call.path, call.line, call.col) not in sites:
                     continue
-                got = idx._ref_deps.get(call.ref)
-                if got is None or call.ref[0] == TORCH_OPS:
+                read = idx.modules_read(call.ref)
+                if read is None or call.ref[0] == TORCH_OPS:
                     return None
-                out |= got[1] | {m for m, _ in got[2]}
+                out |= read
                 found += 1
         return frozenset(out) if found and out else None
 
