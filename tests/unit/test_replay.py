@@ -42,6 +42,17 @@ def test_the_cache_dir_follows_the_settings() -> None:
     assert replay.cache_dir({"XDG_CACHE_HOME": "/xdg"}, None) == "/xdg/atom-image-pipeline"
 
 
+def test_the_default_cache_dir_is_the_one_the_settings_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # replay keeps platformdirs' rule (importing it would cost the fast path its margin): the same answer
+    import os
+
+    import platformdirs
+
+    for xdg in ("/xdg", ""):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert replay.cache_dir(os.environ, None) == platformdirs.user_cache_dir("atom-image-pipeline")
+
+
 def test_the_stage_line_gets_the_replay_time() -> None:
     err = "::group::check\n::endgroup::\n✕ check (61.3s) — ATOM x is not compatible\nerror: y (1.5s)\n"
     assert replay._with_time(err, 0.04) == (
