@@ -135,16 +135,27 @@ def stub_signature(source: bytes, line: int, name: str) -> tuple[inspect.Signatu
     return sig, anns
 
 
-def call_node(source: bytes, line: int, col: int) -> ast.Call | None:
+def call_node(source: bytes, line: int, col: int, name: str) -> ast.Call | None:
+    """The call of `name` starting at (line, col).
+
+    Several calls start there: `f(x).to(y)` (the callee `f` is the inner one) and
+    `get_tp_group().all_reduce(x)` (the callee `all_reduce` is the outer one); the
+    name the callee is spelled with tells them apart, innermost first.
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    # `f(x).to(y)`: both calls start at the same place; the callee's is the innermost one.
     hits = [
         n for n in ast.walk(tree) if isinstance(n, ast.Call) and (n.lineno, n.col_offset + 1) == (line, col)
     ]
-    return min(hits, key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0)) if hits else None
+    hits.sort(key=lambda n: (n.end_lineno or 0, n.end_col_offset or 0))
+
+    def spelled(n: ast.Call) -> str | None:
+        f = n.func
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+    return next((n for n in hits if spelled(n) == name), hits[0] if hits else None)
 
 
 class Arg:
@@ -192,7 +203,7 @@ def replay(
     t = target_of(checker.index(pin), call)
     if t.sig is None:
         return Replay("n/a", "no signature at the pin"), None
-    node = call_node(atom_src, call.line, call.col)
+    node = call_node(atom_src, call.line, call.col, call.qualname.rsplit(".", 1)[-1].removesuffix("()"))
     if node is None:
         return Replay("n/a", "call not found in the source"), None
     src = checker.aiter.read_blob(pin, t.sig.path)
