@@ -41,7 +41,7 @@ import re
 import time
 import tomllib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -59,7 +59,7 @@ ARG_UTILS_PATH = "atom/model_engine/arg_utils.py"
 PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
-SUMMARY_SCHEMA = 6  # bump when FileSummary or the extraction rules change
+SUMMARY_SCHEMA = 7  # bump when FileSummary or the extraction rules change
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -348,21 +348,24 @@ def _calls_switch(text: str) -> bool:
     )
 
 
-def summarize(data: bytes, path: str) -> FileSummary:
-    """Every import and ATOM qualname string of one file, with the blocks around each."""
-    text = data.decode("utf-8", "replace")
+_Context = tuple[bool, tuple[str, ...], str, tuple[tuple[str, int], ...]]
+_NO_CONTEXT: _Context = (False, (), "", ())
+
+
+def _references(text: str, path: str, lines: _Lines, full: bool) -> list[RawEdge]:
+    """Every import and ATOM qualname string of one file; with `full`, the blocks around each
+    (without, the context fields stay empty: enough for who imports a file off the path)."""
     module = module_of(path) or ""
     is_pkg = path.endswith("__init__.py")
-    lines = _Lines(text)
     plugin = path.startswith(PLUGIN_PACKAGE)
     blocks: _Blocks | None = None  # only for files with an indented reference
 
-    def context(
-        offset: int, indent: int, line: int, statement: bool
-    ) -> tuple[bool, tuple[str, ...], str, tuple[tuple[str, int], ...]]:
+    def context(offset: int, indent: int, line: int, statement: bool) -> _Context:
         """(inside a function?, simple `if NAME:` guards innermost first, top-level owner,
         the conditional blocks around it outermost first as (header, line))."""
         nonlocal blocks
+        if not full:
+            return _NO_CONTEXT
         owner = lines.owner(offset) if plugin else ""
         if indent <= 0:
             return False, (), owner, ()
@@ -443,11 +446,40 @@ def summarize(data: bytes, path: str) -> FileSummary:
                 conditions=conds,
             )
         )
+    return edges
+
+
+def _switch_owners(text: str, lines: _Lines) -> tuple[str, ...]:
+    """Top-level owners of a plugin file that call `_set_framework_backbone` (host entry points)."""
+    calls = [pos for pos in _finds(text, "_set_framework_backbone(") if _SWITCH_RE.match(text, pos)]
+    return tuple(sorted({lines.owner(pos) for pos in calls}))
+
+
+@dataclass(frozen=True)
+class FileRefs:
+    """What a file the walk never reaches is read for: its references without their blocks (for
+    the evidence of who imports a file off the path) and, in atom/plugin/, the owners that switch
+    ATOM into plugin mode (host entry points). Much cheaper than a `FileSummary`."""
+
+    edges: tuple[RawEdge, ...]
+    switch_owners: tuple[str, ...] = ()
+
+
+def summarize_refs(data: bytes, path: str) -> FileRefs:
+    text = data.decode("utf-8", "replace")
+    lines = _Lines(text)
+    edges = _references(text, path, lines, full=False)
+    return FileRefs(tuple(edges), _switch_owners(text, lines) if path.startswith(PLUGIN_PACKAGE) else ())
+
+
+def summarize(data: bytes, path: str) -> FileSummary:
+    """Every import and ATOM qualname string of one file, with the blocks around each."""
+    text = data.decode("utf-8", "replace")
+    lines = _Lines(text)
+    edges = _references(text, path, lines, full=True)
     if not path.startswith(PLUGIN_PACKAGE):
         return FileSummary(tuple(edges), _calls_switch(text))
-    switch = {
-        lines.owner(pos) for pos in _finds(text, "_set_framework_backbone(") if _SWITCH_RE.match(text, pos)
-    }
+    switch = _switch_owners(text, lines)
     # The names each top-level statement mentions, among the file's own top-level names and the
     # names it imports (a substring test: a false mention only keeps more code on the path).
     owners = [lines.owner_name(t) for t in range(len(lines.tops))]
@@ -469,7 +501,7 @@ def summarize(data: bytes, path: str) -> FileSummary:
     return FileSummary(
         tuple(edges),
         False,
-        tuple(sorted(switch)),
+        switch,
         tuple((o, frozenset(r)) for o, r in sorted(refs.items())),
         frozenset(data_owners),
     )
@@ -674,11 +706,88 @@ def model_registry(text: str) -> dict[str, tuple[str, int]] | None:
 
 
 class _Tree:
-    def __init__(self, blobs: dict[str, str], summaries: dict[str, FileSummary]) -> None:
+    """The Python files of one ATOM tree, each read only as far as the closure asks: a
+    `FileSummary` (references with their blocks) for a file the walk reaches, the cheaper
+    `FileRefs` for the others (who imports a file off the path, host entry points)."""
+
+    def __init__(
+        self,
+        blobs: dict[str, str],
+        cache: dict[str, object],
+        raw: dict[str, bytes],
+        fetch: Callable[[list[str]], dict[str, bytes]] | None = None,
+    ) -> None:
         self.blobs = blobs
         self.mods = module_files(blobs)
-        self.summaries = summaries
+        self.cache = cache  # per-file: "{blob}:{path}" -> FileSummary, "{blob}:{path}:refs" -> FileRefs
+        self.raw = raw  # blob sha -> bytes, for the files not summarized yet
+        self.fetch = fetch  # reads more blobs (for a file whose refs alone were cached)
+        self.dirty = False  # the cache gained entries
+        self._summaries: dict[str, FileSummary] = {}
         self._targets: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+
+    def _bytes(self, sha: str) -> bytes:
+        data = self.raw.get(sha)
+        if data is None:
+            if self.fetch is None:
+                raise KeyError(sha)
+            # A file off the path of an earlier model that is on this one's: read every blob that
+            # has no full summary yet at once (one git process, however many such files).
+            more = {s for p, s in self.blobs.items() if s not in self.raw and self.summarized(p) is None}
+            self.raw.update(self.fetch(sorted(more | {sha})))
+            data = self.raw[sha]
+        return data
+
+    def summary(self, path: str) -> FileSummary:
+        got = self._summaries.get(path)
+        if got is None:
+            key = f"{self.blobs[path]}:{path}"
+            cached = self.cache.get(key)
+            if isinstance(cached, FileSummary):
+                got = cached
+            else:
+                got = summarize(self._bytes(self.blobs[path]), path)
+                self.cache[key] = got
+                self.dirty = True
+            self._summaries[path] = got
+        return got
+
+    def summarized(self, path: str) -> FileSummary | None:
+        """The file's full summary if this run or the cache has it (never computed here)."""
+        got = self._summaries.get(path)
+        if got is None:
+            cached = self.cache.get(f"{self.blobs[path]}:{path}")
+            got = cached if isinstance(cached, FileSummary) else None
+        return got
+
+    def refs(self, path: str) -> FileSummary | FileRefs:
+        """The file's references: from its full summary when there is one, else the cheap kind."""
+        got = self.summarized(path)
+        if got is not None:
+            return got
+        key = f"{self.blobs[path]}:{path}:refs"
+        cached = self.cache.get(key)
+        if isinstance(cached, FileRefs):
+            return cached
+        refs = summarize_refs(self._bytes(self.blobs[path]), path)
+        self.cache[key] = refs
+        self.dirty = True
+        return refs
+
+    def switch_owners(self, path: str) -> tuple[str, ...]:
+        """Owners of a plugin file that call `_set_framework_backbone`, without summarizing it (a
+        literal search first: most files never name it)."""
+        got = self.summarized(path)
+        if got is not None:
+            return got.switch_owners
+        cached = self.cache.get(f"{self.blobs[path]}:{path}:refs")
+        if isinstance(cached, FileRefs):
+            return cached.switch_owners
+        data = self._bytes(self.blobs[path])
+        if b"_set_framework_backbone(" not in data:
+            return ()
+        text = data.decode("utf-8", "replace")
+        return _switch_owners(text, _Lines(text))
 
     def _runs(self, target: str) -> tuple[str | None, tuple[str, ...]]:
         """(the file a dotted name runs, the package __init__ files above it), once per name."""
@@ -701,10 +810,10 @@ class _Tree:
             parts.pop()
         return None
 
-    def edges(self, path: str, registry: dict[str, tuple[str, int]]) -> list[Edge]:
+    def edges(self, path: str, registry: dict[str, tuple[str, int]], raw: Iterable[RawEdge]) -> list[Edge]:
+        """The files each of `path`'s references runs."""
         out: list[Edge] = []
-        summary = self.summaries.get(path)
-        for r in summary.edges if summary else ():
+        for r in raw:
             if r.kind == "string" and r.prefix:
                 prefix = r.target + "."
                 out += [
@@ -725,6 +834,26 @@ class _Tree:
                 if sub is not None:
                     out.append(Edge(path, sub, r.line, kind, raw=r))
         return out
+
+
+class _Graph:
+    """{path: the edges out of it}, each file's built on first use from its full summary."""
+
+    def __init__(self, tree: _Tree, registry: dict[str, tuple[str, int]]) -> None:
+        self.tree, self.registry = tree, registry
+        self._edges: dict[str, list[Edge]] = {}
+
+    def get(self, path: str, default: Sequence[Edge] = ()) -> Sequence[Edge]:
+        got = self._edges.get(path)
+        if got is None:
+            if path not in self.tree.blobs:
+                return default
+            got = self.tree.edges(path, self.registry, self.tree.summary(path).edges)
+            self._edges[path] = got
+        return got
+
+    def built(self, path: str) -> list[Edge] | None:
+        return self._edges.get(path)
 
 
 def _rules(texts: dict[str, str], facts: ModelFacts) -> dict[str, str]:
@@ -832,29 +961,19 @@ def _compute_reach(
     want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
     if len(project) >= 3:
         want["pyproject.toml"] = project[2]
-    summaries: dict[str, FileSummary] = {}
-    paths_of: dict[str, list[str]] = {}
-    for p, sha in blobs.items():
-        got_summary = files.data.get(f"{sha}:{p}")
-        if isinstance(got_summary, FileSummary):
-            summaries[p] = got_summary
-        else:
-            paths_of.setdefault(sha, []).append(p)
-    texts: dict[str, str] = {}
-    need_text = {sha: p for p, sha in want.items()}
-    # Summarized as git streams them, so git inflates the next blobs while this reads one.
-    for sha, data in atom.stream_blobs(sorted(set(paths_of) | set(need_text))):
-        for p in paths_of.get(sha, ()):
-            summaries[p] = files.data[f"{sha}:{p}"] = summarize(data, p)
-            files.dirty = True
-        for p, want_sha in want.items():
-            if want_sha == sha:
-                texts[p] = data.decode("utf-8", "replace")
-    reach = closure(_Tree(blobs, summaries), texts, facts, atom_sha, tree_sha)
+    # Every blob with nothing cached is read in one stream (git inflates fast); which of them are
+    # summarized, and how fully, is up to the closure.
+    cache = files.data
+    unread = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in cache and f"{sha}:{p}:refs" not in cache}
+    raw = dict(atom.stream_blobs(sorted(unread | set(want.values()))))
+    texts = {p: raw[sha].decode("utf-8", "replace") for p, sha in want.items()}
+    tree = _Tree(blobs, cache, raw, fetch=atom.cat_blobs)
+    reach = closure(tree, texts, facts, atom_sha, tree_sha)
     reach = replace(reach, seconds=time.perf_counter() - t0)
     results.data[facts.key] = reach
     results.dirty = True
     results.save()
+    files.dirty = files.dirty or tree.dirty
     files.save()
     return reach
 
@@ -886,14 +1005,14 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             f"ATOM {atom_sha[:10]}'s registry maps {facts.architecture} to {qual}, "
             "which is no module in the tree."
         )
-    graph = {p: tree.edges(p, entries) for p in tree.blobs}
+    graph = _Graph(tree, entries)
     rules = _rules(texts, facts)
     host = _host_entries(tree, texts.get("pyproject.toml", ""))
     while True:
         walk = _Walk(graph, tree, rules, facts, model_path, host)
         walk.run([model_path, entry])
         # `standalone` holds only while no file on the path switches ATOM into plugin mode.
-        switch = sorted(p for p in walk.parents if p in tree.summaries and tree.summaries[p].sets_framework)
+        switch = sorted(p for p in walk.parents if p in tree.blobs and tree.summary(p).sets_framework)
         if "standalone" in rules and switch:
             del rules["standalone"]
             rules["standalone-dropped"] = f"{switch[0]} (on the path) switches ATOM into plugin mode"
@@ -924,12 +1043,16 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
             got = bare[id(e)] = Edge(e.src, e.dst, e.line, e.kind, e.key, conditions=conds)
         return got
 
-    # Evidence is needed for the files off the path only: who imports them.
+    # Evidence is needed for the files off the path only: who imports them (any file of the tree;
+    # one the walk never reached is read without its blocks, which the evidence does not use).
     importers: dict[str, list[Edge]] = {}
-    for es in graph.values():
+    for p in tree.blobs:
+        es = graph.built(p)
+        if es is None:
+            es = tree.edges(p, entries, tree.refs(p).edges)
         for e in es:
             if e.dst != e.src and e.dst not in parents:
-                importers.setdefault(e.dst, []).append(strip(e))
+                importers.setdefault(e.dst, []).append(Edge(e.src, e.dst, e.line, e.kind, e.key))
     parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
     excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
     return Reach(
@@ -1016,9 +1139,11 @@ def _host_entries(tree: _Tree, pyproject: str) -> dict[str, set[str]]:
             p = tree.mods.get(mod)
             if p is not None and fn:
                 out.setdefault(p, set()).add(fn.split(".")[0])
-    for path, fs in tree.summaries.items():
-        if path.startswith(PLUGIN_PACKAGE) and fs.switch_owners:
-            out.setdefault(path, set()).update(o for o in fs.switch_owners if o)
+    for path in tree.blobs:
+        if path.startswith(PLUGIN_PACKAGE):
+            owners = tree.switch_owners(path)
+            if owners:
+                out.setdefault(path, set()).update(o for o in owners if o)
     return out
 
 
@@ -1032,7 +1157,7 @@ class _Walk:
 
     def __init__(
         self,
-        graph: dict[str, list[Edge]],
+        graph: _Graph,
         tree: _Tree,
         rules: dict[str, str],
         facts: ModelFacts,
@@ -1076,7 +1201,7 @@ class _Walk:
     def refs(self, path: str) -> dict[str, frozenset[str]]:
         got = self._refs.get(path)
         if got is None:
-            got = dict(self.tree.summaries[path].refs)
+            got = dict(self.tree.summary(path).refs)
             self._refs[path] = got
         return got
 

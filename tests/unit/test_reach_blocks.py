@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from pipeline.compat.reach import summarize
+from pipeline.compat.reach import summarize, summarize_refs
 from pipeline.compat.waivers import covers
 
 SOURCE = textwrap.dedent(
@@ -79,3 +79,52 @@ def test_a_waiver_condition_covers_itself_and_conjunctions_it_starts() -> None:
     assert not covers(["self.use_triton"], ways)  # the decode way is not named
     assert not covers(["self.use_triton"], ())  # reached unconditionally: nothing to cover
     assert not covers(["self.use"], (("if self.use_triton",),))  # a prefix of a name is not a condition
+
+
+PLUGIN_SOURCE = textwrap.dedent(
+    """
+    from . import sibling
+    from ..prepare import _set_framework_backbone
+
+    WRAPPER = f"atom.plugin.wrappers.{name}"
+
+
+    def register():
+        _set_framework_backbone("vllm")
+        if ready:
+            from .models import Model  # noqa
+
+            return Model
+
+
+    def helper():
+        return "atom.plugin.vllm.table:TABLE"
+    """
+).lstrip("\n")
+
+
+def _bare(edges: object) -> list[tuple[object, ...]]:
+    return [(e.line, e.kind, e.target, e.names, e.key, e.prefix) for e in edges]  # type: ignore[attr-defined]
+
+
+def test_refs_of_a_file_are_its_summary_without_the_blocks() -> None:
+    # A file the walk never reaches is read for its references only: the same references (line,
+    # kind, target, names, key, prefix) as its full summary, with no block context at all.
+    for source, path in ((SOURCE, "atom/x.py"), (PLUGIN_SOURCE, "atom/plugin/vllm/register.py")):
+        full, refs = summarize(source.encode(), path), summarize_refs(source.encode(), path)
+        assert _bare(refs.edges) == _bare(full.edges)
+        assert len(full.edges) >= 5
+        assert all(
+            not e.conditions and not e.guards and not e.in_function and not e.owner for e in refs.edges
+        )
+        assert refs.switch_owners == full.switch_owners
+    plugin = summarize_refs(PLUGIN_SOURCE.encode(), "atom/plugin/vllm/register.py")
+    assert plugin.switch_owners == ("register",)
+    assert {e.target for e in plugin.edges} >= {
+        "atom.plugin.vllm",
+        "atom.plugin.prepare",
+        "atom.plugin.wrappers",
+    }
+    assert [e.prefix for e in plugin.edges if e.target == "atom.plugin.wrappers"] == [True]
+    # Outside atom/plugin/ no switch owners are recorded.
+    assert summarize_refs(PLUGIN_SOURCE.encode(), "atom/x.py").switch_owners == ()
