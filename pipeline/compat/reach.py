@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import bisect
 import re
+import threading
 import time
 import tomllib
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -687,7 +688,10 @@ _REGISTRY_USE_RE = re.compile(r"(\w+)\[[\w.]*architectures\[0\]\]")
 
 def model_registry(text: str) -> dict[str, tuple[str, int]] | None:
     """{architecture: (qualname, line)} of the dict model_runner.py indexes with architectures[0]."""
-    use = _REGISTRY_USE_RE.search(text)
+    # Searched from the line of the first `architectures[0]]` (every match holds it; a regex that
+    # starts with \w+ is slow to try at every offset of a 230 kB file).
+    first = text.find("architectures[0]]")
+    use = _REGISTRY_USE_RE.search(text, text.rfind("\n", 0, first) + 1) if first >= 0 else None
     if use is None:
         return None
     name = use.group(1)
@@ -705,38 +709,75 @@ def model_registry(text: str) -> dict[str, tuple[str, int]] | None:
     return entries
 
 
+class _Blobs:
+    """Blob bytes by SHA. Those asked for up front come from one `git cat-file --batch`, read by a
+    thread as git writes them, so the closure works on the first files while git inflates the
+    rest; any other is read on first use (`more`)."""
+
+    def __init__(self, atom: GitRepo, first: Sequence[str]) -> None:
+        self.atom = atom
+        self.got: dict[str, bytes] = {}
+        self.requested = set(first)
+        self._ready = threading.Condition()
+        self._done = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(list(first),), daemon=True)
+        self._thread.start()
+
+    def _read(self, shas: list[str]) -> None:
+        try:
+            for sha, data in self.atom.stream_blobs(shas):
+                with self._ready:
+                    self.got[sha] = data
+                    self._ready.notify_all()
+        except BaseException as e:  # raised where the bytes are wanted
+            self._error = e
+        finally:
+            with self._ready:
+                self._done = True
+                self._ready.notify_all()
+
+    def get(self, sha: str) -> bytes:
+        if sha not in self.requested:
+            raise KeyError(sha)
+        with self._ready:
+            while sha not in self.got and not self._done:
+                self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self.got[sha]
+
+    def more(self, shas: Sequence[str]) -> None:
+        self.close()
+        self.got.update(self.atom.cat_blobs([s for s in shas if s not in self.requested]))
+        self.requested.update(shas)
+
+    def close(self) -> None:
+        """Wait for the stream (git has written everything or stopped)."""
+        self._thread.join()
+
+
 class _Tree:
     """The Python files of one ATOM tree, each read only as far as the closure asks: a
     `FileSummary` (references with their blocks) for a file the walk reaches, the cheaper
     `FileRefs` for the others (who imports a file off the path, host entry points)."""
 
-    def __init__(
-        self,
-        blobs: dict[str, str],
-        cache: dict[str, object],
-        raw: dict[str, bytes],
-        fetch: Callable[[list[str]], dict[str, bytes]] | None = None,
-    ) -> None:
+    def __init__(self, blobs: dict[str, str], cache: dict[str, object], raw: _Blobs) -> None:
         self.blobs = blobs
         self.mods = module_files(blobs)
         self.cache = cache  # per-file: "{blob}:{path}" -> FileSummary, "{blob}:{path}:refs" -> FileRefs
-        self.raw = raw  # blob sha -> bytes, for the files not summarized yet
-        self.fetch = fetch  # reads more blobs (for a file whose refs alone were cached)
+        self.raw = raw
         self.dirty = False  # the cache gained entries
         self._summaries: dict[str, FileSummary] = {}
         self._targets: dict[str, tuple[str | None, tuple[str, ...]]] = {}
 
     def _bytes(self, sha: str) -> bytes:
-        data = self.raw.get(sha)
-        if data is None:
-            if self.fetch is None:
-                raise KeyError(sha)
-            # A file off the path of an earlier model that is on this one's: read every blob that
-            # has no full summary yet at once (one git process, however many such files).
-            more = {s for p, s in self.blobs.items() if s not in self.raw and self.summarized(p) is None}
-            self.raw.update(self.fetch(sorted(more | {sha})))
-            data = self.raw[sha]
-        return data
+        if sha not in self.raw.requested:
+            # A file an earlier model left with refs only, on this model's path: read every blob
+            # that has no full summary yet at once (one git process, however many such files).
+            more = {s for p, s in self.blobs.items() if self.summarized(p) is None}
+            self.raw.more(sorted(more | {sha}))
+        return self.raw.get(sha)
 
     def summary(self, path: str) -> FileSummary:
         got = self._summaries.get(path)
@@ -810,30 +851,34 @@ class _Tree:
             parts.pop()
         return None
 
+    def targets(
+        self, path: str, registry: dict[str, tuple[str, int]], r: RawEdge
+    ) -> list[tuple[str, EdgeKind, str | None]]:
+        """(file, edge kind, registry key) of each file one of `path`'s references runs."""
+        if r.kind == "string" and r.prefix:
+            prefix = r.target + "."
+            return [(p, "string", None) for m, p in self.mods.items() if m.startswith(prefix)]
+        out: list[tuple[str, EdgeKind, str | None]] = []
+        kind: EdgeKind = r.kind
+        if path == REGISTRY_PATH and r.kind == "string" and r.key in registry:
+            kind = "registry"
+        dst, pkgs = self._runs(r.target)
+        if dst is not None:
+            out.append((dst, kind, r.key if kind == "registry" else None))
+        out += [(pkg, "package", None) for pkg in pkgs]
+        for n in r.names:
+            sub = self.mods.get(f"{r.target}.{n}")
+            if sub is not None:
+                out.append((sub, kind, None))
+        return out
+
     def edges(self, path: str, registry: dict[str, tuple[str, int]], raw: Iterable[RawEdge]) -> list[Edge]:
         """The files each of `path`'s references runs."""
-        out: list[Edge] = []
-        for r in raw:
-            if r.kind == "string" and r.prefix:
-                prefix = r.target + "."
-                out += [
-                    Edge(path, p, r.line, "string", raw=r)
-                    for m, p in self.mods.items()
-                    if m.startswith(prefix)
-                ]
-                continue
-            kind: EdgeKind = r.kind
-            if path == REGISTRY_PATH and r.kind == "string" and r.key in registry:
-                kind = "registry"
-            dst, pkgs = self._runs(r.target)
-            if dst is not None:
-                out.append(Edge(path, dst, r.line, kind, r.key if kind == "registry" else None, r))
-            out += [Edge(path, pkg, r.line, "package", raw=r) for pkg in pkgs]
-            for n in r.names:
-                sub = self.mods.get(f"{r.target}.{n}")
-                if sub is not None:
-                    out.append(Edge(path, sub, r.line, kind, raw=r))
-        return out
+        return [
+            Edge(path, dst, r.line, kind, key, r)
+            for r in raw
+            for dst, kind, key in self.targets(path, registry, r)
+        ]
 
 
 class _Graph:
@@ -943,6 +988,10 @@ def compute_reach(
 _MEMO: dict[tuple[str, str, str, str], Reach] = {}
 
 
+def _read_order(path: str) -> tuple[bool, str]:
+    return not path.startswith(("atom/entrypoints/", "atom/model_engine/")), path
+
+
 def _compute_reach(
     atom: GitRepo, atom_rev: str, facts: ModelFacts, cache_dir: Path | None, t0: float
 ) -> Reach:
@@ -965,10 +1014,15 @@ def _compute_reach(
     # summarized, and how fully, is up to the closure.
     cache = files.data
     unread = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in cache and f"{sha}:{p}:refs" not in cache}
-    raw = dict(atom.stream_blobs(sorted(unread | set(want.values()))))
-    texts = {p: raw[sha].decode("utf-8", "replace") for p, sha in want.items()}
-    tree = _Tree(blobs, cache, raw, fetch=atom.cat_blobs)
-    reach = closure(tree, texts, facts, atom_sha, tree_sha)
+    # The texts the rules read first, then the entry point's package and the rest in path order.
+    first = [*want.values(), *(blobs[p] for p in sorted(blobs, key=_read_order) if blobs[p] in unread)]
+    raw = _Blobs(atom, list(dict.fromkeys(first)))
+    try:
+        texts = {p: raw.get(sha).decode("utf-8", "replace") for p, sha in want.items()}
+        tree = _Tree(blobs, cache, raw)
+        reach = closure(tree, texts, facts, atom_sha, tree_sha)
+    finally:
+        raw.close()
     reach = replace(reach, seconds=time.perf_counter() - t0)
     results.data[facts.key] = reach
     results.dirty = True
@@ -1009,7 +1063,8 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
     rules = _rules(texts, facts)
     host = _host_entries(tree, texts.get("pyproject.toml", ""))
     while True:
-        walk = _Walk(graph, tree, rules, facts, model_path, host)
+        exclusions: dict[int, str | None] = {}  # per edge, while the rules stay the same
+        walk = _Walk(graph, tree, rules, facts, model_path, host, exclusions=exclusions)
         walk.run([model_path, entry])
         # `standalone` holds only while no file on the path switches ATOM into plugin mode.
         switch = sorted(p for p in walk.parents if p in tree.blobs and tree.summary(p).sets_framework)
@@ -1024,7 +1079,9 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
     # except a file reached through both branches of one `if ...:`/`else:` (it runs either way).
     roots = [model_path, entry]
     while True:
-        plain = _Walk(graph, tree, rules, facts, model_path, host, skip_conditional=True)
+        plain = _Walk(
+            graph, tree, rules, facts, model_path, host, skip_conditional=True, exclusions=exclusions
+        )
         plain.run(roots)
         conditional = _conditional_entries(walk, plain)
         either = sorted(p for p, es in conditional.items() if _both_branches(es))
@@ -1048,11 +1105,15 @@ def closure(tree: _Tree, texts: dict[str, str], facts: ModelFacts, atom_sha: str
     importers: dict[str, list[Edge]] = {}
     for p in tree.blobs:
         es = graph.built(p)
-        if es is None:
-            es = tree.edges(p, entries, tree.refs(p).edges)
-        for e in es:
-            if e.dst != e.src and e.dst not in parents:
-                importers.setdefault(e.dst, []).append(Edge(e.src, e.dst, e.line, e.kind, e.key))
+        if es is not None:
+            for e in es:
+                if e.dst != p and e.dst not in parents:
+                    importers.setdefault(e.dst, []).append(Edge(p, e.dst, e.line, e.kind, e.key))
+            continue
+        for r in tree.refs(p).edges:
+            for dst, kind, key in tree.targets(p, entries, r):
+                if dst != p and dst not in parents:
+                    importers.setdefault(dst, []).append(Edge(p, dst, r.line, kind, key))
     parents = {p: (strip(e) if e is not None else None) for p, e in parents.items()}
     excluded = [Excluded(strip(x.edge), x.rule) for x in excluded]
     return Reach(
@@ -1165,9 +1226,11 @@ class _Walk:
         entries: dict[str, set[str]],
         *,
         skip_conditional: bool = False,
+        exclusions: dict[int, str | None] | None = None,
     ) -> None:
         self.graph, self.tree, self.rules, self.facts = graph, tree, rules, facts
         self.skip_conditional = skip_conditional
+        self.exclusions = {} if exclusions is None else exclusions  # id(edge) -> rule or None
         self.model_path = model_path
         self.entries = entries
         self.plugin = "standalone" in rules
@@ -1237,7 +1300,11 @@ class _Walk:
     def follow(self, e: Edge) -> None:
         if self.skip_conditional and e.raw is not None and e.raw.conditions:
             return
-        rule = _exclusion(e, self.rules, self.facts, self.model_path)
+        key = id(e)
+        if key in self.exclusions:
+            rule = self.exclusions[key]
+        else:
+            rule = self.exclusions[key] = _exclusion(e, self.rules, self.facts, self.model_path)
         if rule is not None:
             self.excluded.append(Excluded(e, rule))
             return
