@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.compat.pysource import SummaryCache
 from pipeline.compat.reach import SUMMARY_SCHEMA, ModelFacts, Reach, compute_reach
+from pipeline.errors import SourceError
 from pipeline.gitw import GitRepo
 from tests.fixtures.gitfixture import commit_all, write_files
 from tests.fixtures.reach_repos import ReachRepos, build_reach_repos
@@ -109,3 +110,16 @@ def test_the_result_does_not_depend_on_what_earlier_models_left_in_the_cache(
         assert _everything(warm) == _everything(cold), arch
     gamma = _reach(fx, sha, "GammaForCausalLM", tmp_path / "cold-again")
     assert gamma.on_path("atom/model_ops/broken.py") == (rev == "second")
+
+
+def test_a_blob_missing_from_the_repository_is_a_source_error(tmp_path: Path) -> None:
+    # The stream is read by a thread: its error must surface in the caller, as the tool's own.
+    repos = build_reach_repos(tmp_path / "repos")
+    sha = GitRepo(repos.atom).blob_shas(repos.atom_sha, prefix="atom/models", suffix=".py")[
+        "atom/models/alpha.py"
+    ]
+    (repos.atom / ".git" / "objects" / sha[:2] / sha[2:]).unlink()
+    with pytest.raises(SourceError, match=f"object {sha} is missing from"):
+        compute_reach(
+            GitRepo(repos.atom), repos.atom_sha, ModelFacts("GammaForCausalLM"), cache_dir=tmp_path / "c"
+        )
