@@ -988,6 +988,22 @@ def compute_reach(
 _MEMO: dict[tuple[str, str, str, str], Reach] = {}
 
 
+def _python_files(atom: GitRepo, sha: str) -> tuple[dict[str, str], str | None]:
+    """({path: blob sha} of ATOM's Python files, pyproject.toml's blob sha): one `git ls-tree`."""
+    blobs: dict[str, str] = {}
+    project = None
+    for line in atom.git("ls-tree", "-r", "--full-tree", sha, "--", "atom", "pyproject.toml").splitlines():
+        meta, _, path = line.partition("\t")
+        parts = meta.split()
+        if len(parts) != 3 or parts[1] != "blob":
+            continue
+        if path == "pyproject.toml":
+            project = parts[2]
+        elif path.endswith(".py"):
+            blobs[path] = parts[2]
+    return blobs, project
+
+
 def _read_order(path: str) -> tuple[bool, str]:
     return not path.startswith(("atom/entrypoints/", "atom/model_engine/")), path
 
@@ -1005,11 +1021,10 @@ def _compute_reach(
     if isinstance(got, Reach):
         return replace(got, atom_sha=atom_sha, seconds=time.perf_counter() - t0)
     files = SummaryCache.open(f"reach-files-v{SUMMARY_SCHEMA}", cache_dir)
-    blobs = atom.blob_shas(atom_sha, prefix="atom", suffix=".py")
-    project = atom.git("ls-tree", atom_sha, "pyproject.toml").split()
+    blobs, project = _python_files(atom, atom_sha)
     want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
-    if len(project) >= 3:
-        want["pyproject.toml"] = project[2]
+    if project is not None:
+        want["pyproject.toml"] = project
     # Every blob with nothing cached is read in one stream (git inflates fast); which of them are
     # summarized, and how fully, is up to the closure.
     cache = files.data
