@@ -637,6 +637,7 @@ class ApiIndex:
         self._ref_deps: dict[
             tuple[str, tuple[str, ...]], tuple[Target, frozenset[str], tuple[tuple[str, str], ...]]
         ] = {}
+        self._ref_raw: dict[tuple[str, tuple[str, ...]], frozenset[Dep]] = {}  # each dependency, exactly
         recent: list[ApiIndex] = cache.recent
         recent.append(self)
         del recent[:-4]
@@ -1142,6 +1143,7 @@ class ApiIndex:
                 if all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed):
                     self.ref_memo[ref] = hit[0]
                     self._ref_deps[ref] = hit
+                    self._ref_raw[ref] = self._prev._ref_raw[ref]
                     return hit[0]
         self._deps.append(set())
         try:
@@ -1153,7 +1155,12 @@ class ApiIndex:
             hard = frozenset(d[1] for d in deps if d[0] != "n")
             soft = tuple(sorted({(d[1], d[3]) for d in deps if d[0] == "n"}))
             self._ref_deps[ref] = (t, hard, soft)
+            self._ref_raw[ref] = frozenset(deps)
         return t
+
+    def deps_of(self, ref: tuple[str, tuple[str, ...]]) -> frozenset[Dep] | None:
+        """Every fact the resolution of `ref` here relied on (None: not traced, e.g. C++ bindings)."""
+        return self._ref_raw.get(ref)
 
     def modules_read(self, ref: tuple[str, tuple[str, ...]]) -> frozenset[str] | None:
         """The modules the resolution of `ref` here depended on (None: not traced, e.g. C++ bindings)."""
@@ -1257,16 +1264,21 @@ class ApiIndex:
             return self._op_files
         key = "op-mentions:" + ",".join(names)
         table: dict[str, frozenset[str]] = self.cache.data.setdefault(key, {})
-        blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(self.root + "/")}
+        # Only Python modules can register an op (a registration is read from the module's summary).
+        prefix = self.root + "/"
+        blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
         todo = {p: b for p, b in blobs.items() if b not in table}
         if todo:
             word = re.compile(rb"\b(" + b"|".join(re.escape(n.encode()) for n in names) + rb")\b")
-            if len(todo) > 64:
+            if len(todo) > 64:  # one `git grep` of just those files, not a read of each
                 pats = [x for n in names for x in ("-e", n)]
-                res = self.tree.repo.run(
-                    "grep", "-l", "-F", "-w", *pats, self.tree.sha, "--", f"{self.root}/"
-                )
-                hits = {line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line}
+                paths = sorted(todo)
+                hits: set[str] = set()
+                for k in range(0, len(paths), 400):
+                    res = self.tree.repo.run(
+                        "grep", "-l", "-F", "-w", *pats, self.tree.sha, "--", *paths[k : k + 400]
+                    )
+                    hits |= {line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line}
                 for p, b in todo.items():
                     if p not in hits:
                         table[b] = frozenset()

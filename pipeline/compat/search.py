@@ -25,7 +25,7 @@ from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
 if TYPE_CHECKING:
-    from pipeline.compat.aiterapi import ApiIndex
+    from pipeline.compat.aiterapi import ApiIndex, Dep
     from pipeline.patchq import PatchSeries
     from pipeline.patchq.model import Patch
 
@@ -100,7 +100,8 @@ def search_compatible(
         head_idx = checker.index(head)
         relevant = _relevant_paths(head_idx)
         present_at_head = _called_functions(checker, head)
-        candidates = [c for c in aiter.log(head, sorted(relevant), first_parent=True) if c.sha != head]
+        unchanged = _Unchanged(checker, head)
+        candidates = [c for c in unchanged.log(head, relevant) if c.sha != head]
         newer: CommitInfo = aiter.commit_info(head)
         last_report = at_head
         # The calls that broke at the last commit examined, per ATOM tree: an older commit where one of
@@ -108,7 +109,6 @@ def search_compatible(
         suspects: dict[int, set[tuple[str, int, int]]] = {id(checker): _sites(at_head)}
         # The last examined commit, what its breaking calls read, and the commits since the last one
         # whose every call was resolved (a function ATOM calls may have gone missing among them).
-        unchanged = _Unchanged(checker, head)
         ref, ref_checker = head, checker
         ref_deps = unchanged.deps(checker, head_idx, at_head)
         unscanned: list[CommitInfo] = []
@@ -158,10 +158,10 @@ def search_compatible(
             extra = _relevant_paths(checker.index(cand.sha)) - relevant
             if extra:
                 relevant |= extra
-                more = {c.sha for c in aiter.log(cand.sha, sorted(extra), first_parent=True)}
+                more = {c.sha for c in unchanged.log(cand.sha, extra)}
                 known = {c.sha for c in candidates}
                 if more - known:
-                    rest = [c for c in aiter.log(cand.sha, sorted(relevant), first_parent=True)]
+                    rest = unchanged.log(cand.sha, relevant)
                     idx = candidates.index(cand)
                     candidates[idx + 1 :] = [c for c in rest if c.sha != cand.sha]
             if report.ok:
@@ -277,12 +277,15 @@ SCAN_EVERY = 16
 
 
 class _Unchanged:
-    """Which aiter commits a walk may pass unexamined: none of the modules its breaking calls read changed.
+    """Which aiter commits a walk may pass unexamined: no fact the breaking calls' resolutions read changed.
 
-    A call's resolution records the modules it read (`ApiIndex.modules_read`); its
-    finding depends on those blobs and on the callee's history, which is read
-    from aiter's head whatever the pin. So a break found at one commit holds at
-    every older commit up to the next one that changes such a module.
+    A call's resolution records each fact it relied on (`ApiIndex.deps_of`): a module's
+    blob, whether a module or namespace exists, and that a star-imported module does not
+    mention a name. Its finding depends on those and on the callee's history, which is
+    read from aiter's head whatever the pin. So a break found at one commit holds at
+    every older commit up to the next one whose first-parent diff breaks such a fact.
+    Most aiter commits that touch a module a resolution read only add a file beside it,
+    or edit a star-imported module that still does not mention the name.
     """
 
     def __init__(self, checker: Checker, head: str) -> None:
@@ -290,40 +293,110 @@ class _Unchanged:
 
         self.commits = [sha for _, sha in checker.first_parent.commits]  # newest first
         self.order = {sha: i for i, sha in enumerate(self.commits)}
-        self.changed: dict[str, set[str]] = {}  # commit -> modules its first-parent diff touches
+        self.repo = checker.aiter
+        self.raw = checker.caches.aiter.raw
+        # commit -> (module, blob after, blob before) of each .py file its first-parent diff touches
+        self.changes: dict[str, list[tuple[str, str | None, str | None]]] = {}
+        self.paths: dict[str, set[str]] = {}  # commit -> the .py files its first-parent diff touches
+        self.info: dict[str, CommitInfo] = {}
         for path, versions in checker.hist.first_parent_log(head, AITER_PREFIX + "/").items():
             mod = module_from_path(path)
             for k, v in enumerate(versions):
-                touched = self.changed.setdefault(v.commit.sha, set())
-                touched.add(mod)
-                if v.blob is None or k == len(versions) - 1:  # removed or added: packages may appear/go
-                    parts = mod.split(".")
-                    touched.update(".".join(parts[:i]) for i in range(1, len(parts)))
+                before = versions[k + 1].blob if k + 1 < len(versions) else None
+                self.changes.setdefault(v.commit.sha, []).append((mod, v.blob, before))
+                self.paths.setdefault(v.commit.sha, set()).add(path)
+                self.info[v.commit.sha] = v.commit
+        self._git_log = checker.aiter.log
+        self._mentions: dict[tuple[str, str], bool] = {}
+        self._stars: dict[str, tuple[bytes, ...]] = {}
 
-    def deps(self, checker: Checker, idx: ApiIndex, report: CheckReport) -> frozenset[str] | None:
-        """Modules the breaking calls' resolutions read (None: one cannot be traced: examine every commit)."""
+    def log(self, rev: str, paths: set[str]) -> list[CommitInfo]:
+        """`git log --first-parent rev -- paths`, newest first, from the first-parent log already read."""
+        start = self.order.get(rev)
+        if start is None or not all(p.endswith(".py") for p in paths):  # the log read holds .py files only
+            return self._git_log(rev, sorted(paths), first_parent=True)
+        touch = self.paths
+        return [self.info[sha] for sha in self.commits[start:] if not touch.get(sha, set()).isdisjoint(paths)]
+
+    def deps(self, checker: Checker, idx: ApiIndex, report: CheckReport) -> frozenset[Dep] | None:
+        """What the breaking calls' resolutions relied on (None: one is not traced: examine every commit)."""
         from pipeline.compat.aiterapi import TORCH_OPS
 
         sites = _sites(report)
-        out: set[str] = set()
+        out: set[Dep] = set()
         found = 0
         for fc in checker.files:
             for call in fc.calls:
                 if (call.path, call.line, call.col) not in sites:
                     continue
-                read = idx.modules_read(call.ref)
+                read = idx.deps_of(call.ref)
                 if read is None or call.ref[0] == TORCH_OPS:
                     return None
-                out |= read
+                # A module with its own file exists as long as that file does (a namespace package
+                # exists through the files below it: those are watched).
+                out.update(("f", *d[1:]) if d[0] == "e" and d[2] and d[1] in idx.mods else d for d in read)
                 found += 1
         return frozenset(out) if found and out else None
 
-    def between(self, newer: str, older: str, deps: frozenset[str]) -> bool:
-        """No commit from `newer` (included) back to `older` (excluded) touched one of `deps`."""
+    def between(self, newer: str, older: str, deps: frozenset[Dep]) -> bool:
+        """Every fact in `deps` (true at `newer`) still holds at `older`: no first-parent diff from
+        `newer` (included) back to `older` (excluded) breaks one."""
         i, j = self.order.get(newer), self.order.get(older)
         if i is None or j is None or j <= i:
             return False
-        return all(self.changed.get(sha, set()).isdisjoint(deps) for sha in self.commits[i:j])
+        blobs = {d[1] for d in deps if d[0] == "m"}
+        exists = {(d[1], d[0] == "e", d[2]) for d in deps if d[0] in ("e", "f")}
+        unnamed: dict[str, list[str]] = {}
+        for kind, module, _, name in deps:
+            if kind == "n":
+                unnamed.setdefault(module, []).append(name)
+        for sha in self.commits[i:j]:
+            for module, after, before in self.changes.get(sha, ()):
+                if module in blobs:
+                    return False
+                if after is None or before is None:  # going back, a file appears or goes
+                    # ...and with it the module, or a namespace package above it that has no other file
+                    appears = after is None
+                    if any(
+                        m == module or (ns and flag != appears and module.startswith(m + "."))
+                        for m, ns, flag in exists
+                    ):
+                        return False
+                    if module in unnamed:
+                        return False
+                    continue
+                names = unnamed.get(module)
+                if names and not self._still_unnamed(after, before, names):
+                    return False
+        return True
+
+    def _still_unnamed(self, after: str, before: str, names: list[str]) -> bool:
+        """The older version of a star-imported module (`before`) still does not mention any of `names`,
+        and star-imports the same modules as the newer one (so it exports none of them either)."""
+        if self._star_targets(before) != self._star_targets(after):
+            return False
+        for name in names:
+            key = (before, name)
+            got = self._mentions.get(key)
+            if got is None:
+                got = self._mentions[key] = name.encode() in self._blob(before)
+            if got:
+                return False
+        return True
+
+    def _star_targets(self, blob: str) -> tuple[bytes, ...]:
+        got = self._stars.get(blob)
+        if got is None:
+            from pipeline.compat.aiterapi import _STAR_RE
+
+            got = self._stars[blob] = tuple(m.group(0).strip() for m in _STAR_RE.finditer(self._blob(blob)))
+        return got
+
+    def _blob(self, sha: str) -> bytes:
+        raw = self.raw.get(sha)
+        if raw is None:
+            raw = self.raw[sha] = next(iter(self.repo.read_blobs([sha])))[1]
+        return raw
 
     def first_lacking(self, checker: Checker, commits: list[CommitInfo], names: set[str]) -> CommitInfo:
         """The newest of `commits` (newest first; the last lacks one of `names`) that lacks one of them."""

@@ -118,6 +118,24 @@ def test_commits_that_cannot_change_the_breaks_are_passed(tmp_path: Path) -> Non
     assert r.commits_examined <= 5
 
 
+def test_commits_that_only_add_modules_beside_those_read_are_passed(tmp_path: Path) -> None:
+    # A new file in a package with its own __init__.py changes no module a resolution read, nor
+    # whether one exists: the resolutions through aiter/__init__.py and aiter/ops still hold.
+    from tests.fixtures.gitfixture import commit_all, write_files
+
+    fx = build_compat_repos(tmp_path / "fx")
+    head = fx.a["A4"]
+    for i in range(20):  # (each also touches norm.py, a module the check reads: a candidate commit)
+        norm = f"def rms_norm(x, w, eps: float = 1e-6):\n    return x  # {i}\n"
+        extra = f"def extra_{i}(x):\n    return x\n"
+        write_files(fx.aiter, {f"aiter/ops/extra_{i}.py": extra, "aiter/ops/norm.py": norm})
+        head = commit_all(fx.aiter, f"ops: add extra_{i}", f"2026-03-{i + 1:02d}T10:00:00+00:00")
+    r = search_compatible(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), head)
+    assert r.newest_compatible is not None and r.newest_compatible.sha == fx.a["A1c"]
+    assert r.first_breaking is not None and r.first_breaking.sha == fx.a["A2"]
+    assert r.commits_examined <= 5
+
+
 def test_the_commit_lacking_a_called_function_is_exact_among_those_passed(tmp_path: Path) -> None:
     # T3 calls new_fn (added in A3): going back, A2 is the first commit that lacks it. Between the
     # head and A2 the walk examines only by the breaking calls; the commit is found by bisection.

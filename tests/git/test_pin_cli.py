@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -162,6 +163,9 @@ def test_invalid_model_is_a_usage_error(ups: Upstreams, capsys: pytest.CaptureFi
 
 
 def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
+    # The pin stage also gates on reach (`pipeline.compat.reach`): that stays the real module, loaded
+    # before the fake package replaces its parent (else the test passes only after another imported it).
+    importlib.import_module("pipeline.compat.reach")
     mod = types.ModuleType("pipeline.compat")
     calls: list[tuple[str, str]] = []
 
