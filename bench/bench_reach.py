@@ -81,6 +81,7 @@ def main() -> int:
     a = ap.parse_args()
     mirror = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
     if not Path(mirror).is_dir():
+        sys.path.insert(0, str(ROOT))  # the fixtures live in the repository's tests/
         from tests.fixtures.reach_repos import build_reach_repos
 
         fx = build_reach_repos(Path(tempfile.mkdtemp(prefix="bench-reach-")))
