@@ -13,8 +13,10 @@ every ATOM Python file of the same tree (the least an AST-based import graph cos
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,7 +86,9 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))  # the fixtures live in the repository's tests/
         from tests.fixtures.reach_repos import build_reach_repos
 
-        fx = build_reach_repos(Path(tempfile.mkdtemp(prefix="bench-reach-")))
+        fx_root = tempfile.mkdtemp(prefix="bench-reach-")
+        atexit.register(shutil.rmtree, fx_root, ignore_errors=True)
+        fx = build_reach_repos(Path(fx_root))
         mirror, a.atom, a.arch = str(fx.atom), fx.atom_sha, "AlphaForCausalLM"
         print(f"(no real mirror: fixture repository {mirror})")
     load0 = os.getloadavg()[0]
