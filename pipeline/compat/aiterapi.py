@@ -1138,13 +1138,11 @@ class ApiIndex:
             return got
         if self._prev is not None and self._changed is not None:
             hit = self._prev._ref_deps.get(ref)
-            if hit is not None and hit[1].isdisjoint(self._changed) and self._same_op_files(ref):
-                changed = self._changed
-                if all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed):
-                    self.ref_memo[ref] = hit[0]
-                    self._ref_deps[ref] = hit
-                    self._ref_raw[ref] = self._prev._ref_raw[ref]
-                    return hit[0]
+            if hit is not None and self._same_op_files(ref) and self._still_holds(ref, hit):
+                self.ref_memo[ref] = hit[0]
+                self._ref_deps[ref] = hit
+                self._ref_raw[ref] = self._prev._ref_raw[ref]
+                return hit[0]
         self._deps.append(set())
         try:
             t = self._resolve_ref(ref)
@@ -1157,6 +1155,20 @@ class ApiIndex:
             self._ref_deps[ref] = (t, hard, soft)
             self._ref_raw[ref] = frozenset(deps)
         return t
+
+    def _still_holds(
+        self,
+        ref: tuple[str, tuple[str, ...]],
+        hit: tuple[Target, frozenset[str], tuple[tuple[str, str], ...]],
+    ) -> bool:
+        """Does the resolution `_prev` made of `ref` hold here? First by the modules that changed
+        (set operations); when one of them was read, by each fact it relied on (a file added beside
+        a module read changes its package's module set, but no fact the resolution read)."""
+        assert self._prev is not None and self._changed is not None
+        changed = self._changed
+        if hit[1].isdisjoint(changed):
+            return all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed)
+        return self._valid(self._prev._ref_raw[ref])
 
     def deps_of(self, ref: tuple[str, tuple[str, ...]]) -> frozenset[Dep] | None:
         """Every fact the resolution of `ref` here relied on (None: not traced, e.g. C++ bindings)."""
