@@ -745,9 +745,10 @@ class _Blobs:
         with self._ready:
             while sha not in self.got and not self._done:
                 self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self.got[sha]
+        got = self.got.get(sha)
+        if got is None:
+            raise self._error if self._error is not None else KeyError(sha)
+        return got
 
     def more(self, shas: Sequence[str]) -> None:
         self.close()
