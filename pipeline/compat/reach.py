@@ -495,12 +495,17 @@ def summarize(data: bytes, path: str) -> FileSummary:
         if o and not text.startswith(("def ", "async def ", "class ", "@"), tops[t])
     }
     # Each name's occurrences, each in the top-level statement it falls in (a name has no newline,
-    # so none straddles two).
+    # so none straddles two): the first one in a statement is enough, the search goes on at the next.
+    ends = [*tops[1:], len(text)]
     for c in candidates:
-        for pos in _finds(text, c):
+        pos = text.find(c)
+        while pos >= 0:
             t = bisect.bisect_right(tops, pos) - 1
             if t >= 0 and owners[t] != c:
                 refs[owners[t]].add(c)
+            if t < 0 and not tops:
+                break
+            pos = text.find(c, ends[t] if t >= 0 else tops[0])
     return FileSummary(
         tuple(edges),
         False,
