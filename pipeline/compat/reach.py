@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import bisect
 import re
-import threading
 import time
 import tomllib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -351,15 +350,90 @@ def _calls_switch(text: str) -> bool:
     )
 
 
+# A reference as the scan finds it: (line, kind, target, names, key, prefix) and where it is:
+# (offset, indent, statement?) -- a statement's blocks are the ones around it, a string's those
+# around the statement whose line it continues.
+_Found = tuple[int, EdgeKind, str, tuple[str, ...], str | None, bool, int, int, bool]
 _Context = tuple[bool, tuple[str, ...], str, tuple[tuple[str, int], ...]]
-_NO_CONTEXT: _Context = (False, (), "", ())
 
 
-def _references(text: str, path: str, lines: _Lines, full: bool) -> list[RawEdge]:
-    """Every import and ATOM qualname string of one file; with `full`, the blocks around each
-    (without, the context fields stay empty: enough for who imports a file off the path)."""
+@dataclass
+class _Scanned:
+    """One file's text and its references without their blocks (this run only, not cached)."""
+
+    text: str
+    lines: _Lines
+    found: list[_Found]
+
+    def refs(self, path: str) -> FileRefs:
+        edges = tuple(
+            RawEdge(n, kind, target, names, key=key, prefix=prefix)
+            for n, kind, target, names, key, prefix, *_ in self.found
+        )
+        return FileRefs(
+            edges, _switch_owners(self.text, self.lines) if path.startswith(PLUGIN_PACKAGE) else ()
+        )
+
+
+def _scan(data: bytes, path: str) -> _Scanned:
+    """Every import and ATOM qualname string of one file, where it is (no blocks read yet)."""
+    text = data.decode("utf-8", "replace")
     module = module_of(path) or ""
     is_pkg = path.endswith("__init__.py")
+    found: list[_Found] = []
+    line_no = _LineNumbers(text)
+    for m in _imports(text):
+        indent, dots, target, names, plain = m.groups()
+        if plain is not None:
+            if "atom" not in plain:
+                continue
+        elif not (target.startswith("atom") or dots):
+            continue
+        n = line_no(m.start())
+        kind: EdgeKind = "nested-import" if indent else "import"
+        if plain is not None:
+            for part in plain.split("#")[0].split(","):
+                name = part.strip().split(" as ")[0].strip()
+                if name == "atom" or name.startswith("atom."):
+                    found.append((n, kind, name, (), None, False, m.start(), len(indent), True))
+            continue
+        base = resolve_relative(module, is_pkg, len(dots), target or None) if dots else target
+        if not base or not (base == "atom" or base.startswith("atom.")):
+            continue
+        if "#" in names:
+            names = re.sub(r"#[^\n]*", "", names)
+        listed = [x.strip().split(" as ")[0].strip() for x in names.split(",")]
+        clean = tuple(x.strip("()\\ \t\n") for x in listed)
+        found.append(
+            (
+                n,
+                kind,
+                base,
+                tuple(x for x in clean if x.isidentifier()),
+                None,
+                False,
+                m.start(),
+                len(indent),
+                True,
+            )
+        )
+    line_no = _LineNumbers(text)
+    for m in _quals(text):
+        qual = m.group(0)
+        # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
+        end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        lead = text[line_start : m.start()]
+        indent = len(lead) - len(lead.lstrip(" \t"))
+        n = line_no(m.start())
+        key = _key_before(text, m.start() - 1)
+        found.append((n, "string", qual.replace(":", "."), (), key, end == ".{", line_start, indent, False))
+    return _Scanned(text, _Lines(text), found)
+
+
+def _with_blocks(scanned: _Scanned, path: str) -> list[RawEdge]:
+    """The references of a scanned file, each with the blocks around it."""
+    text, lines = scanned.text, scanned.lines
     plugin = path.startswith(PLUGIN_PACKAGE)
     blocks: _Blocks | None = None  # only for files with an indented reference
 
@@ -367,8 +441,6 @@ def _references(text: str, path: str, lines: _Lines, full: bool) -> list[RawEdge
         """(inside a function?, simple `if NAME:` guards innermost first, top-level owner,
         the conditional blocks around it outermost first as (header, line))."""
         nonlocal blocks
-        if not full:
-            return _NO_CONTEXT
         owner = lines.owner(offset) if plugin else ""
         if indent <= 0:
             return False, (), owner, ()
@@ -388,67 +460,10 @@ def _references(text: str, path: str, lines: _Lines, full: bool) -> list[RawEdge
                     guards.append(g.group(1))
         return in_fn, tuple(guards), owner, tuple(reversed(conds))
 
-    edges: list[RawEdge] = []
-    line_no = _LineNumbers(text)
-    for m in _imports(text):
-        indent, dots, target, names, plain = m.groups()
-        if plain is not None:
-            if "atom" not in plain:
-                continue
-        elif not (target.startswith("atom") or dots):
-            continue
-        n = line_no(m.start())
-        in_fn, guards, owner, conds = context(m.start(), len(indent), n, True)
-        kind: EdgeKind = "nested-import" if indent else "import"
-        if plain is not None:
-            for part in plain.split("#")[0].split(","):
-                name = part.strip().split(" as ")[0].strip()
-                if name == "atom" or name.startswith("atom."):
-                    edges.append(RawEdge(n, kind, name, (), in_fn, guards, owner=owner, conditions=conds))
-            continue
-        base = resolve_relative(module, is_pkg, len(dots), target or None) if dots else target
-        if not base or not (base == "atom" or base.startswith("atom.")):
-            continue
-        if "#" in names:
-            names = re.sub(r"#[^\n]*", "", names)
-        listed = [x.strip().split(" as ")[0].strip() for x in names.split(",")]
-        clean = tuple(x.strip("()\\ \t\n") for x in listed)
-        edges.append(
-            RawEdge(
-                n,
-                kind,
-                base,
-                tuple(x for x in clean if x.isidentifier()),
-                in_fn,
-                guards,
-                owner=owner,
-                conditions=conds,
-            )
-        )
-    line_no = _LineNumbers(text)
-    for m in _quals(text):
-        qual = m.group(0)
-        # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
-        end = ".{" if text.startswith((".{", '."', ".'"), m.end()) else ""
-        line_start = text.rfind("\n", 0, m.start()) + 1
-        lead = text[line_start : m.start()]
-        indent = len(lead) - len(lead.lstrip(" \t"))
-        n = line_no(m.start())
-        in_fn, guards, owner, conds = context(line_start, indent, n, False)
-        key = _key_before(text, m.start() - 1)
-        edges.append(
-            RawEdge(
-                n,
-                "string",
-                qual.replace(":", "."),
-                in_function=in_fn,
-                guards=guards,
-                key=key,
-                prefix=end == ".{",
-                owner=owner,
-                conditions=conds,
-            )
-        )
+    edges = []
+    for n, kind, target, names, key, prefix, offset, indent, statement in scanned.found:
+        in_fn, guards, owner, conds = context(offset, indent, n, statement)
+        edges.append(RawEdge(n, kind, target, names, in_fn, guards, key, prefix, owner, conds))
     return edges
 
 
@@ -469,17 +484,17 @@ class FileRefs:
 
 
 def summarize_refs(data: bytes, path: str) -> FileRefs:
-    text = data.decode("utf-8", "replace")
-    lines = _Lines(text)
-    edges = _references(text, path, lines, full=False)
-    return FileRefs(tuple(edges), _switch_owners(text, lines) if path.startswith(PLUGIN_PACKAGE) else ())
+    return _scan(data, path).refs(path)
 
 
 def summarize(data: bytes, path: str) -> FileSummary:
     """Every import and ATOM qualname string of one file, with the blocks around each."""
-    text = data.decode("utf-8", "replace")
-    lines = _Lines(text)
-    edges = _references(text, path, lines, full=True)
+    return _summary(_scan(data, path), path)
+
+
+def _summary(scanned: _Scanned, path: str) -> FileSummary:
+    text, lines = scanned.text, scanned.lines
+    edges = _with_blocks(scanned, path)
     if not path.startswith(PLUGIN_PACKAGE):
         return FileSummary(tuple(edges), _calls_switch(text))
     switch = _switch_owners(text, lines)
@@ -716,76 +731,49 @@ def model_registry(text: str) -> dict[str, tuple[str, int]] | None:
     return entries
 
 
-class _Blobs:
-    """Blob bytes by SHA. Those asked for up front come from one `git cat-file --batch`, read by a
-    thread as git writes them, so the closure works on the first files while git inflates the
-    rest; any other is read on first use (`more`)."""
-
-    def __init__(self, atom: GitRepo, first: Sequence[str]) -> None:
-        self.atom = atom
-        self.got: dict[str, bytes] = {}
-        self.requested = set(first)
-        self._ready = threading.Condition()
-        self._done = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._read, args=(list(first),), daemon=True)
-        self._thread.start()
-
-    def _read(self, shas: list[str]) -> None:
-        try:
-            for sha, data in self.atom.stream_blobs(shas):
-                with self._ready:
-                    self.got[sha] = data
-                    self._ready.notify_all()
-        except BaseException as e:  # raised where the bytes are wanted
-            self._error = e
-        finally:
-            with self._ready:
-                self._done = True
-                self._ready.notify_all()
-
-    def get(self, sha: str) -> bytes:
-        if sha not in self.requested:
-            raise KeyError(sha)
-        with self._ready:
-            while sha not in self.got and not self._done:
-                self._ready.wait()
-        got = self.got.get(sha)
-        if got is None:
-            raise self._error if self._error is not None else KeyError(sha)
-        return got
-
-    def more(self, shas: Sequence[str]) -> None:
-        self.close()
-        self.got.update(self.atom.cat_blobs([s for s in shas if s not in self.requested]))
-        self.requested.update(shas)
-
-    def close(self) -> None:
-        """Wait for the stream (git has written everything or stopped)."""
-        self._thread.join()
-
-
 class _Tree:
-    """The Python files of one ATOM tree, each read only as far as the closure asks: a
-    `FileSummary` (references with their blocks) for a file the walk reaches, the cheaper
-    `FileRefs` for the others (who imports a file off the path, host entry points)."""
+    """The Python files of one ATOM tree, each read only as far as the closure asks: every file
+    without a cached summary is scanned for its references as git streams it; the files the walk
+    reaches then get a `FileSummary` (the blocks around each reference), the others a `FileRefs`
+    (who imports a file off the path, host entry points)."""
 
-    def __init__(self, blobs: dict[str, str], cache: dict[str, object], raw: _Blobs) -> None:
+    def __init__(
+        self,
+        blobs: dict[str, str],
+        cache: dict[str, object],
+        fetch: Callable[[Sequence[str]], dict[str, bytes]],
+    ) -> None:
         self.blobs = blobs
         self.mods = module_files(blobs)
         self.cache = cache  # per-file: "{blob}:{path}" -> FileSummary, "{blob}:{path}:refs" -> FileRefs
-        self.raw = raw
+        self.fetch = fetch  # reads blobs the stream did not bring
         self.dirty = False  # the cache gained entries
+        self.scanned: dict[str, _Scanned] = {}
+        self._raw: dict[str, bytes] = {}  # fetched blobs, scanned on first use
         self._summaries: dict[str, FileSummary] = {}
         self._targets: dict[str, tuple[str | None, tuple[str, ...]]] = {}
 
-    def _bytes(self, sha: str) -> bytes:
-        if sha not in self.raw.requested:
-            # A file an earlier model left with refs only, on this model's path: read every blob
-            # that has no full summary yet at once (one git process, however many such files).
-            more = {s for p, s in self.blobs.items() if self.summarized(p) is None}
-            self.raw.more(sorted(more | {sha}))
-        return self.raw.get(sha)
+    def unread(self) -> dict[str, list[str]]:
+        """{blob sha: its paths} of the files with nothing cached (to be streamed and scanned)."""
+        out: dict[str, list[str]] = {}
+        for p, sha in self.blobs.items():
+            if f"{sha}:{p}" not in self.cache and f"{sha}:{p}:refs" not in self.cache:
+                out.setdefault(sha, []).append(p)
+        return out
+
+    def scan_of(self, path: str) -> _Scanned:
+        got = self.scanned.get(path)
+        if got is None:
+            sha = self.blobs[path]
+            if sha not in self._raw:
+                # A file an earlier model left with refs only, on this model's path: read every
+                # blob that has no full summary yet at once (one git process for all of them).
+                more = {
+                    s for p, s in self.blobs.items() if p not in self.scanned and self.summarized(p) is None
+                }
+                self._raw.update(self.fetch(sorted(more | {sha})))
+            got = self.scanned[path] = _scan(self._raw[sha], path)
+        return got
 
     def summary(self, path: str) -> FileSummary:
         got = self._summaries.get(path)
@@ -795,7 +783,7 @@ class _Tree:
             if isinstance(cached, FileSummary):
                 got = cached
             else:
-                got = summarize(self._bytes(self.blobs[path]), path)
+                got = _summary(self.scan_of(path), path)
                 self.cache[key] = got
                 self.dirty = True
             self._summaries[path] = got
@@ -818,25 +806,21 @@ class _Tree:
         cached = self.cache.get(key)
         if isinstance(cached, FileRefs):
             return cached
-        refs = summarize_refs(self._bytes(self.blobs[path]), path)
+        refs = self.scan_of(path).refs(path)
         self.cache[key] = refs
         self.dirty = True
         return refs
 
     def switch_owners(self, path: str) -> tuple[str, ...]:
-        """Owners of a plugin file that call `_set_framework_backbone`, without summarizing it (a
-        literal search first: most files never name it)."""
+        """Owners of a plugin file that call `_set_framework_backbone` (host entry points)."""
         got = self.summarized(path)
         if got is not None:
             return got.switch_owners
         cached = self.cache.get(f"{self.blobs[path]}:{path}:refs")
         if isinstance(cached, FileRefs):
             return cached.switch_owners
-        data = self._bytes(self.blobs[path])
-        if b"_set_framework_backbone(" not in data:
-            return ()
-        text = data.decode("utf-8", "replace")
-        return _switch_owners(text, _Lines(text))
+        scanned = self.scan_of(path)
+        return _switch_owners(scanned.text, scanned.lines)
 
     def _runs(self, target: str) -> tuple[str | None, tuple[str, ...]]:
         """(the file a dotted name runs, the package __init__ files above it), once per name."""
@@ -1012,10 +996,6 @@ def _python_files(atom: GitRepo, sha: str) -> tuple[dict[str, str], str | None]:
     return blobs, project
 
 
-def _read_order(path: str) -> tuple[bool, str]:
-    return not path.startswith(("atom/entrypoints/", "atom/model_engine/")), path
-
-
 def _compute_reach(
     atom: GitRepo, atom_rev: str, facts: ModelFacts, cache_dir: Path | None, t0: float
 ) -> Reach:
@@ -1033,19 +1013,19 @@ def _compute_reach(
     want = {p: blobs[p] for p in (REGISTRY_PATH, ARG_UTILS_PATH, PREPARE_PATH, SELECTOR_PATH) if p in blobs}
     if project is not None:
         want["pyproject.toml"] = project
-    # Every blob with nothing cached is read in one stream (git inflates fast); which of them are
-    # summarized, and how fully, is up to the closure.
-    cache = files.data
-    unread = {sha for p, sha in blobs.items() if f"{sha}:{p}" not in cache and f"{sha}:{p}:refs" not in cache}
-    # The texts the rules read first, then the entry point's package and the rest in path order.
-    first = [*want.values(), *(blobs[p] for p in sorted(blobs, key=_read_order) if blobs[p] in unread)]
-    raw = _Blobs(atom, list(dict.fromkeys(first)))
-    try:
-        texts = {p: raw.get(sha).decode("utf-8", "replace") for p, sha in want.items()}
-        tree = _Tree(blobs, cache, raw)
-        reach = closure(tree, texts, facts, atom_sha, tree_sha)
-    finally:
-        raw.close()
+    # Every file with nothing cached is scanned for its references as git streams its blob (git
+    # inflates the next ones meanwhile); which of them get their blocks read is up to the closure.
+    tree = _Tree(blobs, files.data, atom.cat_blobs)
+    unread = tree.unread()
+    order = [*want.values(), *(s for s in sorted(unread) if s not in want.values())]
+    texts: dict[str, str] = {}
+    for sha, data in atom.stream_blobs(list(dict.fromkeys(order))):
+        for p in unread.get(sha, ()):
+            tree.scanned[p] = _scan(data, p)
+        for p, want_sha in want.items():
+            if want_sha == sha:
+                texts[p] = data.decode("utf-8", "replace")
+    reach = closure(tree, texts, facts, atom_sha, tree_sha)
     reach = replace(reach, seconds=time.perf_counter() - t0)
     results.data[facts.key] = reach
     results.dirty = True
