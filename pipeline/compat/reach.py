@@ -29,11 +29,12 @@ Edges not followed, each only while the pinned tree shows the fact it rests on
 
 Read with string searches and regular expressions, not `ast` (a cold closure
 over ~400 files stays within its 0.3 s budget): blocks are found from the
-colons that end their headers and nested by indentation. Only the files the
-walk reaches are summarized with their blocks (as a thread reads git's stream
-of blobs); the others are read for their references alone, which is all the
-evidence of who imports a file off the path uses. Per-file summaries are
-cached by blob SHA and path, whole results by tree SHA.
+colons that end their headers and nested by indentation. Every file is
+scanned for its references as git streams its blob (git inflates the next
+ones meanwhile), but only the files the walk reaches get their blocks read;
+the others keep their references alone, which is all the evidence of who
+imports a file off the path uses. Per-file summaries are cached by blob SHA
+and path, whole results by tree SHA.
 """
 
 from __future__ import annotations
