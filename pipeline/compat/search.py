@@ -271,9 +271,11 @@ class _Variants:
         return True
 
 
-# How many commits a walk examines by their breaking calls alone before it resolves every call
-# again (a function ATOM calls gone missing ends the walk; the commit is then found by bisection).
-SCAN_EVERY = 16
+# How many commits a walk passes or examines by their breaking calls alone before it resolves every
+# call again (a function ATOM calls gone missing ends the walk; the commit is then found by bisection,
+# six steps at most). A full resolution is most of an examined commit's cost: on four real ATOM commits
+# 64 gave the same answers as 16 with up to a third less CPU.
+SCAN_EVERY = 64
 
 
 class _Unchanged:

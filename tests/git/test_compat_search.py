@@ -145,3 +145,19 @@ def test_the_commit_lacking_a_called_function_is_exact_among_those_passed(tmp_pa
     a2 = GitRepo(fx.aiter).commit_info(fx.a["A2"])
     assert f"until {a2.short} " in r.explanation and "`aiter.ops.fused.new_fn`" in r.explanation
     assert r.commits_examined <= 6
+
+
+@pytest.mark.parametrize("every", [2, 5])
+def test_periodic_full_resolutions_end_the_walk_at_the_same_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
+) -> None:
+    # With a full resolution every few commits (the walk's periodic scan, not only its last one),
+    # the commit named is the same, and the walk still examines few commits.
+    from pipeline.compat import search as search_mod
+
+    monkeypatch.setattr(search_mod, "SCAN_EVERY", every)
+    fx, head = _with_later_noise(tmp_path / "fx", 20)
+    r = search_compatible(GitRepo(fx.atom), fx.t["T3"], GitRepo(fx.aiter), head)
+    a2 = GitRepo(fx.aiter).commit_info(fx.a["A2"])
+    assert r.newest_compatible is None and f"until {a2.short} " in r.explanation
+    assert r.commits_examined <= 6
