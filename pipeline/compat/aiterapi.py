@@ -1174,11 +1174,6 @@ class ApiIndex:
         """Every fact the resolution of `ref` here relied on (None: not traced, e.g. C++ bindings)."""
         return self._ref_raw.get(ref)
 
-    def modules_read(self, ref: tuple[str, tuple[str, ...]]) -> frozenset[str] | None:
-        """The modules the resolution of `ref` here depended on (None: not traced, e.g. C++ bindings)."""
-        got = self._ref_deps.get(ref)
-        return None if got is None else got[1] | {m for m, _ in got[2]}
-
     def _same_op_files(self, ref: tuple[str, tuple[str, ...]]) -> bool:
         """An op is found by the files that name it: none of them may have changed since `_prev`."""
         if ref[0] != TORCH_OPS or not ref[1]:
