@@ -20,7 +20,6 @@ that registry's inline cache and push the checked image there.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -39,7 +38,6 @@ from pipeline.progress import Progress
 from pipeline.render import (
     DOCKERFILE,
     DOCKERFILE_CLASSIC,
-    MANIFEST,
     ContextManifest,
     candidate_tag,
     locked_shared_context,
@@ -417,14 +415,10 @@ def _attestations(
         return None
     from pipeline import provenance
 
-    try:
-        render_manifest = json.loads((manifest.dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        render_manifest = {}  # read_manifest accepted it a moment ago; then the record is thinner
     statement = provenance.build_provenance(
         image_id=built.id,
         image_ref=ref,
-        render_manifest=render_manifest,
+        render_manifest=manifest.raw,
         builder=builder,
         selfcheck=selfcheck_report,
         cache_from=cache_from,

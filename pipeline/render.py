@@ -31,7 +31,7 @@ import shlex
 import shutil
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1054,6 +1054,7 @@ class ContextManifest:
     network: str = ""
     secrets: tuple[str, ...] = ()
     selfcheck: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict)  # the manifest as read (provenance records it)
 
 
 def read_manifest(context: Path) -> ContextManifest:
@@ -1095,4 +1096,5 @@ def read_manifest(context: Path) -> ContextManifest:
         network=str(build.get("network", "")),
         secrets=tuple(str(x) for x in build.get("secrets", ())),
         selfcheck=dict(data["selfcheck"]) if data.get("selfcheck") else None,
+        raw=data,
     )
