@@ -178,6 +178,31 @@ def _cli(
     return code, out.read_text()
 
 
+def _pipeline_env(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models: dict[str, str], **extra: str
+) -> None:
+    """A project in tmp_path (recipes for `models`, an empty patch series) on the fixture repos."""
+    for d in ("recipes", "patches"):
+        (tmp_path / d).mkdir(exist_ok=True)
+    (tmp_path / "patches" / "series").write_text("")
+    for name, arch in models.items():
+        (tmp_path / "recipes" / f"{name}.yaml").write_text(recipe_yaml(name, arch))
+    env = {
+        "PIPELINE_ATOM_REPO": str(fx.atom),
+        "PIPELINE_AITER_REPO": str(fx.aiter),
+        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
+        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
+        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
+        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
+        "PIPELINE_FETCH_RETRIES": "0",
+        **extra,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+
+
 def test_check_model_gates_on_the_models_path(
     fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,28 +231,14 @@ def test_the_build_check_stage_gates_on_the_models_path(
 ) -> None:
     from tests.fixtures.build_repos import AITER_BUILD_CMD, ATOM_INSTALL_CMD
 
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / f"{model}.yaml").write_text(recipe_yaml(model, arch))
-    (tmp_path / "patches").mkdir()
-    (tmp_path / "patches" / "series").write_text("")
     root = Path(__file__).resolve().parents[2]
-    env = {
-        "PIPELINE_ATOM_REPO": str(fx.atom),
-        "PIPELINE_AITER_REPO": str(fx.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_TEMPLATES_DIR": str(root / "dockerfiles"),
-        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
-        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
-        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    _pipeline_env(
+        fx, tmp_path, monkeypatch, {model: arch},
+        PIPELINE_RUNS_DIR=str(tmp_path / "runs"),
+        PIPELINE_TEMPLATES_DIR=str(root / "dockerfiles"),
+        PIPELINE_AITER_BUILD_CMD=AITER_BUILD_CMD,
+        PIPELINE_ATOM_INSTALL_CMD=ATOM_INSTALL_CMD,
+    )  # fmt: skip
     assert main(["build", "--model", model, "--until", "check"]) == code
     (run,) = sorted((tmp_path / "runs").iterdir())
     findings = {f["path"]: f for f in json.loads((run / "check.json").read_text())["findings"]}
@@ -246,24 +257,7 @@ def test_pin_auto_gates_on_the_models_path(
 ) -> None:
     # At aiter's head only Alpha's path breaks: for Gamma the head is the answer, as `check --model
     # Gamma` says; an off-path break must not walk the pin back (it did, when only waivers applied).
-    for d in ("recipes", "patches"):
-        (tmp_path / d).mkdir()
-    (tmp_path / "patches" / "series").write_text("")
-    for name, arch in (("Gamma", "GammaForCausalLM"), ("Alpha", "AlphaForCausalLM")):
-        (tmp_path / "recipes" / f"{name}.yaml").write_text(recipe_yaml(name, arch))
-    env = {
-        "PIPELINE_ATOM_REPO": str(fx.atom),
-        "PIPELINE_AITER_REPO": str(fx.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    _pipeline_env(fx, tmp_path, monkeypatch, {"Gamma": "GammaForCausalLM", "Alpha": "AlphaForCausalLM"})
     assert main(["pin", "--model", "Gamma", "--atom", fx.atom_sha, "--auto", "--json"]) == 0
     gamma = json.loads(capsys.readouterr().out)
     assert gamma["sources"]["aiter"]["sha"] == fx.aiter_sha
