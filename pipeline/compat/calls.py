@@ -883,6 +883,46 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
+_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_CALL_TAIL_RE = re.compile(rb"(?:\s*\.\s*\w+)*\s*\(")  # after a name: `(`, or `.m(`, `.a.m(` ...
+_SPACE = frozenset(b" \t\r\n\f\v")
+_PASSING = frozenset(b"=(,")
+
+
+def _words_at(text: bytes, name: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each whole-word occurrence of `name` (a `\\b` on both sides, as in `re`)."""
+    n = len(text)
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        if (at == 0 or text[at - 1] not in _WORD_BYTES) and (end >= n or text[end] not in _WORD_BYTES):
+            yield at, end
+        at = text.find(name, end)
+
+
+def _may_call(body: bytes, bound: set[bytes]) -> bool:
+    """Can this function body call aiter? It says `aiter`, or calls / aliases / passes on a name
+    bound to aiter (`f(`, `m.f(`, `= f`, `(f,` ...). Plain attribute reads (`dtypes.fp8`) are not calls.
+
+    A search per name, not one regex of all of them: compiling an alternation of a file's
+    names cost more than the whole search (re compiles in Python).
+    """
+    if next(_words_at(body, b"aiter"), None) is not None:
+        return True
+    for name in bound:
+        if name not in body:
+            continue
+        for at, end in _words_at(body, name):
+            if _CALL_TAIL_RE.match(body, end):
+                return True
+            k = at - 1
+            while k >= 0 and body[k] in _SPACE:
+                k -= 1
+            if k >= 0 and body[k] in _PASSING:
+                return True
+    return False
+
+
 def worth_scanning(data: bytes) -> bool:
     """Can this file call aiter or register an op? (Most of ATOM cannot: skipped unread.)"""
     return b"aiter" in data or b"_op(" in data or b"torch_compile_guard" in data
@@ -917,16 +957,14 @@ def _scan_file(data: bytes, path: str) -> FileCalls:
             env: dict[str, NameRef] = {}
             _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             names = {ROOT, *env}
-            pat = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
-            attrs = {m.group(1) for m in _SELF_ATTR_RE.finditer(data) if pat.search(m.group(2))}
-            names |= {a.decode() for a in attrs}
-            # A body can call aiter only if it says `aiter`, or calls / aliases / passes on a name bound
-            # to aiter (`f(`, `m.f(`, `= f`, `(f,` ...). Plain attribute reads (`dtypes.fp8`) are not calls.
-            alt = b"|".join(re.escape(n.encode()) for n in sorted(names))
-            keep_re = re.compile(
-                rb"\baiter\b|\b(?:" + alt + rb")\b(?:\s*\.\s*\w+)*\s*\(|[=(,]\s*(?:" + alt + rb")\b"
-            )
-            partial = strip_bodies(data, keep=lambda body: keep_re.search(body) is not None, spans=spans)
+            bound = {n.encode() for n in names}
+            attrs = {
+                m.group(1)
+                for m in _SELF_ATTR_RE.finditer(data)
+                if any(next(_words_at(m.group(2), n), None) is not None for n in bound if n in m.group(2))
+            }
+            bound |= attrs
+            partial = strip_bodies(data, keep=lambda body: _may_call(body, bound), spans=spans)
             if partial is not None:
                 tree = parse_source(partial, path)
     if not isinstance(tree, ast.Module):
