@@ -304,3 +304,58 @@ def test_torch_ops_aiter_and_the_ops_atom_registers_itself() -> None:
         ("torch.ops.aiter.own_op.default", ("torch.ops.aiter", ("own_op", "default"))),
     ]
     assert fc.ops == ("own_op",)
+
+
+def test_a_body_is_kept_when_it_calls_aliases_or_passes_on_a_bound_name() -> None:
+    from pipeline.compat.calls import _may_call
+
+    bound = {b"f", b"mod", b"qk"}
+    kept = [
+        b"    return f(x)",  # a call
+        b"    y = mod.sub.g (x)",  # the first name of a dotted chain before `(`
+        b"    self.qk(x)",  # a name after a dot, called
+        b"    h = f",  # aliased
+        b"    run(x,\n        f)",  # passed on
+        b"    import aiter",  # says `aiter`
+    ]
+    dropped = [
+        b"    return fx(x) + xf(y)",  # only as part of other words
+        b"    d = 2 * mod.table",  # a plain attribute read is not a call
+        b"    return x.f",  # nor is an attribute of something else, read
+        b"    s = 'rocm_aiter'",  # `aiter` inside another word
+    ]
+    assert [_may_call(b, bound) for b in kept] == [True] * len(kept)
+    assert [_may_call(b, bound) for b in dropped] == [False] * len(dropped)
+
+
+def test_guarded_names_are_found_where_hasattr_or_getattr_starts() -> None:
+    from pipeline.compat.calls import _guarded_names
+
+    text = textwrap.dedent(
+        """
+        if hasattr( aiter , "fused_a" ):
+            pass
+        g = getattr(aiter.ops, 'fused_b', None)
+        x = myhasattr(aiter, "not_a_guard")
+        y = getattr(aiter, "no_default")
+        """
+    )
+    assert _guarded_names(text) == {"fused_a", "fused_b"}
+
+
+def test_the_body_test_agrees_with_the_regex_it_replaced_on_generated_bodies() -> None:
+    import random
+    import re
+
+    from pipeline.compat.calls import _may_call
+
+    names = ["aiter", "f", "mod", "qk", "f2"]
+    alt = b"|".join(re.escape(n.encode()) for n in sorted(names))
+    oracle = re.compile(rb"\baiter\b|\b(?:" + alt + rb")\b(?:\s*\.\s*\w+)*\s*\(|[=(,]\s*(?:" + alt + rb")\b")
+    words = ["f", "mod", "qk", "f2", "xf", "fx", "aiter", "raiter", "x", "1"]
+    pieces = [*words, ".", " ", "\n", "(", ")", "=", ",", "+"]
+    rng = random.Random(12)
+    bodies = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))).encode() for _ in range(4000)]
+    bound = {n.encode() for n in names}
+    disagree = [b for b in bodies if _may_call(b, bound) != bool(oracle.search(b))]
+    assert disagree == []
