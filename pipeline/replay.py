@@ -48,6 +48,7 @@ _ENV_KEYS = (
 )  # fmt: skip
 _STAGE_MARKS = ("\n✓ check (", "\n✕ check (")  # the stage line: `✕ check (6.1s) — ...`
 _RECORDED = (0, 4)  # compatible, incompatible: answers; every other exit is re-run
+KEPT_PER_DIR = 16  # records kept in each of the 256 record directories (the newest)
 
 
 def parse(argv: Sequence[str]) -> dict[str, str] | None:
@@ -260,3 +261,16 @@ def _store(path: str, rec: dict[str, object]) -> None:
     except OSError:  # a cache that cannot be written is only a slower next run
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        return
+    _prune(os.path.dirname(path))
+
+
+def _prune(directory: str) -> None:
+    """Keep the newest records of one directory: a scheduled CI's cache dir must not grow for ever."""
+    with contextlib.suppress(OSError):
+        entries = [e for e in os.scandir(directory) if e.is_file() and not e.name.endswith(".tmp")]
+        if len(entries) > KEPT_PER_DIR:
+            entries.sort(key=lambda e: e.stat().st_mtime)
+            for e in entries[: len(entries) - KEPT_PER_DIR]:
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import itertools
 import os
 import pickle
 import re
@@ -24,6 +25,9 @@ from typing import Any
 from pipeline.gitw import GitRepo
 
 SCHEMA = 16  # bump when a summary's shape or its extraction rules change
+# Past this size a summary pickle loses its oldest entries at the next save: a scheduled CI keeps
+# one cache dir for months, and every warm run loads the whole file.
+MAX_CACHE_BYTES = 64 << 20
 
 
 @dataclass
@@ -64,6 +68,7 @@ class SummaryCache:
     resolved: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # shared resolutions
     recent: list[Any] = field(default_factory=list)  # the last indexes built over this cache (a run's)
     star_targets: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (sha, path) -> modules
+    loaded_bytes: int = 0  # the pickle's size when it was read
 
     @property
     def file(self) -> Path | None:
@@ -72,7 +77,10 @@ class SummaryCache:
     @property
     def data(self) -> dict[str, Any]:
         if self._data is None:
-            self._data = _load(self.file)
+            f = self.file
+            self._data = _load(f)
+            if self._data and f is not None:
+                self.loaded_bytes = _size(f)
         return self._data
 
     @data.setter
@@ -100,7 +108,7 @@ class SummaryCache:
             key = f"{sha}:{path}"
             got = self.data.get(key)
             if got is not None:
-                out[path] = got
+                out[path] = self.data[key] = self.data.pop(key)  # (moved last: used recently)
             else:
                 missing.setdefault(sha, []).append(path)
         if missing:
@@ -116,8 +124,35 @@ class SummaryCache:
         f = self.file
         if f is None or not self.dirty or self._data is None:
             return
+        if self.loaded_bytes > MAX_CACHE_BYTES:
+            self._prune()
         if _dump(f, self._data):
             self.dirty = False
+
+    def _prune(self) -> None:
+        """Keep the newest entries (a summary read by `get_many` counts as new), about half the cap."""
+        data = self.data
+        keep = max(1, int(len(data) * (MAX_CACHE_BYTES / 2) / self.loaded_bytes))
+        for key in list(itertools.islice(data, len(data) - keep)):
+            del data[key]
+        self.loaded_bytes = 0
+
+
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
+def prune_files(directory: Path, pattern: str, keep: int) -> None:
+    """Delete all but the `keep` newest files matching `pattern` (by modification time)."""
+    try:
+        files = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return  # (a file removed meanwhile by a concurrent run)
+    for old in files[: max(0, len(files) - keep)]:
+        old.unlink(missing_ok=True)
 
 
 def _load(f: Path | None) -> dict[str, Any]:
@@ -168,9 +203,7 @@ class ReportStore:
         if f is None or not _dump(f, {key: value}):
             return
         assert self.dir is not None
-        files = sorted(self.dir.glob("*.pickle"), key=lambda p: p.stat().st_mtime)
-        for old in files[: max(0, len(files) - self.keep)]:
-            old.unlink(missing_ok=True)
+        prune_files(self.dir, "*.pickle", self.keep)
 
 
 @functools.lru_cache(maxsize=65536)

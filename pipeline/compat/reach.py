@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from pipeline.compat.pysource import SummaryCache, module_files, module_of, resolve_relative
+from pipeline.compat.pysource import SummaryCache, module_files, module_of, prune_files, resolve_relative
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.compat.waivers import apply_waivers, covers
 from pipeline.errors import ConfigError, SourceError
@@ -63,6 +63,7 @@ PREPARE_PATH = "atom/plugin/prepare.py"
 PLUGIN_PACKAGE = "atom/plugin/"
 SPEC_DECODE_PACKAGE = "atom/spec_decode/"
 SUMMARY_SCHEMA = 7  # bump when FileSummary or the extraction rules change
+REACH_TREES_KEPT = 256  # per-tree result files kept in a cache dir (the newest)
 PLUGIN_GUARDS = ("is_vllm()", "is_sglang()", "is_rtpllm()", "is_plugin_mode()")
 
 EdgeKind = Literal["import", "nested-import", "string", "registry", "package"]
@@ -1031,6 +1032,8 @@ def _compute_reach(
     results.data[facts.key] = reach
     results.dirty = True
     results.save()
+    if cache_dir is not None:  # one small file per ATOM tree: the newest trees' are kept
+        prune_files(cache_dir, f"compat-reach-v{SUMMARY_SCHEMA}-*.pickle", REACH_TREES_KEPT)
     files.dirty = files.dirty or tree.dirty
     files.save()
     return reach

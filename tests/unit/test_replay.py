@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pipeline import replay
@@ -60,3 +63,14 @@ def test_the_stage_line_gets_the_replay_time() -> None:
     )
     assert replay._with_time("✓ check (2.0s) — 3 calls bind\n", 0.12) == "✓ check (0.1s) — 3 calls bind\n"
     assert replay._with_time("error: no stage line\n", 0.1) is None
+
+
+def test_records_are_kept_newest_first_per_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+    monkeypatch.setattr(replay, "KEPT_PER_DIR", 3)
+    d = tmp_path / "ab"
+    for i in range(5):
+        replay._store(str(d / f"ab{i}"), {"schema": replay.SCHEMA, "code": 0, "out": "x", "err": ""})
+        os.utime(d / f"ab{i}", (1000 + i, 1000 + i))
+    replay._store(str(d / "ab5"), {"schema": replay.SCHEMA, "code": 0, "out": "x", "err": ""})
+    assert sorted(p.name for p in d.iterdir()) == ["ab3", "ab4", "ab5"]
