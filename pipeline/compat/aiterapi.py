@@ -910,11 +910,15 @@ class ApiIndex:
         return got[0]
 
     def _star_may_export_here(self, module: str, name: str, depth: int) -> bool:
+        # The same answer whether or not the module was parsed before (the order in which calls
+        # are resolved must not matter): its summary when it has `__all__`, else its text.
         path = self.mods.get(module)
         s = self._summaries.get(module)
-        if s is not None:
+        if s is None and path is not None and b"__all__" in self._raw(self.tree.blobs[path]):
+            s = self.summary(module)
+        if s is not None and not s.error and s.all_names is not None:
             self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
-            return name in s.all_names if s.all_names is not None else True
+            return name in s.all_names
         if path is None:
             self._dep(("m", module, True, ""))
             return False
