@@ -234,6 +234,34 @@ def git_error(res: GitResult, where: str) -> SourceError | InfraError:
     )
 
 
+class BlobReader:
+    """One persistent `git cat-file --batch` of a repository, for a process that holds no GitRepo
+    (a worker forked from one must not share its parent's pipes)."""
+
+    def __init__(self, git_dir: str) -> None:
+        self.git_dir = git_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def read(self, sha: str) -> bytes:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                ["git", f"--git-dir={self.git_dir}", "cat-file", "--batch"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=git_env(None),
+            )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(sha.encode() + b"\n")
+        self._proc.stdin.flush()
+        header = self._proc.stdout.readline().split()
+        if len(header) < 3:
+            raise SourceError(f"object {sha} is missing from {self.git_dir}.")
+        data = self._proc.stdout.read(int(header[2]))
+        self._proc.stdout.read(1)
+        return data
+
+
 class GitRepo:
     """A local repository (bare mirror or work tree)."""
 

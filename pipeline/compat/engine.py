@@ -24,8 +24,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from pipeline.compat.aiterapi import TORCH_OPS, ApiIndex, Signature, Target
+from pipeline.compat.aiterapi import (
+    TORCH_OPS,
+    ApiIndex,
+    ModSummary,
+    Signature,
+    Target,
+    module_from_path,
+    summarize_module,
+)
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import (
     STAR_ONLY,
@@ -41,7 +50,7 @@ from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
-from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.gitw import BlobReader, CommitInfo, GitRepo
 
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
@@ -154,6 +163,58 @@ def _parallel_scan(work: list[tuple[str, bytes]]) -> Iterator[tuple[int, FileCal
     finally:
         pool.join()
         _WORK = []
+
+
+class SummaryPool:
+    """Workers that summarize aiter modules ahead of the resolution that will read them.
+
+    A search walks aiter's history on one core: at each commit it examines, the modules the
+    last one read and that changed are summarized by these workers while the checker binds
+    (their results land in the cache's `pending`, taken by `get_many`). Forked on first use.
+    """
+
+    MIN = 3  # fewer modules than this are summarized where they are needed
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def ahead(self, cache: SummaryCache, repo: GitRepo, tree: Tree, paths: set[str]) -> int:
+        """Start summarizing `paths` as they are in `tree`, unless known or on their way; how many."""
+        todo = sorted(
+            (p, tree.blobs[p]) for p in paths
+            if p in tree.blobs and f"{tree.blobs[p]}:{p}" not in cache.data
+            and f"{tree.blobs[p]}:{p}" not in cache.pending
+        )  # fmt: skip
+        if len(todo) < self.MIN or (os.cpu_count() or 1) < 2:
+            return 0
+        if self._pool is None:
+            try:
+                ctx = multiprocessing.get_context("fork")
+            except ValueError:  # no fork on this platform: summarized where needed
+                return 0
+            self._pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
+        git_dir = str(repo.repo.git_dir)
+        for path, sha in todo:  # (the workers read the blobs: this process goes on binding)
+            args = (git_dir, sha, path, module_from_path(path))
+            cache.pending[f"{sha}:{path}"] = self._pool.apply_async(_summarize_blob, args)
+        return len(todo)
+
+    def close(self, cache: SummaryCache) -> None:
+        cache.pending.clear()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+
+
+_READERS: dict[str, BlobReader] = {}  # a worker's own `cat-file --batch` per repository
+
+
+def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary:
+    reader = _READERS.get(git_dir)
+    if reader is None:
+        reader = _READERS[git_dir] = BlobReader(git_dir)
+    return summarize_module(reader.read(sha), path, module)
 
 
 def _worker_init() -> None:

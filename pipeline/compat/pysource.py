@@ -69,6 +69,8 @@ class SummaryCache:
     recent: list[Any] = field(default_factory=list)  # the last indexes built over this cache (a run's)
     star_targets: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (sha, path) -> modules
     loaded_bytes: int = 0  # the pickle's size when it was read
+    pending: dict[str, Any] = field(default_factory=dict)  # key -> a worker's summary to come (.get())
+    from_workers: set[str] = field(default_factory=set)  # keys whose summary a worker made, this run
 
     @property
     def file(self) -> Path | None:
@@ -107,6 +109,12 @@ class SummaryCache:
         for path, sha in pairs:
             key = f"{sha}:{path}"
             got = self.data.get(key)
+            if got is None and key in self.pending:  # summarized ahead by a worker (a search)
+                ahead = self.pending.pop(key)
+                if ahead.ready():  # (never waited for: one still queued is summarized here)
+                    got = self.data[key] = ahead.get()
+                    self.from_workers.add(key)
+                    self.dirty = True
             if got is not None:
                 out[path] = self.data[key] = self.data.pop(key)  # (moved last: used recently)
             else:

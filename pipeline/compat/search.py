@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
+from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, SummaryPool, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
@@ -85,6 +85,7 @@ def search_compatible(
     head = resolve_sha(aiter, aiter_head, "aiter")
     explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
     caches = Caches.open(cache_dir)
+    ahead = SummaryPool()
     try:
         base_checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
         variants = _Variants(patches, atom, atom_sha, aiter, caches, head, base_checker)
@@ -99,6 +100,7 @@ def search_compatible(
             )  # fmt: skip
         head_idx = checker.index(head)
         relevant = _relevant_paths(head_idx)
+        read = head_idx.paths_used()  # every module a check has parsed so far in the walk
         present_at_head = _called_functions(checker, head)
         unchanged = _Unchanged(checker, head)
         candidates = [c for c in unchanged.log(head, relevant) if c.sha != head]
@@ -147,11 +149,16 @@ def search_compatible(
                 newer = cand
                 continue
             every_call = len(unscanned) >= SCAN_EVERY or checker is not ref_checker
+            index = checker.index(cand.sha)
+            want = read if every_call else _modules_read(index, ref_deps, read)
+            ahead.ahead(caches.aiter, aiter, index.tree, want)
             report = _quick(checker, cand.sha, suspects.get(id(checker), set()), adjust, every_call)
             scanned = every_call
             if report is None:
+                ahead.ahead(caches.aiter, aiter, index.tree, read)
                 report = check(checker, cand.sha, with_causes=False)
                 scanned = True
+            read |= index.paths_used()
             suspects[id(checker)] = _sites(report)
             examined += 1
             # Files the check reads may differ at older commits (functions move).
@@ -200,6 +207,7 @@ def search_compatible(
             f"{atom_sha[:10]} {variants.phrase}.",
         )  # fmt: skip
     finally:
+        ahead.close(caches.aiter)
         caches.save()
 
 
@@ -472,6 +480,14 @@ def _quick(
 def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:
     blocking = [f for f in last.errors]
     return SearchResult(None, None, at_head, examined, None, blocking, why, seconds=time.perf_counter() - t0)
+
+
+def _modules_read(idx: ApiIndex, deps: frozenset[Dep] | None, otherwise: set[str]) -> set[str]:
+    """The files of the modules the last breaking calls' resolutions read (their summaries are what
+    a check of those calls parses again where they changed); `otherwise` when that is unknown."""
+    if deps is None:
+        return otherwise
+    return {idx.mods[d[1]] for d in deps if d[0] == "m" and d[1] in idx.mods}
 
 
 def _relevant_paths(idx: object) -> set[str]:
