@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{report.calls_checked} checked; {time.perf_counter() - t1:.1f} s",
                 flush=True,
             )
+    caches.close()
     caches.save()
     total = sum(counts.values())
     print(

@@ -67,6 +67,7 @@ class Caches:
     facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
     reports: ReportStore  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
+    workers: Workers = dataclasses.field(default_factory=lambda: Workers())
 
     @classmethod
     def open(cls, cache_dir: Path | None) -> Caches:
@@ -84,6 +85,10 @@ class Caches:
         if self._logs is None:
             self._logs = SummaryCache.open("logs", self.cache_dir)
         return self._logs
+
+    def close(self) -> None:
+        """Stop the run's workers (a search or a check ends, or fails)."""
+        self.workers.close(self.aiter)
 
     def save(self) -> None:
         for c in (self.atom, self.aiter, self.facts, self._logs):
@@ -104,79 +109,78 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
 def scan_atom_stream(atom: GitRepo, atom_sha: str, caches: Caches) -> Iterator[tuple[int, FileCalls]]:
     """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
 
-    A cold check parses a hundred files in worker processes; the checker binds
+    A cold check parses a hundred files in the run's worker processes; the checker binds
     each file's calls while the workers parse the next ones (two cores: neither waits).
     """
     tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
-    if len(missing) >= PARALLEL_MIN_FILES and (os.cpu_count() or 1) > 1:
-        todo = set(missing)
-        for i, (path, sha) in enumerate(pairs):
-            if i not in todo:
-                yield i, caches.atom.data[f"{sha}:{path}"]
+    results = None
+    if len(missing) >= PARALLEL_MIN_FILES:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
-        for k, calls in _parallel_scan(work):
-            path, sha = pairs[missing[k]]
-            caches.atom.data[f"{sha}:{path}"] = calls
-            caches.atom.dirty = True
-            yield missing[k], calls
+        todo = [k for k, (_, d) in enumerate(work) if worth_scanning(d)]
+        todo.sort(key=lambda k: -len(work[k][1]))  # big files first: better balance
+        results = caches.workers.scan([(k, *work[k]) for k in todo])
+    if results is None:  # few files, one core or no fork: here
+        got = caches.atom.get_many(atom, pairs, scan_file)
+        yield from ((i, got[p]) for i, (p, _) in enumerate(pairs))
         return
-    got = caches.atom.get_many(atom, pairs, scan_file)
-    yield from ((i, got[p]) for i, (p, _) in enumerate(pairs))
+    todo_set = set(todo)
+    for i, (path, sha) in enumerate(pairs):
+        if f"{sha}:{path}" in caches.atom.data:
+            yield i, caches.atom.data[f"{sha}:{path}"]
+    for k, (path, _) in enumerate(work):
+        if k not in todo_set:  # cannot call aiter: not parsed
+            yield missing[k], _remember(caches, pairs[missing[k]], FileCalls(path))
+    for k, calls in results:
+        yield missing[k], _remember(caches, pairs[missing[k]], calls)
 
 
-# Files are split over the CPUs (fork: no re-import, the sources are inherited, only the small
-# per-file results travel back).
-PARALLEL_MIN_FILES = 40
-_WORK: list[tuple[str, bytes]] = []
+def _remember(caches: Caches, pair: tuple[str, str], calls: FileCalls) -> FileCalls:
+    caches.atom.data[f"{pair[1]}:{pair[0]}"] = calls
+    caches.atom.dirty = True
+    return calls
 
 
-def _scan_one(i: int) -> tuple[int, FileCalls]:
-    path, data = _WORK[i]
-    return i, scan_file(data, path)
+PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process
 
 
-def _parallel_scan(work: list[tuple[str, bytes]]) -> Iterator[tuple[int, FileCalls]]:
-    """(index in `work`, calls) in the order the workers finish them."""
-    global _WORK
-    todo = [i for i, (_, d) in enumerate(work) if worth_scanning(d)]
-    wanted = set(todo)
-    yield from ((i, FileCalls(p)) for i, (p, _) in enumerate(work) if i not in wanted)
-    if not todo:
-        return
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:  # no fork on this platform
-        yield from ((i, scan_file(work[i][1], work[i][0])) for i in todo)
-        return
-    _WORK = work
-    todo.sort(key=lambda i: -len(work[i][1]))  # big files first: better balance
-    pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
-    try:
-        yield from pool.imap_unordered(_scan_one, todo, chunksize=2)
-        pool.close()
-    except BaseException:  # (GeneratorExit too: a consumer that stops early)
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
-        _WORK = []
+def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
+    k, path, data = item
+    return k, scan_file(data, path)
 
 
-class SummaryPool:
-    """Workers that summarize aiter modules ahead of the resolution that will read them.
+class Workers:
+    """The run's worker processes (forked on first use, stopped by `close`).
 
-    A search walks aiter's history on one core: at each commit it examines, the modules the
-    last one read and that changed are summarized by these workers while the checker binds
-    (their results land in the cache's `pending`, taken by `get_many`). Forked on first use.
+    They parse ATOM's files; in a search, which walks aiter's history on one core otherwise,
+    they also summarize the modules an examined commit will read, ahead of its resolution:
+    those the last examined commit read and that changed. A summary lands in the cache's
+    `pending`, which `get_many` takes only once it is ready.
     """
 
     MIN = 3  # fewer modules than this are summarized where they are needed
 
     def __init__(self) -> None:
         self._pool: Any = None
+
+    def _get(self) -> Any:
+        if self._pool is None and (os.cpu_count() or 1) > 1:
+            try:
+                ctx = multiprocessing.get_context("fork")  # no re-import: the workers start at once
+            except ValueError:  # no fork on this platform: all is done in the checker's process
+                return None
+            self._pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
+        return self._pool
+
+    def scan(self, items: list[tuple[int, str, bytes]]) -> Iterator[tuple[int, FileCalls]] | None:
+        """(k, calls) per `(k, path, source)` as the workers finish them; None: no workers."""
+        pool = self._get()
+        if pool is None:
+            return None
+        it: Iterator[tuple[int, FileCalls]] = pool.imap_unordered(_scan_item, items, chunksize=2)
+        return it
 
     def ahead(self, cache: SummaryCache, repo: GitRepo, tree: Tree, paths: set[str]) -> int:
         """Start summarizing `paths` as they are in `tree`, unless known or on their way; how many."""
@@ -185,18 +189,15 @@ class SummaryPool:
             if p in tree.blobs and f"{tree.blobs[p]}:{p}" not in cache.data
             and f"{tree.blobs[p]}:{p}" not in cache.pending
         )  # fmt: skip
-        if len(todo) < self.MIN or (os.cpu_count() or 1) < 2:
+        if len(todo) < self.MIN:
             return 0
-        if self._pool is None:
-            try:
-                ctx = multiprocessing.get_context("fork")
-            except ValueError:  # no fork on this platform: summarized where needed
-                return 0
-            self._pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
+        pool = self._get()
+        if pool is None:
+            return 0
         git_dir = str(repo.repo.git_dir)
         for path, sha in todo:  # (the workers read the blobs: this process goes on binding)
             args = (git_dir, sha, path, module_from_path(path))
-            cache.pending[f"{sha}:{path}"] = self._pool.apply_async(_summarize_blob, args)
+            cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
         return len(todo)
 
     def close(self, cache: SummaryCache) -> None:
@@ -963,4 +964,5 @@ def run_check(
         caches.reports.put(key, report)
         return report
     finally:
+        caches.close()
         caches.save()

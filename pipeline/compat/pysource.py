@@ -111,8 +111,9 @@ class SummaryCache:
             got = self.data.get(key)
             if got is None and key in self.pending:  # summarized ahead by a worker (a search)
                 ahead = self.pending.pop(key)
-                if ahead.ready():  # (never waited for: one still queued is summarized here)
-                    got = self.data[key] = ahead.get()
+                got = ahead.get() if ahead.ready() else None  # (never waited for: summarized here)
+                if got is not None:
+                    self.data[key] = got
                     self.from_workers.add(key)
                     self.dirty = True
             if got is not None:

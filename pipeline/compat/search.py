@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, SummaryPool, resolve_sha
+from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
@@ -85,7 +85,7 @@ def search_compatible(
     head = resolve_sha(aiter, aiter_head, "aiter")
     explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
     caches = Caches.open(cache_dir)
-    ahead = SummaryPool()
+    ahead = caches.workers
     try:
         base_checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
         variants = _Variants(patches, atom, atom_sha, aiter, caches, head, base_checker)
@@ -207,7 +207,7 @@ def search_compatible(
             f"{atom_sha[:10]} {variants.phrase}.",
         )  # fmt: skip
     finally:
-        ahead.close(caches.aiter)
+        caches.close()
         caches.save()
 
 

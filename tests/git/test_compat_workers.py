@@ -44,7 +44,7 @@ def test_the_parallel_scan_gives_the_serial_report(fx: CompatRepos, monkeypatch:
 
 def test_summaries_made_ahead_give_the_same_search(fx: CompatRepos, monkeypatch: pytest.MonkeyPatch) -> None:
     alone = _search(fx)
-    monkeypatch.setattr(engine.SummaryPool, "MIN", 1)
+    monkeypatch.setattr(engine.Workers, "MIN", 1)
     opened: list[pysource.SummaryCache] = []
     open_cache = pysource.SummaryCache.open
 
