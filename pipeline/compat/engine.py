@@ -211,11 +211,18 @@ class Workers:
 _READERS: dict[str, BlobReader] = {}  # a worker's own `cat-file --batch` per repository
 
 
-def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary:
+def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary | None:
+    """A module's summary, or None when this worker cannot read it (the checker then summarizes
+    it itself, and reports whatever went wrong there, as an error of its own)."""
     reader = _READERS.get(git_dir)
     if reader is None:
         reader = _READERS[git_dir] = BlobReader(git_dir)
-    return summarize_module(reader.read(sha), path, module)
+    try:
+        data = reader.read(sha)
+    except (SourceError, OSError, ValueError):
+        _READERS.pop(git_dir, None)
+        return None
+    return summarize_module(data, path, module)
 
 
 def _worker_init() -> None:

@@ -66,3 +66,11 @@ def test_summaries_made_ahead_give_the_same_search(fx: CompatRepos, monkeypatch:
         sha, _, path = key.partition(":")
         assert c.data[key] == summarize_module(aiter.cat_blobs([sha])[sha], path, module_from_path(path))
     assert multiprocessing.active_children() == []
+
+
+def test_a_worker_that_cannot_read_a_blob_leaves_it_to_the_checker(fx: CompatRepos) -> None:
+    git_dir = str(GitRepo(fx.aiter).repo.git_dir)
+    assert engine._summarize_blob(git_dir, "0" * 40, "aiter/ops/fused.py", "aiter.ops.fused") is None
+    sha = GitRepo(fx.aiter).blob_shas(fx.a["A4"], prefix="aiter", suffix=".py")["aiter/ops/fused.py"]
+    got = engine._summarize_blob(git_dir, sha, "aiter/ops/fused.py", "aiter.ops.fused")  # (read again)
+    assert got is not None and got.module == "aiter.ops.fused" and got.events
