@@ -914,7 +914,7 @@ class ApiIndex:
         # are resolved must not matter): its summary when it has `__all__`, else its text.
         path = self.mods.get(module)
         s = self._summaries.get(module)
-        if s is None and path is not None and b"__all__" in self._raw(self.tree.blobs[path]):
+        if s is None and path is not None and self._mentions(path, "__all__"):
             s = self.summary(module)
         if s is not None and not s.error and s.all_names is not None:
             self._dep(("m", module, True, self.tree.blobs[path] if path else ""))
@@ -924,11 +924,7 @@ class ApiIndex:
             return False
         sha = self.tree.blobs[path]
         self._raw_read.add(module)
-        key = (sha, path, name)
-        direct = self.cache.mentions.get(key)
-        if direct is None:
-            direct = self.cache.mentions[key] = name.encode() in self._raw(sha)
-        if direct:
+        if self._mentions(path, name):
             self._dep(("m", module, True, sha))
             return True
         self._dep(("n", module, False, name))
@@ -937,6 +933,14 @@ class ApiIndex:
                 if self._star_may_export(target, name, depth + 1):
                     return True
         return False
+
+    def _mentions(self, path: str, name: str) -> bool:
+        """Does the file's text name `name` anywhere (kept per blob for the whole run)?"""
+        key = (self.tree.blobs[path], path, name)
+        got = self.cache.mentions.get(key)
+        if got is None:
+            got = self.cache.mentions[key] = name.encode() in self._raw(key[0])
+        return got
 
     def _raw(self, sha: str) -> bytes:
         raw = self.cache.raw.get(sha)

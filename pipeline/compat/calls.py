@@ -913,6 +913,11 @@ def _words_at(text: bytes, name: bytes) -> Iterator[tuple[int, int]]:
         at = text.find(name, end)
 
 
+def _says(text: bytes, name: bytes) -> bool:
+    """`name` occurs in `text` as a whole word."""
+    return name in text and next(_words_at(text, name), None) is not None
+
+
 def _may_call(body: bytes, bound: set[bytes]) -> bool:
     """Can this function body call aiter? It says `aiter`, or calls / aliases / passes on a name
     bound to aiter (`f(`, `m.f(`, `= f`, `(f,` ...). Plain attribute reads (`dtypes.fp8`) are not calls.
@@ -920,7 +925,7 @@ def _may_call(body: bytes, bound: set[bytes]) -> bool:
     A search per name, not one regex of all of them: compiling an alternation of a file's
     names cost more than the whole search (re compiles in Python).
     """
-    if next(_words_at(body, b"aiter"), None) is not None:
+    if _says(body, b"aiter"):
         return True
     for name in bound:
         if name not in body:
@@ -969,14 +974,10 @@ def _scan_file(data: bytes, path: str) -> FileCalls:
         if isinstance(sk, ast.Module):
             env: dict[str, NameRef] = {}
             _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
-            names = {ROOT, *env}
-            bound = {n.encode() for n in names}
-            attrs = {
-                m.group(1)
-                for m in _SELF_ATTR_RE.finditer(data)
-                if any(next(_words_at(m.group(2), n), None) is not None for n in bound if n in m.group(2))
+            bound = {n.encode() for n in (ROOT, *env)}
+            bound |= {
+                m.group(1) for m in _SELF_ATTR_RE.finditer(data) if any(_says(m.group(2), n) for n in bound)
             }
-            bound |= attrs
             partial = strip_bodies(data, keep=lambda body: _may_call(body, bound), spans=spans)
             if partial is not None:
                 tree = parse_source(partial, path)

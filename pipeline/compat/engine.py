@@ -87,8 +87,9 @@ class Caches:
         return self._logs
 
     def close(self) -> None:
-        """Stop the run's workers (a search or a check ends, or fails)."""
-        self.workers.close(self.aiter)
+        """Stop the run's workers (a search or a check ends, or fails); forget what they still owe."""
+        self.workers.close()
+        self.aiter.pending.clear()
 
     def save(self) -> None:
         for c in (self.atom, self.aiter, self.facts, self._logs):
@@ -200,8 +201,7 @@ class Workers:
             cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
         return len(todo)
 
-    def close(self, cache: SummaryCache) -> None:
-        cache.pending.clear()
+    def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.terminate()

@@ -85,7 +85,6 @@ def search_compatible(
     head = resolve_sha(aiter, aiter_head, "aiter")
     explicit = resolve_sha(aiter, baseline_aiter_rev, "aiter baseline") if baseline_aiter_rev else None
     caches = Caches.open(cache_dir)
-    ahead = caches.workers
     try:
         base_checker = Checker(atom, atom_sha, aiter, caches, tip=head, explicit_baseline=explicit)
         variants = _Variants(patches, atom, atom_sha, aiter, caches, head, base_checker)
@@ -151,11 +150,11 @@ def search_compatible(
             every_call = len(unscanned) >= SCAN_EVERY or checker is not ref_checker
             index = checker.index(cand.sha)
             want = read if every_call else _modules_read(index, ref_deps, read)
-            ahead.ahead(caches.aiter, aiter, index.tree, want)
+            caches.workers.ahead(caches.aiter, aiter, index.tree, want)
             report = _quick(checker, cand.sha, suspects.get(id(checker), set()), adjust, every_call)
             scanned = every_call
             if report is None:
-                ahead.ahead(caches.aiter, aiter, index.tree, read)
+                caches.workers.ahead(caches.aiter, aiter, index.tree, read)
                 report = check(checker, cand.sha, with_causes=False)
                 scanned = True
             read |= index.paths_used()
