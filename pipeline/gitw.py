@@ -15,6 +15,7 @@ import os
 import re
 import selectors
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -220,6 +221,56 @@ def run_git(
     return GitResult(status, b"".join(out).decode("utf-8", "replace"), stderr, tuple(args))
 
 
+class GitSoon:
+    """A git command started now and read later: git runs on the other core while we work.
+
+    Its output goes to an unlinked temporary file, not a pipe, so git never waits
+    for a reader, and no thread is needed (the run later forks its workers).
+    `result()` waits and reads; `cancel()` kills it. Either closes the files.
+    """
+
+    def __init__(self, args: Sequence[str], *, cwd: Path | None = None) -> None:
+        self.args = tuple(args)
+        self.cwd = cwd
+        self._out: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (kept open until result or cancel)
+        self._err: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                ["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+                env=git_env(None),
+            )  # fmt: skip
+        except OSError:  # git missing: `result()` runs it the ordinary way and reports that
+            self._proc = None
+
+    def result(self) -> GitResult:
+        if self._proc is None or self._out is None or self._err is None:
+            self._close()
+            return run_git(self.args, cwd=self.cwd)
+        try:
+            status = self._proc.wait()
+            self._out.seek(0)
+            self._err.seek(0)
+            out, err = self._out.read(), self._err.read()
+        except BaseException:
+            self.cancel()
+            raise
+        self._close()
+        return GitResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), self.args)
+
+    def cancel(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._proc = None
+        for f in (self._out, self._err):
+            if f is not None:
+                f.close()
+        self._out = self._err = None
+
+
 def git_error(res: GitResult, where: str) -> SourceError | InfraError:
     """Our error for a failed `res`, with git's stderr as evidence."""
     stderr = res.stderr.strip()
@@ -262,6 +313,9 @@ class BlobReader:
         return data
 
 
+STREAM_MIN_BLOBS = 16  # from this many blobs, one `cat-file --batch` of their own beats round trips
+
+
 class GitRepo:
     """A local repository (bare mirror or work tree)."""
 
@@ -284,9 +338,17 @@ class GitRepo:
             self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
 
     # -- plumbing -----------------------------------------------------------
-    def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
-        """Run `git <args>` in this repository and return stdout (one trailing newline dropped)."""
-        res = self.run(*args, env=env)
+    def git(self, *args: str, env: Mapping[str, str] | None = None, started: GitSoon | None = None) -> str:
+        """Run `git <args>` in this repository and return stdout (one trailing newline dropped).
+
+        `started`: the same command begun earlier with `soon` (its output is read instead).
+        """
+        if started is not None and started.args[-len(args) :] == args and env is None:
+            res = started.result()
+        else:
+            if started is not None:
+                started.cancel()
+            res = self.run(*args, env=env)
         if not res.ok:
             raise git_error(res, str(self.path))
         return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
@@ -352,7 +414,11 @@ class GitRepo:
             return None
 
     def read_blobs(self, shas: Sequence[str]) -> Iterator[tuple[str, bytes]]:
-        """Stream many blobs through gitpython's persistent `cat-file --batch`."""
+        """Blobs by SHA: a few through gitpython's persistent `cat-file --batch` (no process to
+        start), many through one `stream_blobs` (no round trip per blob: 2-3x faster for a tree)."""
+        if len(shas) >= STREAM_MIN_BLOBS:
+            yield from self.stream_blobs(shas)
+            return
         for sha in shas:
             yield sha, self.repo.odb.stream(bytes.fromhex(sha)).read()
 
@@ -443,6 +509,12 @@ class GitRepo:
         """Short names of all branches and tags (for 'nearest refs' hints)."""
         out = self.git("for-each-ref", "--format=%(refname:short)", "refs/heads", "refs/tags")
         return [r for r in out.splitlines() if r]
+
+    def soon(self, *args: str) -> GitSoon:
+        """Start `git <args>` in this repository now; its `result()` is read when needed."""
+        return GitSoon([f"--git-dir={self.repo.git_dir}", *args]) if self.work_tree is None else GitSoon(
+            list(args), cwd=self.work_tree
+        )
 
     def run(
         self,

@@ -19,7 +19,7 @@ from pipeline.compat.aiterapi import ModSummary, Signature, sig_from_def, summar
 from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
 from pipeline.compat.pysource import SummaryCache, _header_end, module_of
-from pipeline.gitw import CommitInfo, GitRepo
+from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 from pipeline.pickling import by_fields
 
 
@@ -55,8 +55,10 @@ class History:
         cache: SummaryCache,
         facts: SummaryCache | None = None,
         logs: Callable[[], SummaryCache] | None = None,
+        soon: dict[str, GitSoon] | None = None,
     ) -> None:
         self.repo = repo
+        self.soon = soon if soon is not None else {}  # git commands begun early, by key
         self.cache = cache
         self.facts = facts
         self.logs = logs  # the whole-history logs: big, so opened only when a check needs them
@@ -166,19 +168,33 @@ class History:
             self.facts.dirty = True
         return fast
 
+    def _log_store(self) -> SummaryCache | None:
+        return self.logs() if self.logs is not None else self.facts
+
+    @staticmethod
+    def _log_args(rev: str, prefix: str) -> tuple[str, ...]:
+        return (
+            "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-renames", "--no-abbrev",
+            "--first-parent", "-m", rev, "--", prefix,
+        )  # fmt: skip
+
+    def start_first_parent_log(self, rev: str, prefix: str) -> None:
+        """Begin the whole-history log now, unless cached: git reads it while the ATOM scan starts."""
+        fkey = f"all-logs:{rev}:{prefix}"
+        store = self._log_store()
+        if fkey not in self.soon and (store is None or fkey not in store.data):
+            self.soon[fkey] = self.repo.soon(*self._log_args(rev, prefix))
+
     def first_parent_log(self, rev: str, prefix: str) -> dict[str, list[FileVersion]]:
         """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`."""
         fkey = f"all-logs:{rev}:{prefix}"
-        store = self.logs() if self.logs is not None else self.facts
+        store = self._log_store()
         cached = store.data.get(fkey) if store is not None else None
         if cached is not None:
             logs_c: dict[str, list[FileVersion]] = cached[0]
             self._parents.update(cached[1])
             return logs_c
-        out = self.repo.git(
-            "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-renames", "--no-abbrev",
-            "--first-parent", "-m", rev, "--", prefix,
-        )  # fmt: skip
+        out = self.repo.git(*self._log_args(rev, prefix), started=self.soon.pop(fkey, None))
         logs: dict[str, list[FileVersion]] = {}
         parents: dict[str, str | None] = {}
         for chunk in out.split("\x01"):

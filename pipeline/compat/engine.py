@@ -50,7 +50,7 @@ from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.errors import SourceError
-from pipeline.gitw import BlobReader, CommitInfo, GitRepo
+from pipeline.gitw import BlobReader, CommitInfo, GitRepo, GitSoon
 
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
@@ -86,10 +86,16 @@ class Caches:
             self._logs = SummaryCache.open("logs", self.cache_dir)
         return self._logs
 
+    soon: dict[str, GitSoon] = dataclasses.field(default_factory=dict)  # git begun early, not yet read
+
     def close(self) -> None:
-        """Stop the run's workers (a search or a check ends, or fails); forget what they still owe."""
+        """Stop the run's workers and early git commands (a search or a check ends, or fails);
+        forget what they still owe."""
         self.workers.close()
         self.aiter.pending.clear()
+        for started in self.soon.values():
+            started.cancel()
+        self.soon.clear()
 
     def save(self) -> None:
         for c in (self.atom, self.aiter, self.facts, self._logs):
@@ -300,7 +306,10 @@ class Checker:
         self._scanned: dict[int, FileCalls] = {}
         self.atom_ops: dict[str, str] = {}
         self.op_names: frozenset[str] = frozenset()
-        self.hist = History(aiter, caches.aiter, caches.facts, caches.logs)
+        self.hist = History(aiter, caches.aiter, caches.facts, caches.logs, caches.soon)
+        # Read by nearly every check, and git's slowest reads: begun now, on the other core.
+        self.hist.start_first_parent_log(tip, AITER_PREFIX + "/")
+        self._start_file_added()
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
         self._as_of: dict[int, str | None] = {}
@@ -359,15 +368,23 @@ class Checker:
             self._as_of[ts] = self.first_parent.as_of(ts)
         return self._as_of[ts]
 
+    def _added_args(self) -> tuple[str, ...]:
+        return (
+            "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
+            self.atom_sha, "--", f"{ATOM_PREFIX}/",
+        )  # fmt: skip
+
+    def _start_file_added(self) -> None:
+        key = f"added:{self.atom_sha}"
+        if key not in self.caches.facts.data and key not in self.caches.soon:
+            self.caches.soon[key] = self.atom.soon(*self._added_args())
+
     def file_added(self, path: str) -> int | None:
         """When the ATOM file first appeared (author time): no call in it is older."""
         key = f"added:{self.atom_sha}"
         got: dict[str, int] | None = self.caches.facts.data.get(key)
         if got is None:
-            out = self.atom.git(
-                "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
-                self.atom_sha, "--", f"{ATOM_PREFIX}/",
-            )  # fmt: skip
+            out = self.atom.git(*self._added_args(), started=self.caches.soon.pop(key, None))
             got = {}
             for chunk in out.split("\x01"):
                 head, _, names = chunk.partition("\n")
