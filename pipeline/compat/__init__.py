@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.compat.engine import run_check
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
+from pipeline.lazyattr import lazy_attrs
 
 if TYPE_CHECKING:
     from pipeline.compat.search import SearchResult, search_compatible
 
 
-def __getattr__(name: str) -> Any:  # the search is imported by `pin --auto` only (start-up)
-    if name in ("SearchResult", "search_compatible"):
-        from pipeline.compat import search
+# The search is imported by `pin --auto` only (start-up).
+_lazy = lazy_attrs(__name__, {"SearchResult": "search", "search_compatible": "search"})
 
-        return getattr(search, name)
-    raise AttributeError(f"module 'pipeline.compat' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    return _lazy(name)
 
 
 __all__ = [

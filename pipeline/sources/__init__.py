@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.lazyattr import lazy_attrs
+
 if TYPE_CHECKING:
     from pipeline.sources.mirrors import (
         FETCHED_MARKER,
@@ -88,15 +90,11 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'pipeline.sources' has no attribute {name!r}")
-    import importlib
+_lazy = lazy_attrs(__name__, _WHERE)
 
-    value = getattr(importlib.import_module(f"pipeline.sources.{mod}"), name)
-    globals()[name] = value
-    return value
+
+def __getattr__(name: str) -> Any:
+    return _lazy(name)
 
 
 __all__ = [
