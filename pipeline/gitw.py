@@ -232,15 +232,18 @@ class GitSoon:
     def __init__(self, args: Sequence[str], *, cwd: Path | None = None) -> None:
         self.args = tuple(args)
         self.cwd = cwd
-        self._out: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (kept open until result or cancel)
-        self._err: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115
+        self._out: IO[bytes] | None = None
+        self._err: IO[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         try:
-            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            self._out = tempfile.TemporaryFile()  # noqa: SIM115 (kept open until result or cancel)
+            self._err = tempfile.TemporaryFile()  # noqa: SIM115
+            self._proc = subprocess.Popen(
                 ["git", *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
                 env=git_env(None),
             )  # fmt: skip
-        except OSError:  # git missing: `result()` runs it the ordinary way and reports that
-            self._proc = None
+        except OSError:  # no temporary file, or no git: `result()` runs it the ordinary way
+            self._close()
 
     def result(self) -> GitResult:
         if self._proc is None or self._out is None or self._err is None:

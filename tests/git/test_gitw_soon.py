@@ -52,6 +52,19 @@ def test_a_failed_command_begun_early_is_our_error(big: GitRepo) -> None:
         big.git("log", "no-such-ref", started=started)
 
 
+def test_without_a_temporary_file_the_command_runs_when_read(
+    big: GitRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("pipeline.gitw.tempfile.TemporaryFile", full)
+    started = big.soon("rev-parse", "HEAD")
+    assert started._proc is None  # nothing began, nothing is left open
+    monkeypatch.undo()
+    assert big.git("rev-parse", "HEAD", started=started) == big.git("rev-parse", "HEAD")
+
+
 def test_cancel_kills_a_running_git_and_reaps_it(big: GitRepo) -> None:
     started = big.soon("-c", "alias.slow=!sleep 1", "slow")
     proc = started._proc
