@@ -229,8 +229,9 @@ class GitSoon:
     `result()` waits and reads; `cancel()` kills it. Either closes the files.
     """
 
-    def __init__(self, args: Sequence[str], *, cwd: Path | None = None) -> None:
+    def __init__(self, args: Sequence[str], *, where: str, cwd: Path | None = None) -> None:
         self.args = tuple(args)
+        self.where = where  # the repository, for the error
         self.cwd = cwd
         self._out: IO[bytes] | None = None
         self._err: IO[bytes] | None = None
@@ -260,6 +261,10 @@ class GitSoon:
         self._close()
         return GitResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), self.args)
 
+    def stdout(self) -> str:
+        """As `GitRepo.git`: stdout, one trailing newline dropped; our error when git failed."""
+        return _stdout(self.result(), self.where)
+
     def cancel(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
@@ -272,6 +277,12 @@ class GitSoon:
             if f is not None:
                 f.close()
         self._out = self._err = None
+
+
+def _stdout(res: GitResult, where: str) -> str:
+    if not res.ok:
+        raise git_error(res, where)
+    return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
 
 
 def git_error(res: GitResult, where: str) -> SourceError | InfraError:
@@ -341,20 +352,9 @@ class GitRepo:
             self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
 
     # -- plumbing -----------------------------------------------------------
-    def git(self, *args: str, env: Mapping[str, str] | None = None, started: GitSoon | None = None) -> str:
-        """Run `git <args>` in this repository and return stdout (one trailing newline dropped).
-
-        `started`: the same command begun earlier with `soon` (its output is read instead).
-        """
-        if started is not None and started.args[-len(args) :] == args and env is None:
-            res = started.result()
-        else:
-            if started is not None:
-                started.cancel()
-            res = self.run(*args, env=env)
-        if not res.ok:
-            raise git_error(res, str(self.path))
-        return res.stdout[:-1] if res.stdout.endswith("\n") else res.stdout
+    def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
+        """Run `git <args>` in this repository and return stdout (one trailing newline dropped)."""
+        return _stdout(self.run(*args, env=env), str(self.path))
 
     # -- objects ------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:
@@ -515,9 +515,9 @@ class GitRepo:
 
     def soon(self, *args: str) -> GitSoon:
         """Start `git <args>` in this repository now; its `result()` is read when needed."""
-        return GitSoon([f"--git-dir={self.repo.git_dir}", *args]) if self.work_tree is None else GitSoon(
-            list(args), cwd=self.work_tree
-        )
+        if self.work_tree is None:
+            return GitSoon([f"--git-dir={self.repo.git_dir}", *args], where=str(self.path))
+        return GitSoon(args, where=str(self.path), cwd=self.work_tree)
 
     def run(
         self,

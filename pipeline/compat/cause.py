@@ -194,7 +194,7 @@ class History:
             logs_c: dict[str, list[FileVersion]] = cached[0]
             self._parents.update(cached[1])
             return logs_c
-        out = self.repo.git(*self._log_args(rev, prefix), started=self.soon.pop(fkey, None))
+        out = (self.soon.pop(fkey, None) or self.repo.soon(*self._log_args(rev, prefix))).stdout()
         logs: dict[str, list[FileVersion]] = {}
         parents: dict[str, str | None] = {}
         for chunk in out.split("\x01"):

@@ -384,7 +384,7 @@ class Checker:
         key = f"added:{self.atom_sha}"
         got: dict[str, int] | None = self.caches.facts.data.get(key)
         if got is None:
-            out = self.atom.git(*self._added_args(), started=self.caches.soon.pop(key, None))
+            out = (self.caches.soon.pop(key, None) or self.atom.soon(*self._added_args())).stdout()
             got = {}
             for chunk in out.split("\x01"):
                 head, _, names = chunk.partition("\n")

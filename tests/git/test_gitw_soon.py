@@ -1,5 +1,5 @@
-"""Git commands begun early (`GitRepo.soon`): the same output as run now, however large; a failure is
-still our error; a command nobody reads is killed when the run closes, and leaves no process."""
+"""Git commands begun early (`GitRepo.soon`): the same output as `GitRepo.git` gives, however large; a
+failure is still our error; a command nobody reads is killed when the run closes, and leaves no process."""
 
 from __future__ import annotations
 
@@ -37,19 +37,14 @@ def test_output_read_later_is_the_output_of_the_command_run_now(big: GitRepo) ->
     started = big.soon(*args)
     now = big.git(*args)
     assert len(now) > 200_000  # would fill a pipe nobody reads: a file does not
-    assert big.git(*args, started=started) == now
-
-
-def test_another_command_than_the_one_begun_is_run_and_the_begun_one_killed(big: GitRepo) -> None:
-    started = big.soon("log", "-p", "HEAD")
-    assert big.git("rev-parse", "HEAD", started=started) == big.git("rev-parse", "HEAD")
-    assert started._proc is None and started._out is None  # reaped, files closed
+    assert started.stdout() == now
 
 
 def test_a_failed_command_begun_early_is_our_error(big: GitRepo) -> None:
     started = big.soon("log", "no-such-ref")
     with pytest.raises(SourceError, match="no-such-ref"):
-        big.git("log", "no-such-ref", started=started)
+        started.stdout()
+    assert started._proc is None and started._out is None  # reaped, files closed
 
 
 def test_without_a_temporary_file_the_command_runs_when_read(
@@ -62,7 +57,7 @@ def test_without_a_temporary_file_the_command_runs_when_read(
     started = big.soon("rev-parse", "HEAD")
     assert started._proc is None  # nothing began, nothing is left open
     monkeypatch.undo()
-    assert big.git("rev-parse", "HEAD", started=started) == big.git("rev-parse", "HEAD")
+    assert started.stdout() == big.git("rev-parse", "HEAD")
 
 
 def test_cancel_kills_a_running_git_and_reaps_it(big: GitRepo) -> None:
