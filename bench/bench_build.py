@@ -48,11 +48,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.config import Settings, load_settings  # noqa: E402
-from pipeline.dockerw import Engine  # noqa: E402
 from pipeline.gitw import GitRepo  # noqa: E402
-from pipeline.imagebuild import BuildOutcome, build_image  # noqa: E402
+from pipeline.image.build import BuildOutcome, build_image  # noqa: E402
+from pipeline.image.render import render_context  # noqa: E402
 from pipeline.log import Logger  # noqa: E402
-from pipeline.render import render_context  # noqa: E402
+from pipeline.oci.engine import Engine  # noqa: E402
 from tests.fixtures.build_repos import (  # noqa: E402
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,
@@ -207,7 +207,15 @@ def main() -> int:
     ) -> tuple[float, BuildOutcome]:
         t0 = time.monotonic()
         out = build_image(
-            eng, ctx, tag=None, log=log, run_dir=work / run, extra_labels=labels, settings=s, nocache=nocache
+            eng,
+            ctx,
+            tag=None,
+            log=log,
+            run_dir=work / run,
+            extra_labels=labels,
+            settings=s,
+            env=os.environ,
+            nocache=nocache,
         )
         took = time.monotonic() - t0
         if args.keep_logs and out.log_path is not None and out.log_path.is_file():

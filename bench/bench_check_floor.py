@@ -59,7 +59,7 @@ def summarized_modules(atom: object, aiter: object) -> list[bytes]:
     """The aiter module texts a cold check of the seed pair summarizes (serial, so all are seen)."""
     import pipeline.compat.aiterapi as api
     import pipeline.compat.cause as cause
-    import pipeline.compat.engine as engine
+    import pipeline.compat.checker as engine
     from pipeline.compat import run_check
 
     seen: list[bytes] = []
@@ -89,12 +89,12 @@ def main() -> None:
         sys.exit(f"needs the real mirrors ({ATOM_MIRROR}, {AITER_MIRROR}): set ATOM_MIRROR / AITER_MIRROR")
     warnings.simplefilter("ignore")  # upstream sources' invalid escapes
     from pipeline.compat import calls
-    from pipeline.compat.engine import ATOM_PREFIX, Tree
+    from pipeline.compat.checker import ATOM_PREFIX, Tree
     from pipeline.compat.pysource import strip_bodies
     from pipeline.gitw import GitRepo
 
     env = bytecode_env(Path(tempfile.mkdtemp(prefix="bench-floor-")))
-    imports = "import pipeline.cli, pipeline.commands.check, pipeline.stages.check, pipeline.compat.engine"
+    imports = "import pipeline.cli, pipeline.commands.check, pipeline.stages.check, pipeline.compat.checker"
     child_cpu([sys.executable, "-c", imports], 1, env)  # compiles the bytecode an installed tool has
     start = child_cpu([sys.executable, "-c", imports], args.runs, env)
     atom, aiter = GitRepo(Path(ATOM_MIRROR)), GitRepo(Path(AITER_MIRROR))

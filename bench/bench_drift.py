@@ -26,7 +26,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from pipeline.gitw import GitRepo
-from pipeline.recipeimport import drift_all
+from pipeline.recipes.drift import drift_all
 atom, rev, recipes = sys.argv[1:4]
 t, c = time.perf_counter(), time.process_time()
 d = drift_all(GitRepo(atom), Path(recipes), rev)
@@ -48,8 +48,8 @@ def main() -> int:
         return 2
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     sys.path.insert(0, str(ROOT))
-    from pipeline.recipe import load_recipe
-    from pipeline.recipeimport import source_of
+    from pipeline.recipes.recipe import load_recipe
+    from pipeline.recipes.upstream import source_of
 
     sources = [source_of(load_recipe(p).source) for p in sorted((ROOT / "recipes").glob("*.yaml"))]
     times, cpus, peer = [], [], []

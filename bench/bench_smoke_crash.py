@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.dockerw import Engine  # noqa: E402
 from pipeline.log import Logger  # noqa: E402
-from pipeline.recipe import load_recipe  # noqa: E402
+from pipeline.oci.engine import Engine  # noqa: E402
+from pipeline.recipes.recipe import load_recipe  # noqa: E402
 from pipeline.smoke import SmokeOptions, load_verdict, run_smoke  # noqa: E402
 from tests.fixtures.sysfs import make_sysfs  # noqa: E402
 

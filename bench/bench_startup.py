@@ -83,7 +83,9 @@ def main() -> int:
 
 
 def measure(runs: int, compiled: dict[str, str], uncompiled: dict[str, str]) -> int:
-    bare = "import sys, atexit; atexit.register(lambda: sys.stderr.write(f'\\nMODULES {len(sys.modules)}\\n'))"  # noqa: E501
+    bare = (
+        "import sys, atexit; atexit.register(lambda: sys.stderr.write(f'\\nMODULES {len(sys.modules)}\\n'))"
+    )
     peer, peer_cpu, peer_modules, _ = run(["-c", bare], runs, compiled)
     print(f"peer     python -c pass       wall {peer:.3f} s  cpu {peer_cpu:.3f} s  {peer_modules:4d} modules")
     worst = 0.0

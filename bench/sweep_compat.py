@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline.compat.calls import RawCall  # noqa: E402
-from pipeline.compat.engine import Caches, Checker, FirstParent, target_of  # noqa: E402
+from pipeline.compat.checker import Caches, Checker, FirstParent, target_of  # noqa: E402
 from pipeline.gitw import GitRepo  # noqa: E402
 
 ATOM = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")

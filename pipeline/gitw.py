@@ -294,9 +294,7 @@ def git_error(res: GitResult, where: str) -> SourceError | InfraError:
             hint="Check the URL and the network, or use a local mirror path.",
             evidence=stderr,
         )
-    return SourceError(
-        f"`{res.command}` failed in {where}: {sentence(_first_line(stderr))}", evidence=stderr
-    )
+    return SourceError(f"`{res.command}` failed in {where}: {sentence(_first_line(stderr))}", evidence=stderr)
 
 
 class BlobReader:
@@ -556,5 +554,3 @@ def _first_line(text: str) -> str:
         if line:
             return line
     return "(no output)"
-
-

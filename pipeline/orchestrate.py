@@ -64,7 +64,7 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
     """Validate what was asked, once, before anything runs, and freeze it."""
     from pipeline import validate
     from pipeline.lock import Lock
-    from pipeline.recipe import find_recipe, load_recipe
+    from pipeline.recipes.recipe import find_recipe, load_recipe
 
     validate.model(req.model)
     stages = stage_range(order, req.from_stage, req.until)

@@ -12,7 +12,7 @@ so logs stay readable and greppable.
 
 The smoke stage uses it (server start, GSM8K with its running score, benchmark rows), and so do
 mirror fetches (objects and bytes from git's ``--progress``, `pipeline.sources.mirrors`) and the
-image build (the current step against the last build's time for it, `pipeline.buildprogress`).
+image build (the current step against the last build's time for it, `pipeline.image.buildprogress`).
 """
 
 from __future__ import annotations

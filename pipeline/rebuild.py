@@ -118,8 +118,8 @@ def _smoke(resumed_error: PipelineError | None, smoked: smoke.Outputs | None) ->
 
 def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
     """The upstream drift of the model's recipe source up to the pinned ATOM, in one line."""
-    from pipeline.recipe import find_recipe, load_recipe
-    from pipeline.recipeimport import drift_one
+    from pipeline.recipes.drift import drift_one
+    from pipeline.recipes.recipe import find_recipe, load_recipe
     from pipeline.sources import open_mirror
 
     try:

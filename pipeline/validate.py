@@ -17,7 +17,7 @@ from pipeline.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
-    from pipeline.imageref import ImageRef
+    from pipeline.oci.ref import ImageRef
 
 MODEL_MAX = 100
 MODEL_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MODEL_MAX - 1}}}$")
@@ -76,8 +76,8 @@ def url(value: str, *, what: str = "repository") -> str:
 
 
 def image_reference(value: str, *, what: str = "image reference") -> ImageRef:
-    """`[registry/]repository[:tag][@sha256:…]`, parsed by the one grammar (pipeline.imageref)."""
-    from pipeline.imageref import parse_image_ref
+    """`[registry/]repository[:tag][@sha256:…]`, parsed by the one grammar (pipeline.oci.ref)."""
+    from pipeline.oci.ref import parse_image_ref
 
     try:
         return parse_image_ref(value)
@@ -87,7 +87,7 @@ def image_reference(value: str, *, what: str = "image reference") -> ImageRef:
 
 def tag_template(template: str, *, setting: str) -> str:
     """A tag template fills with the known fields into a valid registry tag."""
-    from pipeline.imageref import tag_problem
+    from pipeline.oci.ref import tag_problem
 
     fields = ", ".join("{" + f + "}" for f in TEMPLATE_SAMPLE)
     try:

@@ -138,7 +138,7 @@ def command(
 
 
 def _build_context(app: App, context_dir: Path, *, tag: str | None, nocache: bool, as_json: bool) -> None:
-    from pipeline.render import read_manifest
+    from pipeline.image.context import read_manifest
     from pipeline.stages import build
 
     ctx = app.context("build")

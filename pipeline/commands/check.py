@@ -7,22 +7,20 @@ exists, after printing the report; usage and source problems keep their codes.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.errors import ConfigError, IncompatibleError, SourceError, UsageError
+from pipeline.errors import IncompatibleError, UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.stages.base import Context
 
 if TYPE_CHECKING:
-    from pipeline.config import Settings
-    from pipeline.gitw import GitRepo
+    pass
 
 # Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
 # local refs needs none of them (start-up time, issue 12 §5).
@@ -109,6 +107,7 @@ def command(
     --atom-repo/--aiter-repo (a local path is read as it is; a URL through its mirror).
     Exit 0 compatible, 4 incompatible (after the report), 2 usage, 3 source problems.
     """
+    from pipeline.sources.repos import repo_path
     from pipeline.stages import check
 
     if lock_path is not None and (atom_ref or aiter_ref):
@@ -121,18 +120,28 @@ def command(
     )
     log = app.log
     if recipe_path is None and model is not None:  # named explicitly: a missing recipe is an error
-        from pipeline.recipe import find_recipe
+        from pipeline.recipes.recipe import find_recipe
 
         recipe_path = find_recipe(validate.model(model), Path(settings.paths.recipes_dir))
     if lock_path is not None:
-        inputs = _lock_inputs(app, lock_path, atom_repo, aiter_repo, patches_dir, unpatched, recipe_path)
+        from pipeline.lock import Lock
+
+        inputs = check.inputs_from_lock(
+            Context(settings=settings, log=log, env=app.env, work_dir=Path(".")),
+            Lock.load(lock_path),
+            atom_repo=repo_path(settings, atom_repo, "ATOM") if atom_repo else None,
+            aiter_repo=repo_path(settings, aiter_repo, "aiter") if aiter_repo else None,
+            patches_dir=patches_dir,
+            unpatched=unpatched,
+            recipe=recipe_path,
+        )
     else:
         inputs = check.Inputs(
             model=model or "",
             atom_rev=validate.ref(settings.sources.atom_ref, what="ATOM ref"),
             aiter_rev=validate.ref(settings.sources.aiter_ref, what="aiter ref"),
-            atom_repo=_repo_path(settings, settings.sources.atom_repo, "ATOM"),
-            aiter_repo=_repo_path(settings, settings.sources.aiter_repo, "aiter"),
+            atom_repo=repo_path(settings, settings.sources.atom_repo, "ATOM"),
+            aiter_repo=repo_path(settings, settings.sources.aiter_repo, "aiter"),
             recipe=recipe_path,
             reports_dir=Path("."),
         )
@@ -156,84 +165,3 @@ def command(
         click.echo(app.log.redact(text), nl=False)
     if failed is not None:
         raise failed
-
-
-def _lock_inputs(
-    app: App,
-    lock_path: Path,
-    atom_repo: str | None,
-    aiter_repo: str | None,
-    patches_dir: Path | None,
-    unpatched: bool,
-    recipe_path: Path | None,
-) -> Any:
-    """The locked commits; when the lock records applied patches, the patched tree (the patch stage's)."""
-    from pipeline.lock import Lock
-    from pipeline.recipe import find_recipe
-    from pipeline.stages import check, patch
-
-    settings = app.settings()
-    lock = Lock.load(lock_path)
-    atom = _repo_path(settings, atom_repo, "ATOM") if atom_repo else None
-    aiter = _repo_path(settings, aiter_repo, "aiter") if aiter_repo else None
-    atom_rev, dated_by = lock.atom.sha, None
-    if lock.applied_patches and not unpatched:
-        ctx = Context(settings=settings, log=app.log, env=app.env, work_dir=Path("."))
-        patched = patch.run(
-            ctx,
-            patch.Inputs(
-                lock=lock,
-                patches_dir=patches_dir or Path(settings.paths.patches_dir),
-                out=None,
-                atom_repo=atom,
-                aiter_repo=aiter,
-            ),
-        )
-        if patched.applied != tuple(p.name for p in lock.applied_patches):
-            app.log.warn(
-                "the patch series applies differently from what the lock records "
-                f"({', '.join(patched.applied) or 'none'} now, "
-                f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
-                "checking the series as it applies now."
-            )
-        atom_rev, dated_by = patched.head, lock.atom.sha
-        app.log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(patched.applied)} patch(es))")
-    if recipe_path is None:
-        with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
-            recipe_path = find_recipe(lock.model, Path(settings.paths.recipes_dir))
-    return check.Inputs(
-        model=lock.model,
-        atom_rev=atom_rev,
-        aiter_rev=lock.aiter.sha,
-        lock=lock,
-        atom_repo=atom,
-        aiter_repo=aiter,
-        dated_by=dated_by,
-        recipe=recipe_path,
-        reports_dir=Path("."),
-    )
-
-
-def _repo_path(settings: Settings, url: str, name: str) -> Path:
-    """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
-    from pipeline.sources import is_local
-
-    validate.url(url, what=f"{name} repository")
-    path = Path(url).expanduser()
-    if is_local(url) and path.exists():
-        return path
-    if is_local(url):
-        raise SourceError(
-            f"the {name} repository path {url} does not exist.",
-            hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
-        )
-    from pipeline.sources import open_mirror  # (a URL: its mirror; local paths need none of that)
-
-    return Path(open_mirror(settings, url, fetch=False).path)
-
-
-def open_repo(settings: Settings, url: str, name: str) -> GitRepo:
-    """A local repository as it is, else the mirror of the URL (no fetch)."""
-    from pipeline.gitw import GitRepo
-
-    return GitRepo(_repo_path(settings, url, name))

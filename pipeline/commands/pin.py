@@ -73,7 +73,7 @@ def command(
     stages read only the lock file and these mirrors.
     """
     from pipeline.lock import Lock, updating
-    from pipeline.recipe import find_recipe
+    from pipeline.recipes.recipe import find_recipe
     from pipeline.stages import pin
 
     validate.model(model)

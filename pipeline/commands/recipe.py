@@ -51,8 +51,8 @@ def import_(
     and a comment on every field that had to be inferred. A line it cannot read is an
     error naming it (exit 2), and then nothing is written.
     """
-    from pipeline.commands.check import open_repo
-    from pipeline.recipeimport import import_recipes
+    from pipeline.recipes.upstream import import_recipes
+    from pipeline.sources.repos import open_repo
 
     settings = app.settings(atom_repo=atom_repo, atom_ref=atom_ref)
     atom = open_repo(settings, settings.sources.atom_repo, "ATOM")
@@ -93,8 +93,8 @@ def drift(
     recipe's `source:` line and --atom; names the upstream commit of each change, or the
     one that removed the source. Exit 0 (drift is a report, not a failure).
     """
-    from pipeline.commands.check import open_repo
-    from pipeline.recipeimport import drift_all, drift_text
+    from pipeline.recipes.drift import drift_all, drift_text
+    from pipeline.sources.repos import open_repo
 
     settings = app.settings(atom_repo=atom_repo, atom_ref=atom_ref)
     atom = open_repo(settings, settings.sources.atom_repo, "ATOM")

@@ -106,7 +106,7 @@ def command(
     recipe and template: byte-identical Dockerfile.
     """
     from pipeline.lock import Lock
-    from pipeline.recipe import find_recipe
+    from pipeline.recipes.recipe import find_recipe
     from pipeline.stages import render
 
     validate.model(model)

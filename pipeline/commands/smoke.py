@@ -94,7 +94,7 @@ def command(
     serving benchmark. Writes verdict.json, summary.md and junit.xml to the run
     directory. Exit 0 passed, 8 a gate failed, 9 no GPUs/model here.
     """
-    from pipeline.recipe import find_recipe, load_recipe
+    from pipeline.recipes.recipe import find_recipe, load_recipe
     from pipeline.stages import smoke
 
     if (model is None) == (recipe_file is None):

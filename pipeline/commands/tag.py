@@ -81,8 +81,8 @@ def command(
     Credentials: PIPELINE_REGISTRY_USER / PIPELINE_REGISTRY_PASSWORD or the
     Docker config; never printed.
     """
+    from pipeline.release.tag import check_passed, read_tag_verdict
     from pipeline.stages import tag
-    from pipeline.tag import check_passed, read_tag_verdict
 
     settings = app.settings(
         registry=registry,

@@ -6,7 +6,7 @@ search_compatible(atom, atom_rev, aiter, aiter_head, *, cache_dir=None) -> Searc
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.compat.engine import run_check
+from pipeline.compat.checker import run_check
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.lazyattr import lazy_attrs
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from pipeline.compat.pyblocks import CONDITIONAL_WORDS, Blocks, LineNumbers, Lines, finds
 from pipeline.compat.pysource import SummaryCache, module_files, module_of, prune_files, resolve_relative
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.compat.waivers import apply_waivers, covers
@@ -80,11 +81,6 @@ _GUARD_RE = re.compile(r"^[ \t]*(?:el)?if[ \t]+(?:self\.)?(\w+(?:\(\))?)[ \t]*:"
 _SWITCH_RE = re.compile(r"(?<![.\w])(?<!def )_set_framework_backbone\(")
 _SETS_FRAMEWORK_RE = re.compile(r"(?<![.\w])(?<!def )(?:_set_framework_backbone|prepare_model\w*)\(")
 # Significant lines: not blank, not a comment, not a closing bracket (which ends a bracket, not a block).
-_LINE_RE = re.compile(r"^([ \t]*)[^ \t\n#)\]}]", re.M)
-_TOP_RE = re.compile(r"\n(?=[^ \t\n#)\]}])")  # a newline before a column-0 statement (literal-first)
-_TOP_NAME_RE = re.compile(
-    r"(?:(?:async[ \t]+)?def|class)[ \t]+(\w+)|(\w+)[ \t]*(?::[^=\n]*)?=(?!=)[ \t]*([\[{(\"'])?"
-)
 
 
 @dataclass(frozen=True)
@@ -157,198 +153,12 @@ def _quals(text: str) -> Iterable[re.Match[str]]:
         pos = text.find("atom.", pos + 5)
 
 
-class _Lines:
-    """Top-level statements of one file (computed on first use): who owns an offset."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self._tops: list[int] | None = None
-
-    @property
-    def tops(self) -> list[int]:
-        """Starts of the statements at column 0."""
-        if self._tops is None:
-            first = [0] if self.text[:1] and self.text[0] not in " \t\n#)]}" else []
-            self._tops = first + [m.start() + 1 for m in _TOP_RE.finditer(self.text)]
-        return self._tops
-
-    def top_of(self, offset: int) -> int:
-        return bisect.bisect_right(self.tops, offset) - 1
-
-    def owner(self, offset: int) -> str:
-        t = self.top_of(offset)
-        return self.owner_name(t) if t >= 0 else ""
-
-    def owner_name(self, t: int) -> str:
-        """def/class name, `NAME` of `NAME = <literal>`, or "" (code that runs at import)."""
-        m = _TOP_NAME_RE.match(self.text, self.tops[t])
-        if m is None:
-            return ""
-        if m.group(1):
-            return m.group(1)
-        return m.group(2) if m.group(3) else ""
-
-
-# Compound statements whose header ends a line with `:` (then a newline or a comment).
-_BLOCK_WORDS = frozenset(
-    {"if", "elif", "else", "def", "async", "class", "try", "except", "finally", "with", "for", "while"}
-    | {"match", "case"}
-)
-CONDITIONAL_WORDS = frozenset({"if", "elif", "else", "except", "while", "case"})
-_WORD_RE = re.compile(r"[ \t]*(\w+)")
-_INDENT_RE = re.compile(r"[ \t]*")
-_COLON_RE = re.compile(r":(?=\n|  #| #)")  # a colon that ends a line (before any comment)
-
-
-class _Blocks:
-    """The compound-statement headers of one file and how they nest, found from their colons.
-
-    A statement's innermost enclosing block is the nearest header before it that is indented
-    less (every line between is in that block); nesting follows by the same rule among the
-    headers, so an offset's blocks are a walk up parent links, not a scan of the lines.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.ends: list[int] = []  # colon offsets, increasing
-        self.starts: list[int] = []  # offset of the header's first line
-        self.indent: list[int] = []
-        self.word: list[str] = []
-        self.parent: list[int] = []
-        self._stack: list[int] = []
-        self._done = 0  # headers are read up to here (on demand: most references come early)
-        self._colons: list[int] | None = None
-        self._at = 0
-
-    def _find_colons(self) -> list[int]:
-        return [m.start() for m in _COLON_RE.finditer(self.text)]
-
-    def _read_to(self, offset: int) -> None:
-        text, stack, indent = self.text, self._stack, self.indent
-        colons = self._colons if self._colons is not None else self._find_colons()
-        self._colons = colons
-        at, n = self._at, len(colons)
-        while at < n and colons[at] < offset:
-            c = colons[at]
-            at += 1
-            start = text.rfind("\n", 0, c) + 1
-            m = _WORD_RE.match(text, start)
-            if m is None:
-                ind = _INDENT_RE.match(text, start).end() - start  # type: ignore[union-attr]
-                if text[start + ind] not in ")]":
-                    continue
-                start, m = self._opening(start, ind)
-                if m is None:
-                    continue
-            else:
-                ind = m.start(1) - start
-            word = m.group(1)
-            if word not in _BLOCK_WORDS:
-                continue
-            while stack and indent[stack[-1]] >= ind:
-                stack.pop()
-            self.parent.append(stack[-1] if stack else -1)
-            stack.append(len(self.ends))
-            self.ends.append(c)
-            self.starts.append(start)
-            indent.append(ind)
-            self.word.append(word)
-        self._at = at
-        self._done = max(self._done, offset)
-
-    def _opening(self, start: int, ind: int) -> tuple[int, re.Match[str] | None]:
-        """The first line of a header whose last line is `) -> X:`: the nearest line before it
-        indented exactly as much (≤ 64 lines up)."""
-        text, lead, pos = self.text, "\n" + " " * ind, start - 1
-        for _ in range(64):
-            pos = text.rfind(lead, 0, pos)
-            if pos < 0:
-                break
-            m = _WORD_RE.match(text, pos + 1)
-            if m is not None and m.start(1) - pos - 1 == ind:
-                return pos + 1, m
-        return start, None
-
-    def enclosing(self, offset: int, indent: int) -> list[int]:
-        """Headers around a statement at `offset` indented `indent`, innermost first."""
-        out: list[int] = []
-        if offset > self._done:
-            self._read_to(offset)
-        i = bisect.bisect_left(self.ends, offset) - 1 if indent > 0 else -1
-        while i >= 0:
-            if self.indent[i] < indent:
-                out.append(i)
-                indent = self.indent[i]
-            i = self.parent[i]  # the headers in between are indented at least as much
-        return out
-
-    def around_line(self, line_start: int, indent: int) -> list[int]:
-        """Headers around a line that may continue a bracketed statement (a table's entry): while
-        a line between the innermost header and it is indented no more than that header, the
-        last such line is where the statement (or an enclosing one) starts; climb to it."""
-        heads = self.enclosing(line_start, indent)
-        while heads:
-            bound = self.indent[heads[0]]
-            pat = _LESS.get(bound)
-            if pat is None:
-                pat = _LESS[bound] = re.compile(rf"\n[ \t]{{0,{bound}}}[^ \t\n#)\]}}]")
-            last = None
-            for m in pat.finditer(self.text, self.ends[heads[0]], line_start - 1):
-                last = m
-            if last is None:
-                break
-            line_start = last.start() + 1
-            heads = self.enclosing(line_start, last.end() - line_start - 1)
-        return heads
-
-    def line_of(self, i: int, offset: int, line: int) -> int:
-        """Line number of header i, from a later offset whose line number is known."""
-        return line - self.text.count("\n", self.starts[i], offset)
-
-    def condition(self, i: int) -> str:
-        """`if self.use_triton`, `except ImportError`: the header without its colon; an `else`
-        names the header it follows (`else of if envs.USE_ATOMESH_ENTRYPOINTS`)."""
-        text = " ".join(self.text[self.starts[i] : self.ends[i]].split())
-        if self.word[i] == "else":
-            j = i - 1
-            while j >= 0 and self.indent[j] > self.indent[i]:
-                j -= 1  # the blocks nested in the branch before it
-            if j >= 0 and self.indent[j] == self.indent[i] and self.word[j] != "else":
-                text += " of " + " ".join(self.text[self.starts[j] : self.ends[j]].split())
-        return text
-
-
-_LESS: dict[int, re.Pattern[str]] = {}
-
-
-class _LineNumbers:
-    """Line numbers of increasing offsets, counted incrementally."""
-
-    def __init__(self, text: str) -> None:
-        self.text, self.pos, self.line = text, 0, 1
-
-    def __call__(self, offset: int) -> int:
-        if offset < self.pos:
-            self.pos, self.line = 0, 1
-        self.line += self.text.count("\n", self.pos, offset)
-        self.pos = offset
-        return self.line
-
-
-def _finds(text: str, word: str) -> Iterable[int]:
-    """Offsets of `word` in `text` (a literal search: much faster than a regex with lookbehinds)."""
-    pos = text.find(word)
-    while pos >= 0:
-        yield pos
-        pos = text.find(word, pos + len(word))
-
-
 def _calls_switch(text: str) -> bool:
     """Does the file call ATOM's plugin-mode switch (`_SETS_FRAMEWORK_RE`, tried where the names are)?"""
     return any(
         _SETS_FRAMEWORK_RE.match(text, pos)
         for word in ("_set_framework_backbone", "prepare_model")
-        for pos in _finds(text, word)
+        for pos in finds(text, word)
     )
 
 
@@ -364,7 +174,7 @@ class _Scanned:
     """One file's text and its references without their blocks (this run only, not cached)."""
 
     text: str
-    lines: _Lines
+    lines: Lines
     found: list[_Found]
 
     def refs(self, path: str) -> FileRefs:
@@ -383,7 +193,7 @@ def _scan(data: bytes, path: str) -> _Scanned:
     module = module_of(path) or ""
     is_pkg = path.endswith("__init__.py")
     found: list[_Found] = []
-    line_no = _LineNumbers(text)
+    line_no = LineNumbers(text)
     for m in _imports(text):
         indent, dots, target, names, plain = m.groups()
         if plain is not None:
@@ -419,7 +229,7 @@ def _scan(data: bytes, path: str) -> _Scanned:
                 True,
             )
         )
-    line_no = _LineNumbers(text)
+    line_no = LineNumbers(text)
     for m in _quals(text):
         qual = m.group(0)
         # f"atom.pkg.{name}" and "atom.pkg." + name: every module under the package
@@ -430,14 +240,14 @@ def _scan(data: bytes, path: str) -> _Scanned:
         n = line_no(m.start())
         key = _key_before(text, m.start() - 1)
         found.append((n, "string", qual.replace(":", "."), (), key, end == ".{", line_start, indent, False))
-    return _Scanned(text, _Lines(text), found)
+    return _Scanned(text, Lines(text), found)
 
 
 def _with_blocks(scanned: _Scanned, path: str) -> list[RawEdge]:
     """The references of a scanned file, each with the blocks around it."""
     text, lines = scanned.text, scanned.lines
     plugin = path.startswith(PLUGIN_PACKAGE)
-    blocks: _Blocks | None = None  # only for files with an indented reference
+    blocks: Blocks | None = None  # only for files with an indented reference
 
     def context(offset: int, indent: int, line: int, statement: bool) -> _Context:
         """(inside a function?, simple `if NAME:` guards innermost first, top-level owner,
@@ -447,7 +257,7 @@ def _with_blocks(scanned: _Scanned, path: str) -> list[RawEdge]:
         if indent <= 0:
             return False, (), owner, ()
         if blocks is None:
-            blocks = _Blocks(text)
+            blocks = Blocks(text)
         heads = blocks.enclosing(offset, indent) if statement else blocks.around_line(offset, indent)
         in_fn, guards, conds = False, [], []
         for h in heads:
@@ -469,9 +279,9 @@ def _with_blocks(scanned: _Scanned, path: str) -> list[RawEdge]:
     return edges
 
 
-def _switch_owners(text: str, lines: _Lines) -> tuple[str, ...]:
+def _switch_owners(text: str, lines: Lines) -> tuple[str, ...]:
     """Top-level owners of a plugin file that call `_set_framework_backbone` (host entry points)."""
-    calls = [pos for pos in _finds(text, "_set_framework_backbone(") if _SWITCH_RE.match(text, pos)]
+    calls = [pos for pos in finds(text, "_set_framework_backbone(") if _SWITCH_RE.match(text, pos)]
     return tuple(sorted({lines.owner(pos) for pos in calls}))
 
 
@@ -1445,7 +1255,7 @@ def gate_model(
 ) -> ModelGate:
     """Tag each finding with the model's reach, make off-path errors warnings, then apply waivers.
 
-    `recipe` is a `pipeline.recipe.Recipe` (duck-typed here: compat does not import recipes).
+    `recipe` is a `pipeline.recipes.recipe.Recipe` (duck-typed here: compat does not import recipes).
     """
     model = getattr(recipe, "model", None)
     arch = getattr(model, "architecture", None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.compat.engine import AITER_PREFIX, Caches, Checker, resolve_sha
+from pipeline.compat.checker import AITER_PREFIX, Caches, Checker, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
@@ -409,7 +409,7 @@ class _Unchanged:
 
     def first_lacking(self, checker: Checker, commits: list[CommitInfo], names: set[str]) -> CommitInfo:
         """The newest of `commits` (newest first; the last lacks one of `names`) that lacks one of them."""
-        from pipeline.compat.engine import target_of
+        from pipeline.compat.checker import target_of
 
         def lacks(c: CommitInfo) -> bool:
             idx = checker.index(c.sha)
@@ -449,7 +449,7 @@ def _quick(
     """
     if not suspects:
         return None
-    from pipeline.compat.engine import target_of
+    from pipeline.compat.checker import target_of
 
     idx = checker.index(sha)
     findings: list[Finding] = []
@@ -499,7 +499,7 @@ def _relevant_paths(idx: object) -> set[str]:
 
 def _called_functions(checker: Checker, sha: str) -> set[str]:
     """Qualified names ATOM calls (unguarded) that resolve to a function at `sha`."""
-    from pipeline.compat.engine import target_of
+    from pipeline.compat.checker import target_of
 
     idx = checker.index(sha)
     out: set[str] = set()

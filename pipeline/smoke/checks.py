@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.log import Logger
-from pipeline.recipe import BenchmarkCheck, BenchRow, ChatCheck, Gsm8kCheck, Recipe, expand
+from pipeline.recipes.recipe import BenchmarkCheck, BenchRow, ChatCheck, Gsm8kCheck, Recipe, expand
 from pipeline.smoke.running import RunningScore, watch_config
 from pipeline.smoke.verdict import CheckResult
 

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline import labels
-from pipeline.dockerw import ContainerAPI, ContainerInfo, EngineAPI
 from pipeline.errors import InfraError, PipelineError
 from pipeline.log import Logger
+from pipeline.oci.engine import ContainerAPI, ContainerInfo, EngineAPI
 from pipeline.smoke.verdict import ServerEvidence
 
 OwnerState = Literal["live", "gone", "elsewhere"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.recipe import BenchmarkCheck, Recipe
+from pipeline.recipes.recipe import BenchmarkCheck, Recipe
 from pipeline.smoke.verdict import CheckStatus, Verdict
 
 PLOT_FILE = "benchmark.svg"

@@ -25,9 +25,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.dockerw import EngineAPI
 from pipeline.errors import ConfigError, InfraError, NoHardware, PipelineError
-from pipeline.recipe import Recipe, target_version_to_gfx
+from pipeline.oci.engine import EngineAPI
+from pipeline.recipes.recipe import Recipe, target_version_to_gfx
 from pipeline.smoke.probe import model_in_cache, read_nodes
 
 PreflightVia = Literal["auto", "local", "container"]

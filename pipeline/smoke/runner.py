@@ -33,12 +33,12 @@ from typing import Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
-from pipeline.dockerw import ContainerAPI, EngineAPI, ImageInfo
 from pipeline.errors import DiskError, InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
+from pipeline.oci.engine import ContainerAPI, EngineAPI, ImageInfo
 from pipeline.progress import Progress, Task
-from pipeline.recipe import Recipe, expand
+from pipeline.recipes.recipe import Recipe, expand
 from pipeline.smoke import plot
 from pipeline.smoke.checks import SmokeCheck, plan
 from pipeline.smoke.failfast import LogWatcher, last_exception_in

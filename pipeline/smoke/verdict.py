@@ -57,7 +57,7 @@ class CheckResult(_Model):
 
 
 class TestedImage(_Model):
-    """The image the smoke test ran (not an image reference grammar: see `pipeline.registry`)."""
+    """The image the smoke test ran (not an image reference grammar: see `pipeline.oci.registry`)."""
 
     __test__ = False  # not a pytest class, despite the name
 

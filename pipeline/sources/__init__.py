@@ -11,6 +11,7 @@ One module per job (all of git itself goes through `pipeline.gitw.run_git`):
 
 - `urls`: local path vs URL, credentials stripped, mirror names, submodule URLs
 - `mirrors`: the mirror's lock, atomic creation, fetch with retries, `refs/pins/*`
+- `repos`: a repository a user names: a local path as it is, else its mirror
 - `refs`: branch / tag / SHA / `HEAD` resolution, nearest refs for typos
 - `submodules`: aiter's submodules at a commit, mirrored best effort
 - `pinning`: `pin` (both sources, submodules, base image digest); `--auto` is the pin stage's
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         pin_base_image,
     )
     from pipeline.sources.refs import nearest_refs, resolve_ref
+    from pipeline.sources.repos import open_repo, repo_path
     from pipeline.sources.submodules import read_submodules, submodule_mirror
     from pipeline.sources.urls import (
         is_local,
@@ -77,6 +79,8 @@ _WHERE = {
     "pin": "pinning",
     "pin_base_image": "pinning",
     "nearest_refs": "refs",
+    "open_repo": "repos",
+    "repo_path": "repos",
     "resolve_ref": "refs",
     "read_submodules": "submodules",
     "submodule_mirror": "submodules",
@@ -117,9 +121,11 @@ __all__ = [
     "nearest_refs",
     "normalise_url",
     "open_mirror",
+    "open_repo",
     "pin",
     "pin_base_image",
     "read_submodules",
+    "repo_path",
     "resolve_ref",
     "resolve_relative_url",
     "strip_credentials",

@@ -109,8 +109,6 @@ def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError | 
     return SourceError(f"git failed while {action} from {url}: {sentence(first)}", evidence=stderr)
 
 
-
-
 def _with_retries(
     attempt: Callable[[], GitResult],
     *,

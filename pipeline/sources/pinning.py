@@ -25,7 +25,7 @@ AiterChooser = Callable[[GitRepo, CommitInfo, GitRepo, CommitInfo], CommitInfo]
 
 def default_digest_resolver(ref: str, env: Mapping[str, str] | None = None) -> str | None:
     """The registry's digest for `ref` (Docker config credentials from `env`), None if none answers."""
-    from pipeline.registry import resolve_digest
+    from pipeline.oci.registry import resolve_digest
 
     return resolve_digest(ref, timeout=10.0, env=env)
 

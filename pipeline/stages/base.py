@@ -29,8 +29,8 @@ from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
-    from pipeline.dockerw import EngineAPI
     from pipeline.log import Logger
+    from pipeline.oci.engine import EngineAPI
 
 DIGEST_SCHEMA = 2
 
@@ -82,7 +82,7 @@ class Context:
         if self._engine is not None and self._engine_host != host:
             self.close()
         if self._engine is None:
-            from pipeline.dockerw import Engine
+            from pipeline.oci.engine import Engine
 
             self._engine = Engine.connect(host, env=self.env, log=self.log)
             self._engine_host = host

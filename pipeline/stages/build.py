@@ -61,78 +61,30 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
-    from pipeline.imagebuild import build_image, registry_lookup
+    from pipeline.image.build import build_image
 
-    settings = ctx.settings_with(
-        tag={"registry": inputs.registry},
-        image={"repository": inputs.repository or ctx.settings.image.repository},
-    )
-    engine = ctx.engine()
     out = build_image(
-        engine,
+        ctx.engine(),
         inputs.context,
         tag=inputs.tag,
         log=ctx.log,
         run_dir=ctx.work_dir,
-        remote_lookup=registry_lookup(settings, ctx.env, ctx.log),
         nocache=inputs.nocache,
-        settings=settings,
+        settings=ctx.settings_with(
+            tag={"registry": inputs.registry},
+            image={"repository": inputs.repository or ctx.settings.image.repository},
+        ),
         env=ctx.env,
     )
-    image, pushed = out.image_id, ""
-    if out.skipped and not image:
-        image = _pull_found(ctx, out.found_in, out.image_ref)
-    elif not out.skipped and inputs.registry:
-        pushed = _push_candidate(ctx, inputs, out.image_ref)
     return Outputs(
-        image=image,
+        image=out.image_id,
         ref=out.image_ref,
         skipped=out.skipped,
         found_in=out.found_in,
         steps=out.steps,
         cached_steps=out.cached_steps,
         aiter_cached=out.aiter_cached,
-        pushed=pushed,
+        pushed=out.pushed,
         log=out.log_path,
         attestations=out.attestations,
     )
-
-
-def _pull_found(ctx: Context, found: str, candidate: str) -> str:
-    """The registry holds the candidate: pull it by digest and tag it locally as the candidate."""
-    from pipeline.imagebuild import split_ref
-    from pipeline.registry import credentials_for
-    from pipeline.validate import image_reference
-
-    ref = image_reference(found)
-    creds = credentials_for(ref.registry, ctx.env)
-    engine = ctx.engine()
-    info = engine.pull(f"{ref.name}@{ref.digest}", auth_config=creds.auth_config if creds else None)
-    repo, tag = split_ref(candidate)
-    engine.tag(info.id, repo, tag)
-    ctx.log.info(f"pulled {ref.name}@{ref.digest} as {candidate}: {info.id[:19]}")
-    return info.id
-
-
-def _push_candidate(ctx: Context, inputs: Inputs, candidate: str) -> str:
-    """Push the candidate tag to the target registry: where `registry_lookup` looks on the next run."""
-    from pipeline.errors import PipelineError, sentence
-    from pipeline.imagebuild import split_ref
-    from pipeline.registry import credentials_for
-
-    registry = inputs.registry.rstrip("/")
-    repo, tag = split_ref(candidate)
-    target = f"{registry}/{inputs.repository}" if not repo.startswith(registry + "/") else repo
-    creds = credentials_for(registry, ctx.env)
-    engine = ctx.engine()
-    try:
-        if target != repo:
-            engine.tag(candidate, target, tag)
-        digest = engine.push(target, tag, auth_config=creds.auth_config if creds else None)
-    except PipelineError as e:
-        ctx.log.warn(
-            f"could not push the candidate {target}:{tag}: {sentence(e.message)} The next run may rebuild it."
-        )
-        return ""
-    ctx.log.detail(f"pushed candidate {target}:{tag}@{digest}")
-    return f"{target}:{tag}@{digest}"

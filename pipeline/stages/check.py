@@ -125,7 +125,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     raw, reach = report, None
     if inputs.recipe is not None:  # (reach and recipes imported only here: a plain check starts faster)
         from pipeline.compat.reach import gate_model
-        from pipeline.recipe import load_recipe
+        from pipeline.recipes.recipe import load_recipe
 
         gate = gate_model(report, atom, load_recipe(inputs.recipe), cache_dir=cache, waivers=inputs.waivers)
         report, reach = gate.report, gate.reach
@@ -167,6 +167,61 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             f"this ATOM supports (`pipeline pin{model} --auto`).",
         )
     return out
+
+
+def inputs_from_lock(
+    ctx: Context,
+    lock: Lock,
+    *,
+    atom_repo: Path | None,
+    aiter_repo: Path | None,
+    patches_dir: Path | None,
+    unpatched: bool,
+    recipe: Path | None,
+) -> Inputs:
+    """The check of a lock's commits: when the lock records applied patches, the patched tree the
+    patch stage makes (`unpatched`: the pin as it is)."""
+    import contextlib
+
+    from pipeline.errors import ConfigError
+    from pipeline.recipes.recipe import find_recipe
+    from pipeline.stages import patch as patch_stage
+
+    atom_rev, dated_by = lock.atom.sha, None
+    if lock.applied_patches and not unpatched:
+        patched = patch_stage.run(
+            ctx,
+            patch_stage.Inputs(
+                lock=lock,
+                patches_dir=patches_dir or Path(ctx.settings.paths.patches_dir),
+                out=None,
+                atom_repo=atom_repo,
+                aiter_repo=aiter_repo,
+            ),
+        )
+        if patched.applied != tuple(p.name for p in lock.applied_patches):
+            ctx.log.warn(
+                "the patch series applies differently from what the lock records "
+                f"({', '.join(patched.applied) or 'none'} now, "
+                f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
+                "checking the series as it applies now."
+            )
+        atom_rev, dated_by = patched.head, lock.atom.sha
+        ctx.log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(patched.applied)} patch(es))")
+    if recipe is None:
+        with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
+            recipe = find_recipe(lock.model, Path(ctx.settings.paths.recipes_dir))
+    return Inputs(
+        model=lock.model,
+        atom_rev=atom_rev,
+        aiter_rev=lock.aiter.sha,
+        lock=lock,
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+        dated_by=dated_by,
+        recipe=recipe,
+        reports_dir=Path("."),
+    )
 
 
 def _repos(ctx: Context, inputs: Inputs) -> tuple[GitRepo, GitRepo]:

@@ -171,7 +171,7 @@ def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterC
     cache = ctx.settings.cache_dir / "compat"
     recipe = None
     if inputs.recipe is not None and inputs.recipe.is_file():
-        from pipeline.recipe import load_recipe
+        from pipeline.recipes.recipe import load_recipe
 
         recipe = load_recipe(inputs.recipe)
 

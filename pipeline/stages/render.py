@@ -79,7 +79,7 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.gitw import GitRepo
-    from pipeline.render import render_context
+    from pipeline.image.render import render_context
     from pipeline.sources import submodule_mirror
 
     settings = ctx.settings.model_copy(update={"image": inputs.image})

@@ -65,7 +65,7 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import SmokeFailed
-    from pipeline.recipe import load_recipe
+    from pipeline.recipes.recipe import load_recipe
     from pipeline.smoke import SmokeOptions, run_smoke
     from pipeline.smoke.verdict import VERDICT_FILE
 

@@ -1,7 +1,7 @@
 """tag: push an immutable tag for a verified image, read its digest back, then move the moving tags.
 
 Only a passed verdict bound to this exact image, recipe and lock is tagged
-(pipeline.tag). In a run, the model's released state is recorded afterwards
+(pipeline.release.tag). In a run, the model's released state is recorded afterwards
 (`locks/<model>.toml` and `locks/<model>.released.json`, which `pipeline rebuild`
 compares the next inputs digest with).
 """
@@ -80,7 +80,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import UsageError
     from pipeline.fsutil import atomic_write_json
     from pipeline.lock import Lock
-    from pipeline.tag import tag_verified
+    from pipeline.release.tag import tag_verified
     from pipeline.validate import check_tag_templates
 
     settings = ctx.settings.model_copy(update={"tag": inputs.tag})

@@ -2,7 +2,7 @@
 
 Fixtures (use these names):
 
-- ``engine`` (session): a connected ``pipeline.dockerw.Engine``.  Fails (never skips) when no
+- ``engine`` (session): a connected ``pipeline.oci.engine.Engine``.  Fails (never skips) when no
   engine answers: run ``make setup``.
 - ``base_image`` (session): the tag of the local debootstrap image (Debian bookworm minbase +
   python3; ``BASE_IMAGE`` below, overridable by ``$ATOM_PIPELINE_TEST_BASE_IMAGE``).  Nothing can
@@ -49,8 +49,8 @@ from typing import Any
 import pytest
 
 from pipeline import labels as image_labels
-from pipeline.dockerw import BuiltImage, ContainerHandle, Engine, ImageInfo, created_layers
 from pipeline.errors import BuildError, InfraError
+from pipeline.oci.engine import BuiltImage, ContainerHandle, Engine, ImageInfo, created_layers
 
 BASE_IMAGE = os.environ.get("ATOM_PIPELINE_TEST_BASE_IMAGE", "atom-pipeline-test/bookworm-python3:1")
 TEST_LABEL = "org.atom-image-pipeline.test"

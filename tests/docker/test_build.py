@@ -24,17 +24,18 @@ from pathlib import Path
 import pytest
 
 from pipeline import labels
-from pipeline.buildprogress import timings_path
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
-from pipeline.dockerw import Engine
 from pipeline.errors import BuildError, ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.imagebuild import BUILD_LOG, BuildOutcome, build_image
+from pipeline.image.build import BUILD_LOG, BuildOutcome, build_image
+from pipeline.image.buildprogress import timings_path
+from pipeline.image.context import RenderedContext
+from pipeline.image.render import render_context
+from pipeline.image.selfcheck import SelfCheckError
 from pipeline.lock import Lock
 from pipeline.log import Logger
-from pipeline.render import RenderedContext, render_context
-from pipeline.selfcheck import SelfCheckError
+from pipeline.oci.engine import Engine
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,
@@ -149,6 +150,7 @@ def build(
         run_dir=run_dir,
         extra_labels=cleanup.labels,
         settings=s,
+        env=os.environ,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -186,7 +188,14 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     # 1. cold build
     run1 = tmp_path / "run1"
     first = build_image(
-        engine, ctx1.dir, tag=None, log=log, run_dir=run1, extra_labels=docker_cleanup.labels, settings=s
+        engine,
+        ctx1.dir,
+        tag=None,
+        log=log,
+        run_dir=run1,
+        extra_labels=docker_cleanup.labels,
+        settings=s,
+        env=os.environ,
     )
     assert not first.skipped and first.aiter_cached is False
     assert first.builder.startswith("buildkit")
@@ -233,6 +242,7 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
         run_dir=tmp_path / "run2",
         extra_labels=docker_cleanup.labels,
         settings=s,
+        env=os.environ,
     )
     assert not second.skipped and second.aiter_cached is True and second.image_id != first.image_id
     assert json.loads(times.read_text())["steps"][aiter_step] == aiter_s  # from cache: the real time kept
@@ -249,7 +259,9 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     assert stamp2 == stamp1  # the aiter build step did not run again
 
     # 3. nothing changed: no build at all, the existing image is reported
-    third = build_image(engine, ctx2.dir, tag=None, log=log, run_dir=tmp_path / "run3", settings=s)
+    third = build_image(
+        engine, ctx2.dir, tag=None, log=log, run_dir=tmp_path / "run3", settings=s, env=os.environ
+    )
     assert third.skipped and third.image_id == second.image_id and third.log_path is None
     assert not (tmp_path / "run3" / BUILD_LOG).exists()
 
@@ -262,7 +274,14 @@ def test_hostile_ref_is_a_label_value_never_a_command(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_url=evil))
     log = Logger(stream=io.StringIO())
     out = build_image(
-        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels, settings=s
+        engine,
+        ctx.dir,
+        tag=None,
+        log=log,
+        run_dir=tmp_path,
+        extra_labels=docker_cleanup.labels,
+        settings=s,
+        env=os.environ,
     )
     info = engine.image(out.image_id)
     assert info is not None and info.labels["org.atom-image-pipeline.atom.url"] == evil
@@ -286,6 +305,7 @@ def test_failing_build_shows_step_and_tail_and_tags_nothing(
             run_dir=tmp_path / "run",
             extra_labels=docker_cleanup.labels,
             settings=s,
+            env=os.environ,
         )
     text = str(e.value)
     assert f"RUN {failing}" in text and "aiter-kernel-compile-failed-here" in text
@@ -328,7 +348,7 @@ def test_absent_base_image_names_image_and_digest(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, base))
     log = Logger(stream=io.StringIO())
     with pytest.raises(BuildError) as e:
-        build_image(engine, ctx.dir, tag=None, log=log, run_dir=tmp_path / "run", settings=s)
+        build_image(engine, ctx.dir, tag=None, log=log, run_dir=tmp_path / "run", settings=s, env=os.environ)
     assert "127.0.0.1:9/atom-pipeline-test/no-such-base" in str(e.value) and digest in str(e.value)
     assert e.value.exit_code == ExitCode.BUILD
 
@@ -391,7 +411,14 @@ def test_image_in_target_registry_is_not_rebuilt(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"registry-{case}"))
     log = Logger(stream=io.StringIO())
     built = build_image(
-        engine, ctx.dir, tag=None, log=log, run_dir=tmp_path, extra_labels=docker_cleanup.labels, settings=s
+        engine,
+        ctx.dir,
+        tag=None,
+        log=log,
+        run_dir=tmp_path,
+        extra_labels=docker_cleanup.labels,
+        settings=s,
+        env=os.environ,
     )
     remote_repo = registry.repo(s.image.repository)
     remote_tag = ctx.image_ref.rsplit(":", 1)[1]

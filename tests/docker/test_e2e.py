@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.dockerw import Engine
 from pipeline.errors import ExitCode
-from pipeline.registry import RegistryClient
+from pipeline.oci.engine import Engine
+from pipeline.oci.registry import RegistryClient
 from tests.docker.conftest import DockerCleanup, Registry
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,

@@ -1,4 +1,4 @@
-"""pipeline.dockerw against a real engine and real registries."""
+"""pipeline.oci.engine against a real engine and real registries."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from pipeline.dockerw import Engine
 from pipeline.errors import BuildError, InfraError, TagError
+from pipeline.oci.engine import Engine
 
 from .conftest import CASE_LABEL, TEST_LABEL, DockerCleanup, Registry
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dockerw import Engine
-from pipeline.recipe import load_recipe
+from pipeline.oci.engine import Engine
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke.checks import evaluate_gsm8k
 from tests.docker.conftest import DockerCleanup
 from tests.docker.test_smoke import no_container_left, smoke, variant

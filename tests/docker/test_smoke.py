@@ -39,11 +39,11 @@ import pytest
 from pipeline import labels
 from pipeline.cli import main
 from pipeline.config import Settings, load_settings
-from pipeline.dockerw import Engine
 from pipeline.errors import ExitCode, InfraError, NoHardware
 from pipeline.fsutil import sha256_file
 from pipeline.log import Logger
-from pipeline.recipe import load_recipe
+from pipeline.oci.engine import Engine
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
 from pipeline.smoke.preflight import run_preflight
 from tests.docker.conftest import (
@@ -498,8 +498,10 @@ def test_sigkilled_runs_server_is_removed_and_never_answers_the_next_run(
     assert [(x["id"], x["removed"], x["owner"]) for x in verdict.leftovers] == [(leaked[0].id, True, "gone")]
     assert engine.container(leaked[0].id) is None and not answers(port)
     no_container_left(engine, docker_cleanup)
-    print(f"FAULT | leaked server of a SIGKILLed run + broken image | exit {second.returncode} | "
-          f"containers left 0 (leftover removed) | {elapsed:.2f} s")
+    print(
+        f"FAULT | leaked server of a SIGKILLed run + broken image | exit {second.returncode} | "
+        f"containers left 0 (leftover removed) | {elapsed:.2f} s"
+    )
 
 
 def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alone(
@@ -533,8 +535,10 @@ def test_port_held_by_a_live_runs_server_refuses_with_exit_11_and_leaves_it_alon
         # only the leaked one is left: the refused run started no server
         running = engine.containers(CASE_LABEL, docker_cleanup.case_id)
         assert [c.id for c in running] == [cid]
-        print(f"FAULT | port held by a live run's server | exit {proc.returncode} | "
-              f"containers left 0 of ours (theirs kept) | {elapsed:.2f} s")
+        print(
+            f"FAULT | port held by a live run's server | exit {proc.returncode} | "
+            f"containers left 0 of ours (theirs kept) | {elapsed:.2f} s"
+        )
     finally:
         other.kill()
         other.wait()
@@ -616,8 +620,10 @@ def test_a_foreign_listener_is_caught_after_readiness_before_any_gate(
     assert [c.name for c in verdict.checks] == ["server-ready"]  # no gate ran
     engine.remove_container(cid)
     no_container_left(engine, docker_cleanup)
-    print(f"FAULT | foreign listener answers after the port check | exit {exc.value.exit_code} | "
-          f"containers left 0 of ours | {elapsed:.2f} s")
+    print(
+        f"FAULT | foreign listener answers after the port check | exit {exc.value.exit_code} | "
+        f"containers left 0 of ours | {elapsed:.2f} s"
+    )
 
 
 def test_healthy_host_network_run_records_whom_it_talked_to(
@@ -693,9 +699,7 @@ def test_a_killed_rerun_never_leaves_the_earlier_pass_as_its_verdict(
 ) -> None:
     verdict, run_dir, _ = smoke(engine, smoke_image, variant(tmp_path), tmp_path, docker_cleanup)
     assert verdict.passed
-    other = variant(
-        tmp_path, "never-ready", replace={"name: Smoke-Test-Tiny": "name: Other-Recipe"}
-    )
+    other = variant(tmp_path, "never-ready", replace={"name: Smoke-Test-Tiny": "name: Other-Recipe"})
     case = uuid.uuid4().hex
     proc = smoke_cli(smoke_image, other, run_dir, tmp_path, docker_cleanup, "--label", f"rerun={case}")
     try:
@@ -717,8 +721,10 @@ def test_a_killed_rerun_never_leaves_the_earlier_pass_as_its_verdict(
     log = (run_dir / "server.log").read_text()
     assert "Starting server" not in log and "loading model weights" in log  # one run per server.log
     assert "Starting server" in (run_dir / "earlier" / "1" / "server.log").read_text()
-    print("FAULT | SIGKILLed re-run over an earlier pass | killed (-9) | verdict.json absent, "
-          "earlier pass in earlier/1 | -")
+    print(
+        "FAULT | SIGKILLed re-run over an earlier pass | killed (-9) | verdict.json absent, "
+        "earlier pass in earlier/1 | -"
+    )
 
 
 @pytest.fixture
@@ -752,8 +758,10 @@ def test_a_nearly_full_run_directory_refuses_before_any_container(
     start = time.monotonic()
     proc = smoke_cli(smoke_image, variant(tmp_path), run_dir, tmp_path, docker_cleanup)
     _out, err = proc.communicate(timeout=120)
-    print(f"FAULT | run dir with 48 KiB free | exit {proc.returncode} | containers left 0 | "
-          f"{time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | run dir with 48 KiB free | exit {proc.returncode} | containers left 0 | "
+        f"{time.monotonic() - start:.2f} s"
+    )
     assert proc.returncode == ExitCode.DISK, err
     assert "Traceback" not in err and "internal error" not in err
     assert "KiB free; a smoke run needs at least 32 MiB" in err
@@ -772,8 +780,10 @@ def test_a_read_only_run_directory_is_its_own_error(
     start = time.monotonic()
     proc = smoke_cli(smoke_image, variant(tmp_path), ro / "run", tmp_path, docker_cleanup)
     _out, err = proc.communicate(timeout=120)
-    print(f"FAULT | read-only run dir | exit {proc.returncode} | containers left 0 | "
-          f"{time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | read-only run dir | exit {proc.returncode} | containers left 0 | "
+        f"{time.monotonic() - start:.2f} s"
+    )
     assert proc.returncode == ExitCode.DISK, err
     assert "read-only" in err and "Traceback" not in err
     assert engine.containers_with_label(CASE_LABEL, docker_cleanup.case_id) == []
@@ -812,5 +822,7 @@ def test_a_disk_that_fills_during_the_run_removes_the_container_and_never_says_p
     assert not summary.exists() or "PASSED" not in summary.read_text()
     if (run_dir / "verdict.json").exists():
         assert not load_verdict(run_dir).passed
-    print(f"FAULT | disk fills during warm-up | exit {proc.returncode} | containers left 0 | "
-          f"{elapsed:.2f} s after the disk filled")
+    print(
+        f"FAULT | disk fills during warm-up | exit {proc.returncode} | containers left 0 | "
+        f"{elapsed:.2f} s after the disk filled"
+    )

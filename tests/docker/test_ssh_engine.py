@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.dockerw import Engine
 from pipeline.errors import ExitCode
+from pipeline.oci.engine import Engine
 from pipeline.smoke import load_verdict
 from tests.docker.conftest import DockerCleanup
 from tests.docker.test_smoke import hf_cache_with_model, no_container_left, variant

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from pipeline.cli import main
-from pipeline.dockerw import Engine
 from pipeline.errors import ExitCode, InfraError
 from pipeline.log import Logger
-from pipeline.registry import RegistryClient
-from pipeline.tag import tag_verified
+from pipeline.oci.engine import Engine
+from pipeline.oci.registry import RegistryClient
+from pipeline.release.tag import tag_verified
 from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_world
 
 from .conftest import REGISTRY_BIN, DockerCleanup, Registry
@@ -79,7 +79,7 @@ def _tag_args(world: World, image: str, registry: Registry, repo: str, *extra: s
 
 
 def _immutable(world: World) -> str:
-    from pipeline.tag import patchset_id
+    from pipeline.release.tag import patchset_id
 
     return f"{MODEL}-20260629-atom{ATOM_SHA[:7]}-aiter{AITER_SHA[:7]}-p{patchset_id(world.lock)}"
 
@@ -247,8 +247,10 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     start = time.monotonic()
     with pytest.raises(InfraError) as e:
         run(world_b, image_b)
-    print(f"FAULT | registry stopped before the moving PUTs (stays down) | exit 11, state unknown | "
-          f"moving tags untouched | {time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | registry stopped before the moving PUTs (stays down) | exit 11, state unknown | "
+        f"moving tags untouched | {time.monotonic() - start:.2f} s"
+    )
     monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
     assert events == ["stopped"]
     assert "moving the tags" in str(e.value)
@@ -424,8 +426,10 @@ def test_an_older_release_never_moves_the_moving_tags_back(
     # re-running the older verdict after the newer release: refused before anything is pushed
     start = time.monotonic()
     assert main(_tag_args(older, image_old, registry, repo, "--push-latest")) == ExitCode.TAG
-    print(f"FAULT | tag an older verdict after a newer release | exit 10 | nothing pushed | "
-          f"{time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | tag an older verdict after a newer release | exit 10 | nothing pushed | "
+        f"{time.monotonic() - start:.2f} s"
+    )
     err = capsys.readouterr().err
     assert "backwards" in err and "2026-06-30T10:00:00Z" in err and "--allow-older" in err
     tags = client.tags(repo)
@@ -480,8 +484,10 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
     monkeypatch.setattr(RegistryClient, "put_manifest", stored_then_killed)
     start = time.monotonic()
     result = _tag_run(engine, world_b, image_b, registry, repo)
-    print(f"FAULT | registry killed during the PUT of a moving tag (back after 2 s) | exit 0, "
-          f"{result.state} | no split | {time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | registry killed during the PUT of a moving tag (back after 2 s) | exit 0, "
+        f"{result.state} | no split | {time.monotonic() - start:.2f} s"
+    )
     monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
     assert events == ["killed"] and result.state == "finished"
     assert result.digest != first.digest and result.moved == [f"{MODEL}-verified", "latest"]
@@ -516,8 +522,10 @@ def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_
     assert status == 500
     start = time.monotonic()
     second = _tag_run(engine, world, image, registry, repo)
-    print(f"FAULT | manifest answering HTTP 500 (empty revision link) | exit 0, repaired | - | "
-          f"{time.monotonic() - start:.2f} s")
+    print(
+        f"FAULT | manifest answering HTTP 500 (empty revision link) | exit 0, repaired | - | "
+        f"{time.monotonic() - start:.2f} s"
+    )
     assert second.digest == first.digest and second.pushed  # pushed again: that is the repair
     assert _head_status(registry, repo, f"{MODEL}-verified") == 200
     assert _head_status(registry, repo, first.immutable_ref.rsplit(":", 1)[1]) == 200

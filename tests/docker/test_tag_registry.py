@@ -1,4 +1,4 @@
-"""pipeline.registry against a real Debian docker-registry (distribution 2.8) on 127.0.0.1."""
+"""pipeline.oci.registry against a real Debian docker-registry (distribution 2.8) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dockerw import Engine
 from pipeline.errors import InfraError
-from pipeline.registry import (
+from pipeline.oci.engine import Engine
+from pipeline.oci.registry import (
     MEDIA_DOCKER_MANIFEST,
     RegistryAuthError,
     RegistryClient,

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.errors import RenderError
 from pipeline.gitw import GitRepo
-from pipeline.recipe import BenchmarkCheck, load_recipe
+from pipeline.recipes.recipe import BenchmarkCheck, load_recipe
 from pipeline.smoke import benchfmt
 from pipeline.smoke.checks import evaluate_benchmark
 from tests.fixtures.build_repos import BuildRepos, make_build_repos

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compat import engine, pysource, run_check, search_compatible
+from pipeline.compat import checker, pysource, run_check, search_compatible, workers
 from pipeline.compat.aiterapi import module_from_path, summarize_module
 from pipeline.compat.search import SearchResult
 from pipeline.gitw import GitRepo
@@ -35,7 +35,7 @@ def _outcome(r: SearchResult) -> tuple[object, ...]:
 
 def test_the_parallel_scan_gives_the_serial_report(fx: CompatRepos, monkeypatch: pytest.MonkeyPatch) -> None:
     serial = run_check(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), fx.a["A4"])
-    monkeypatch.setattr(engine, "PARALLEL_MIN_FILES", 1)
+    monkeypatch.setattr(checker, "PARALLEL_MIN_FILES", 1)
     parallel = run_check(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), fx.a["A4"])
     assert parallel.to_json() | {"seconds": None} == serial.to_json() | {"seconds": None}
     assert not serial.ok and serial.errors
@@ -44,7 +44,7 @@ def test_the_parallel_scan_gives_the_serial_report(fx: CompatRepos, monkeypatch:
 
 def test_summaries_made_ahead_give_the_same_search(fx: CompatRepos, monkeypatch: pytest.MonkeyPatch) -> None:
     alone = _search(fx)
-    monkeypatch.setattr(engine.Workers, "MIN", 1)
+    monkeypatch.setattr(workers.Workers, "MIN", 1)
     opened: list[pysource.SummaryCache] = []
     open_cache = pysource.SummaryCache.open
 
@@ -70,7 +70,7 @@ def test_summaries_made_ahead_give_the_same_search(fx: CompatRepos, monkeypatch:
 
 def test_a_worker_that_cannot_read_a_blob_leaves_it_to_the_checker(fx: CompatRepos) -> None:
     git_dir = str(GitRepo(fx.aiter).repo.git_dir)
-    assert engine._summarize_blob(git_dir, "0" * 40, "aiter/ops/fused.py", "aiter.ops.fused") is None
+    assert workers._summarize_blob(git_dir, "0" * 40, "aiter/ops/fused.py", "aiter.ops.fused") is None
     sha = GitRepo(fx.aiter).blob_shas(fx.a["A4"], prefix="aiter", suffix=".py")["aiter/ops/fused.py"]
-    got = engine._summarize_blob(git_dir, sha, "aiter/ops/fused.py", "aiter.ops.fused")  # (read again)
+    got = workers._summarize_blob(git_dir, sha, "aiter/ops/fused.py", "aiter.ops.fused")  # (read again)
     assert got is not None and got.module == "aiter.ops.fused" and got.events

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from pipeline.compat import engine
+from pipeline.compat import checker
 from pipeline.errors import SourceError
 from pipeline.gitw import STREAM_MIN_BLOBS, GitRepo
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
@@ -70,18 +70,18 @@ def test_cancel_kills_a_running_git_and_reaps_it(big: GitRepo) -> None:
 
 def test_a_check_reads_its_early_logs_and_leaves_none_behind(fx: CompatRepos) -> None:
     atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
-    caches = engine.Caches.open(None)
-    checker = engine.Checker(atom, fx.t["T1"], aiter, caches, tip=fx.a["A4"])
+    caches = checker.Caches.open(None)
+    chk = checker.Checker(atom, fx.t["T1"], aiter, caches, tip=fx.a["A4"])
     started = dict(caches.soon)
     assert len(started) == 2  # aiter's whole-history log and ATOM's file creations
-    report = checker.check(fx.a["A4"])
+    report = chk.check(fx.a["A4"])
     assert not report.ok
     assert all(s._proc is None for s in started.values())  # both read by the check itself
     caches.close()
     assert caches.soon == {}
 
-    unread = engine.Caches.open(None)
-    engine.Checker(atom, fx.t["T1"], aiter, unread, tip=fx.a["A4"])  # a run that fails before reading
+    unread = checker.Caches.open(None)
+    checker.Checker(atom, fx.t["T1"], aiter, unread, tip=fx.a["A4"])  # a run that fails before reading
     procs = [s._proc for s in unread.soon.values()]
     unread.close()
     assert unread.soon == {} and all(p is None or p.returncode is not None for p in procs)

@@ -49,15 +49,18 @@ def test_a_bare_mirror_is_still_addressed_by_its_git_dir(
 
     repo = GitRepo(bare)
     assert repo.work_tree is None
-    assert repo.git("rev-parse", "HEAD") == subprocess.run(
-        ["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    assert (
+        repo.git("rev-parse", "HEAD")
+        == subprocess.run(
+            ["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
 
 
 def test_selfcheck_commits_the_copied_tree_without_a_workaround(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.selfcheck import _commit_tree
+    from pipeline.image.selfcheck import _commit_tree
 
     src = tmp_path / "src"
     (src / "atom").mkdir(parents=True)

@@ -216,7 +216,7 @@ def test_auto_with_no_compatible_aiter_is_incompatible(
 def test_base_image_digest_through_the_registry_module(
     ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.registry
+    import pipeline.oci.registry
 
     seen: list[tuple[str, bool]] = []
 
@@ -225,7 +225,7 @@ def test_base_image_digest_through_the_registry_module(
         return DIGEST
 
     monkeypatch.setattr(sources.pinning, "default_digest_resolver", REAL_DEFAULT_RESOLVER)
-    monkeypatch.setattr(pipeline.registry, "resolve_digest", fake_resolve)
+    monkeypatch.setattr(pipeline.oci.registry, "resolve_digest", fake_resolve)
     args = pin_args(ups)
     args[args.index("--base-image") + 1] = "rocm/pytorch:tag"
     assert main([*args, "--json"]) == 0

@@ -15,7 +15,7 @@ from pipeline.compat import run_check
 from pipeline.compat.reach import ModelFacts, compute_reach, gate_model
 from pipeline.errors import ExitCode, SourceError
 from pipeline.gitw import GitRepo
-from pipeline.recipe import parse_recipe
+from pipeline.recipes.recipe import parse_recipe
 from tests.fixtures.gitfixture import commit_all, write_files
 from tests.fixtures.reach_repos import BROKEN_CALL, ReachRepos, build_reach_repos, recipe_yaml
 

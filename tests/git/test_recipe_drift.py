@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import ExitCode
-from pipeline.recipe import load_recipe
+from pipeline.recipes.recipe import load_recipe
 from tests.fixtures.gitfixture import commit_all, git, init_repo, write_files
 from tests.unit.test_recipe_import import TWO_VARIANTS
 

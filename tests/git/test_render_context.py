@@ -14,8 +14,9 @@ from pipeline import labels
 from pipeline.config import Settings, load_settings
 from pipeline.errors import RenderError
 from pipeline.gitw import GitRepo
+from pipeline.image.context import LOCK_NAME, MANIFEST, RenderedContext, read_manifest
+from pipeline.image.render import render_context
 from pipeline.lock import Lock
-from pipeline.render import LOCK_NAME, MANIFEST, RenderedContext, read_manifest, render_context
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,

@@ -176,7 +176,9 @@ def main(argv: list[str]) -> int:
         max_concurrency_str = (
             f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
         )
-        file_name = f"{args.backend}-{args.request_rate}qps{max_concurrency_str}-{base_model_id}-{current_dt}.json"  # noqa: E501
+        file_name = (
+            f"{args.backend}-{args.request_rate}qps{max_concurrency_str}-{base_model_id}-{current_dt}.json"
+        )
         if args.result_filename:
             file_name = args.result_filename
         if args.result_dir:

@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from pipeline.buildprogress import BuildProgress, timings_path
+from pipeline.image.buildprogress import BuildProgress, timings_path
 from pipeline.log import Logger
 from pipeline.progress import Progress
 

@@ -1,4 +1,4 @@
-"""pipeline.dockerw without an engine: stream parsing, error mapping, secret masking; the unit guards."""
+"""pipeline.oci.engine without an engine: stream parsing, error mapping, secret masking; the unit guards."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import docker.errors
 import pytest
 import requests
 
-from pipeline.dockerw import Engine, created_layers, format_run_command, parse_created
 from pipeline.errors import BuildError, InfraError, TagError
+from pipeline.oci.engine import Engine, created_layers, format_run_command, parse_created
 from tests.conftest import ForbiddenInUnitTest
 
 BUILD_OK = [

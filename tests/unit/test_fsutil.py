@@ -23,7 +23,7 @@ from pipeline.errors import (
 from pipeline.fsutil import acquire_lock, atomic_write_json, atomic_write_text, hold_lock, read_text
 from pipeline.lock import Lock
 from pipeline.patchq import PatchSeries
-from pipeline.recipe import load_recipe
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke.verdict import load_verdict
 from pipeline.sources import normalise_url
 

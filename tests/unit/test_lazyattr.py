@@ -42,4 +42,3 @@ def test_an_unknown_name_is_an_attribute_error(pkg: types.ModuleType) -> None:
         _ = pkg.nope
     assert not hasattr(pkg, "other")
     assert pkg.loaded == []
-

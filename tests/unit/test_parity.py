@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RenderError
-from pipeline.parity import Deliberate, compare, load_deliberate, target_steps
+from pipeline.image.parity import Deliberate, compare, load_deliberate, target_steps
 from tests.fixtures.build_repos import UPSTREAM_DOCKERFILE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from pipeline import labels
-from pipeline.provenance import (
+from pipeline.image.provenance import (
     ATTESTATIONS,
     NOT_GIVEN,
     PREDICATE_TYPE,

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError, ExitCode
-from pipeline.recipe import (
+from pipeline.recipes.recipe import (
     BenchmarkCheck,
     ChatCheck,
     Gsm8kCheck,
@@ -164,7 +164,7 @@ def test_gfx_target_version(gfx: str, version: int) -> None:
 
 def test_a_recipe_setup_that_installs_lm_eval_installs_the_pinned_version() -> None:
     """The lm_eval a GPU host installs is the one the image bakes in and CI runs (toolpins)."""
-    from pipeline.recipe import Gsm8kCheck
+    from pipeline.recipes.recipe import Gsm8kCheck
     from pipeline.toolpins import LM_EVAL_REQUIREMENT
 
     installing = 0

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.recipe import parse_recipe
-from pipeline.recipeimport import RecipeParseError, _diff, parse_markdown, render_yaml, source_of
+from pipeline.recipes.drift import _diff
+from pipeline.recipes.recipe import parse_recipe
+from pipeline.recipes.upstream import RecipeParseError, parse_markdown, render_yaml, source_of
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from pipeline.errors import ExitCode, InfraError, TagError, UsageError
-from pipeline.registry import (
+from pipeline.oci.registry import (
     MEDIA_DOCKER_MANIFEST,
     MEDIA_OCI_INDEX,
     Credentials,

@@ -17,18 +17,9 @@ import pytest
 from pipeline import labels
 from pipeline.config import Settings, load_settings
 from pipeline.errors import ExitCode, RenderError
+from pipeline.image.dockerfile import TEMPLATE, f_dq, f_sh, render_dockerfile, template_sources
+from pipeline.image.render import RenderPlan, SubmoduleSpec, pep440_from_describe, plan_render
 from pipeline.lock import BaseImagePin, Lock, PatchPin, SourcePin, Sources, Submodule
-from pipeline.render import (
-    TEMPLATE,
-    RenderPlan,
-    SubmoduleSpec,
-    f_dq,
-    f_sh,
-    pep440_from_describe,
-    plan_render,
-    render_dockerfile,
-    template_sources,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "dockerfiles"

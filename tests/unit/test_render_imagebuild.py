@@ -10,14 +10,17 @@ from typing import Any
 import pytest
 
 from pipeline import labels
-from pipeline.dockerw import BuiltImage, ImageInfo
+from pipeline.config import load_settings
 from pipeline.errors import BuildError, RenderError
 from pipeline.fsutil import sha256_bytes
-from pipeline.imagebuild import _failure, build_image, split_ref, stage_cached
+from pipeline.image.build import _failure, build_image, stage_cached
+from pipeline.image.context import MANIFEST
 from pipeline.log import Logger
-from pipeline.render import MANIFEST
+from pipeline.oci.engine import BuiltImage, ImageInfo
+from pipeline.oci.ref import split_ref
 
 DIGEST = "d" * 64
+SETTINGS = load_settings(env={}, cwd=Path(__file__).parent)  # the packaged defaults
 
 
 def context(tmp_path: Path) -> Path:
@@ -49,6 +52,10 @@ class FakeEngine:
     def tag(self, image: str, repo: str, tag: str) -> None:
         self.tagged.append((image, repo, tag))
 
+    def pull(self, ref: str, auth_config: Any = None) -> ImageInfo:
+        self.pulled = ref
+        return ImageInfo(id="sha256:" + "c" * 64, tags=[], digests=[ref], labels={}, created="")
+
     def build(self, *args: Any, **kwargs: Any) -> BuiltImage:
         self.built = True
         raise AssertionError("must not build")
@@ -59,7 +66,15 @@ def test_existing_image_with_same_digest_is_reported_and_tagged(tmp_path: Path) 
         id="sha256:" + "a" * 64, tags=[], digests=[], labels={labels.INPUTS_DIGEST: DIGEST}, created=""
     )
     engine = FakeEngine([info])
-    out = build_image(engine, context(tmp_path), tag=None, log=Logger(stream=io.StringIO()), run_dir=tmp_path)  # type: ignore[arg-type]
+    out = build_image(
+        engine,
+        context(tmp_path),
+        tag=None,
+        log=Logger(stream=io.StringIO()),
+        run_dir=tmp_path,
+        settings=SETTINGS,
+        env={},
+    )  # type: ignore[arg-type]
     assert out.skipped and out.image_id == info.id and out.found_in == "local" and not engine.built
     assert engine.tagged == [(info.id, "rocm/atom-dev", "candidate-" + DIGEST[:12])]
     assert not (tmp_path / "build.log").exists()
@@ -73,6 +88,8 @@ def test_registry_hit_skips_the_build(tmp_path: Path) -> None:
         tag="my/repo:x",
         log=Logger(stream=io.StringIO()),
         run_dir=tmp_path,
+        settings=SETTINGS,
+        env={},
         remote_lookup=lambda d: f"reg/my/repo:candidate-{d[:12]}@sha256:" + "b" * 64,
     )
     assert out.skipped and out.found_in.startswith("reg/my/repo:candidate-dddddddddddd") and not engine.built
@@ -82,7 +99,15 @@ def test_edited_context_is_refused_before_engine_work(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     (ctx / "Dockerfile").write_text("FROM evil\n")
     with pytest.raises(RenderError, match="edited after render"):
-        build_image(FakeEngine([]), ctx, tag=None, log=Logger(stream=io.StringIO()), run_dir=None)  # type: ignore[arg-type]
+        build_image(
+            FakeEngine([]),
+            ctx,
+            tag=None,
+            log=Logger(stream=io.StringIO()),
+            run_dir=None,
+            settings=SETTINGS,
+            env={},
+        )  # type: ignore[arg-type]
 
 
 def test_stage_cached() -> None:

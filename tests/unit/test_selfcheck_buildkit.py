@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.buildkit import _error, _Progress, mirror_context
-from pipeline.dockerw import BuiltImage
-from pipeline.imagebuild import stage_cached
-from pipeline.selfcheck import judge
+from pipeline.image.build import stage_cached
+from pipeline.image.selfcheck import judge
+from pipeline.oci.buildkit import _error, _Progress, mirror_context
+from pipeline.oci.engine import BuiltImage
 
 EXPECTED: dict[str, Any] = {
     "aiter_dir": "/app/aiter-test",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, load_recipe
+from pipeline.recipes.recipe import BenchmarkCheck, ChatCheck, Gsm8kCheck, load_recipe
 from pipeline.smoke.checks import (
     PLUGINS,
     BenchmarkGate,

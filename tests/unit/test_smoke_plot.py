@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.log import Logger
-from pipeline.recipe import BenchmarkCheck, load_recipe
+from pipeline.recipes.recipe import BenchmarkCheck, load_recipe
 from pipeline.smoke import plot
 from pipeline.smoke.checks import evaluate_benchmark
 from pipeline.smoke.verdict import CheckResult, RecipeRef, TestedImage, Verdict

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError, ExitCode
-from pipeline.recipe import load_recipe
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke.preflight import engine_is_local, no_hardware_error, resolve_hf_cache, run_preflight
 from pipeline.smoke.probe import model_in_cache, read_nodes
 from tests.fixtures.sysfs import make_sysfs, nodes_dir

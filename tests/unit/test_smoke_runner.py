@@ -19,10 +19,10 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import load_settings
-from pipeline.dockerw import ContainerInfo
 from pipeline.errors import ExitCode, InfraError
 from pipeline.log import Logger
-from pipeline.recipe import load_recipe
+from pipeline.oci.engine import ContainerInfo
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
 from tests.fixtures.sysfs import make_sysfs, nodes_dir
 from tests.unit.test_smoke_checks import bench_result, chat_body, lm_eval_results
@@ -246,10 +246,10 @@ def test_interrupt_removes_the_container_and_records_an_error(tmp_path: Path) ->
 def test_cli_without_hardware_exits_9_and_says_what_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.dockerw
+    import pipeline.oci.engine
 
     monkeypatch.setattr(
-        pipeline.dockerw.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
     )
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
@@ -278,11 +278,11 @@ def test_cli_without_hardware_exits_9_and_says_what_is_missing(
 def test_cli_failed_gate_exits_8_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.dockerw
+    import pipeline.oci.engine
 
     log = ["Traceback (most recent call last):", SEED]
     monkeypatch.setattr(
-        pipeline.dockerw.Engine,
+        pipeline.oci.engine.Engine,
         "connect",
         classmethod(
             lambda cls, *a, **k: FakeEngine(FakeContainer(log, exit_code_after_log=1, ready_after=99))
@@ -313,10 +313,10 @@ def test_cli_failed_gate_exits_8_with_the_reason(
 def test_cli_unknown_image_and_usage_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.dockerw
+    import pipeline.oci.engine
 
     monkeypatch.setattr(
-        pipeline.dockerw.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
     )
     assert main(["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path)]) == 2
     assert "The local Docker engine has no image 'nope:1'" in capsys.readouterr().err

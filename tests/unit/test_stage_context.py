@@ -32,7 +32,7 @@ def _ctx(tmp_path: Path, **env: str) -> Context:
 
 @pytest.fixture
 def connects(monkeypatch: pytest.MonkeyPatch) -> list[_Engine]:
-    from pipeline import dockerw
+    from pipeline.oci import engine as dockerw
 
     opened: list[_Engine] = []
 

@@ -15,12 +15,12 @@ import requests
 from filelock import FileLock
 
 from pipeline import labels
-from pipeline.dockerw import ImageInfo
 from pipeline.errors import ConfigError, ExitCode, InfraError, RunLocked, TagError, UsageError
 from pipeline.log import Logger
-from pipeline.record import PREDICATE_TYPE, STATEMENT_TYPE
-from pipeline.registry import MEDIA_DOCKER_MANIFEST, RegistryClient, parse_image_ref
-from pipeline.tag import (
+from pipeline.oci.engine import ImageInfo
+from pipeline.oci.registry import MEDIA_DOCKER_MANIFEST, RegistryClient, parse_image_ref
+from pipeline.release.record import PREDICATE_TYPE, STATEMENT_TYPE
+from pipeline.release.tag import (
     TagResult,
     _tag_lock_path,
     _utc_date,
@@ -166,7 +166,7 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
 
 
 def test_record_links_the_build_provenance_of_the_tagged_image(world: World, fake: FakeRegistry) -> None:
-    from pipeline.provenance import build_provenance, write_build_attestations
+    from pipeline.image.provenance import build_provenance, write_build_attestations
 
     build_dir = world.verdict_path.parent.parent / "build"
     build_dir.mkdir()
@@ -379,14 +379,14 @@ def test_invalid_moving_tag_refused(world: World, fake: FakeRegistry) -> None:
 def test_cosign_asked_but_missing_refused_before_anything(
     world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: None)
+    monkeypatch.setattr("pipeline.release.tag.shutil.which", lambda name: None)
     assert "cosign" in _refused(world, fake, cosign=True)
 
 
 def test_cosign_attests_before_moving(
     world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: "/usr/bin/cosign")
+    monkeypatch.setattr("pipeline.release.tag.shutil.which", lambda name: "/usr/bin/cosign")
     calls: list[tuple[list[str], int]] = []
 
     def fake_cosign(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -417,7 +417,7 @@ def test_cosign_attests_before_moving(
 def test_cosign_failure_leaves_moving_tags(
     world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pipeline.tag.shutil.which", lambda name: "/usr/bin/cosign")
+    monkeypatch.setattr("pipeline.release.tag.shutil.which", lambda name: "/usr/bin/cosign")
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
     with pytest.raises(TagError, match="cosign attest"):
         tag_verified(
@@ -508,7 +508,7 @@ def test_plan_tags_from_settings(world: World) -> None:
 
 
 def _load(world: World) -> Any:
-    from pipeline.tag import read_tag_verdict
+    from pipeline.release.tag import read_tag_verdict
 
     return read_tag_verdict(world.verdict_path).verdict
 
@@ -521,7 +521,7 @@ def cli(world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch) -> Fa
     """`pipeline tag` wired to the fake engine and the in-memory registry."""
     engine = _engine(world, fake)
     engine.close = lambda: None  # type: ignore[attr-defined]
-    monkeypatch.setattr("pipeline.dockerw.Engine.connect", classmethod(lambda cls, *a, **kw: engine))
+    monkeypatch.setattr("pipeline.oci.engine.Engine.connect", classmethod(lambda cls, *a, **kw: engine))
     real_init = RegistryClient.__init__
 
     def init(self: RegistryClient, registry: str, **kw: Any) -> None:
@@ -649,7 +649,7 @@ def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: Fake
 
 
 def test_registry_with_credentials_in_it_is_refused_without_echo(world: World) -> None:
-    from pipeline.tag import target_repository
+    from pipeline.release.tag import target_repository
 
     with pytest.raises(UsageError) as e:
         target_repository(world.settings(), "bob:Secr3tPw@registry.example", None)
@@ -693,7 +693,7 @@ def test_a_newer_release_landing_between_check_and_put_is_not_overwritten(
     world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The conditional re-read just before the PUT: another machine released a newer image."""
-    import pipeline.moving_tags as mt
+    import pipeline.release.moving_tags as mt
 
     older = _release(fake, "2026-06-01T00:00:00Z")
     newer = _release(fake, "2026-07-01T00:00:00Z")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RenderError
-from pipeline.render import link_wheelhouse, wheel_pythons
+from pipeline.image.render import link_wheelhouse, wheel_pythons
 
 PINS = (
     "lm_eval-0.4.13-py3-none-any.whl",

@@ -12,7 +12,7 @@ attestation; the classic builder makes none either. So the build writes, into it
   ours (PREDICATE_TYPE), not SLSA's: it is written by the build tool itself on the build host,
   unsigned, so it claims no SLSA build level.
 
-The verification record (pipeline.record) links both, after checking that the provenance's
+The verification record (pipeline.release.record) links both, after checking that the provenance's
 subject is the image being tagged.
 """
 

@@ -34,7 +34,7 @@ from typing import Literal
 from pipeline import labels
 from pipeline.errors import InfraError, PipelineError, TagError, sentence
 from pipeline.log import Logger
-from pipeline.registry import RegistryClient, RegistryError, RegistryUnavailable
+from pipeline.oci.registry import RegistryClient, RegistryError, RegistryUnavailable
 from pipeline.retry import GaveUp, with_retries
 
 MoveState = Literal["moved", "finished", "rolled back", "yielded", "unknown", "not moved"]

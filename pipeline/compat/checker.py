@@ -16,24 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pipeline.compat.aiterapi import (
     TORCH_OPS,
     ApiIndex,
-    ModSummary,
     Signature,
     Target,
-    module_from_path,
-    summarize_module,
 )
 from pipeline.compat.bind import Binding, bind
 from pipeline.compat.calls import (
@@ -49,8 +42,9 @@ from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cau
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
+from pipeline.compat.workers import PARALLEL_MIN_FILES, Workers
 from pipeline.errors import SourceError
-from pipeline.gitw import BlobReader, CommitInfo, GitRepo, GitSoon
+from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
@@ -148,93 +142,6 @@ def _remember(caches: Caches, pair: tuple[str, str], calls: FileCalls) -> FileCa
     caches.atom.data[f"{pair[1]}:{pair[0]}"] = calls
     caches.atom.dirty = True
     return calls
-
-
-PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process
-
-
-def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
-    k, path, data = item
-    return k, scan_file(data, path)
-
-
-class Workers:
-    """The run's worker processes (forked on first use, stopped by `close`).
-
-    They parse ATOM's files; in a search, which walks aiter's history on one core otherwise,
-    they also summarize the modules an examined commit will read, ahead of its resolution:
-    those the last examined commit read and that changed. A summary lands in the cache's
-    `pending`, which `get_many` takes only once it is ready.
-    """
-
-    MIN = 3  # fewer modules than this are summarized where they are needed
-
-    def __init__(self) -> None:
-        self._pool: Any = None
-
-    def _get(self) -> Any:
-        if self._pool is None and (os.cpu_count() or 1) > 1:
-            try:
-                ctx = multiprocessing.get_context("fork")  # no re-import: the workers start at once
-            except ValueError:  # no fork on this platform: all is done in the checker's process
-                return None
-            self._pool = ctx.Pool(min(os.cpu_count() or 2, 4), initializer=_worker_init)
-        return self._pool
-
-    def scan(self, items: list[tuple[int, str, bytes]]) -> Iterator[tuple[int, FileCalls]] | None:
-        """(k, calls) per `(k, path, source)` as the workers finish them; None: no workers."""
-        pool = self._get()
-        if pool is None:
-            return None
-        it: Iterator[tuple[int, FileCalls]] = pool.imap_unordered(_scan_item, items, chunksize=2)
-        return it
-
-    def ahead(self, cache: SummaryCache, repo: GitRepo, tree: Tree, paths: set[str]) -> int:
-        """Start summarizing `paths` as they are in `tree`, unless known or on their way; how many."""
-        todo = sorted(
-            (p, tree.blobs[p]) for p in paths
-            if p in tree.blobs and f"{tree.blobs[p]}:{p}" not in cache.data
-            and f"{tree.blobs[p]}:{p}" not in cache.pending
-        )  # fmt: skip
-        if len(todo) < self.MIN:
-            return 0
-        pool = self._get()
-        if pool is None:
-            return 0
-        git_dir = str(repo.repo.git_dir)
-        for path, sha in todo:  # (the workers read the blobs: this process goes on binding)
-            args = (git_dir, sha, path, module_from_path(path))
-            cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
-        return len(todo)
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-
-
-_READERS: dict[str, BlobReader] = {}  # a worker's own `cat-file --batch` per repository
-
-
-def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary | None:
-    """A module's summary, or None when this worker cannot read it (the checker then summarizes
-    it itself, and reports whatever went wrong there, as an error of its own)."""
-    reader = _READERS.get(git_dir)
-    if reader is None:
-        reader = _READERS[git_dir] = BlobReader(git_dir)
-    try:
-        data = reader.read(sha)
-    except (SourceError, OSError, ValueError):
-        _READERS.pop(git_dir, None)
-        return None
-    return summarize_module(data, path, module)
-
-
-def _worker_init() -> None:
-    # Workers inherit the CLI's handlers (SIGTERM -> KeyboardInterrupt); the parent handles signals.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:

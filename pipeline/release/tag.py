@@ -34,15 +34,13 @@ from typing import Any
 
 from pipeline import labels
 from pipeline.config import Settings
-from pipeline.dockerw import EngineAPI, ImageInfo
 from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
 from pipeline.fsutil import acquire_lock, sha256_file
+from pipeline.image.provenance import record_attestations
 from pipeline.lock import Lock, default_lock_path
 from pipeline.log import Logger
-from pipeline.moving_tags import MoveOutcome, Mover, current
-from pipeline.provenance import record_attestations
-from pipeline.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
-from pipeline.registry import (
+from pipeline.oci.engine import EngineAPI, ImageInfo
+from pipeline.oci.registry import (
     MEDIA_DOCKER_MANIFEST,
     MEDIA_OCI_MANIFEST,
     ImageRef,
@@ -52,6 +50,8 @@ from pipeline.registry import (
     parse_image_ref,
     tag_problem,
 )
+from pipeline.release.moving_tags import MoveOutcome, Mover, current
+from pipeline.release.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
 from pipeline.retry import GaveUp, with_retries
 from pipeline.smoke.verdict import Verdict, VerdictFile, read_verdict
 
@@ -369,7 +369,7 @@ def tag_verified(
 ) -> TagResult:
     """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags.
 
-    Moving tags only move forward (`pipeline.moving_tags`); `allow_older` moves them back, loudly.
+    Moving tags only move forward (`pipeline.release.moving_tags`); `allow_older` moves them back, loudly.
     """
     started = _now()
     cosign = settings.tag.cosign

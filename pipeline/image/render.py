@@ -12,26 +12,21 @@ Two layers:
   `render.json` (the manifest `build_image` reads), all into a temp directory
   that replaces `out_dir` only when complete.
 
-Safety: the template environment refuses any `{{ value }}` that did not go
-through one of our quoting filters (`sh`, `dq`, `path`, `image`, `cmd`,
-`comment`); each filter validates its value first. A value such as
-`main; rm -rf /` therefore ends up inside quotes or is refused, never run.
+The template environment and its quoting filters are pipeline.image.dockerfile; the context's
+layout, manifest and shared directory are pipeline.image.context.
 Determinism: no wall-clock time anywhere; `created` is SOURCE_DATE_EPOCH or
 the newer of the two locked commit dates.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
-import traceback
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,24 +35,36 @@ from pipeline import __version__, labels, toolpins
 from pipeline.config import Settings
 from pipeline.errors import RenderError, SourceError
 from pipeline.fsutil import atomic_write_json, atomic_write_text, make_temp_dir, sha256_bytes, sha256_file
+from pipeline.image.context import (
+    DOCKERFILE,
+    DOCKERFILE_CLASSIC,
+    FILES_INDEX,
+    LOCK_NAME,
+    MANIFEST,
+    PARITY,
+    WHEELS,
+    RenderedContext,
+    candidate_tag,
+    check_model,
+    locked_shared_context,
+    shared_context_dir,
+)
+from pipeline.image.dockerfile import (
+    NOT_AN_INPUT,
+    URL_CHARS,
+    VERSION_RE,
+    dockerfile_values,
+    f_json,
+    render_dockerfile,
+    template_sources,
+)
 from pipeline.lock import Lock
 
-if TYPE_CHECKING:  # imported lazily: `build` on unchanged inputs reads only the manifest
-    import jinja2
-
+if TYPE_CHECKING:
     from pipeline.gitw import GitRepo
 
-TEMPLATE = "Dockerfile.j2"
-MANIFEST = "render.json"
-LOCK_NAME = "atom-image.lock.toml"
 DIGEST_SCHEMA = 2
-DOCKERFILE = "Dockerfile"  # BuildKit (RUN --mount)
-DOCKERFILE_CLASSIC = "Dockerfile.classic"  # the same image for engines without BuildKit
-WHEELS = "wheels"  # the wheelhouse in the context
-PARITY = "parity.md"
-FILES_INDEX = ".render-files.json"  # {path: [mode, blob sha]} of the exported trees, for reuse
 WHEELS_IN_IMAGE = "/tmp/atom-wheels"
-NOT_AN_INPUT = "parity.toml"  # the reviewed parity list sits beside the template; it changes no image
 
 # Where the trees live in the image (as in the upstream ATOM release image).
 AITER_DIR = "/app/aiter-test"
@@ -77,142 +84,10 @@ DOCKERIGNORE = f"# written by atom-image-pipeline render\n**/.git\n/{MANIFEST}\n
 # --------------------------------------------------------------------------- quoting
 
 
-class Quoted(str):
-    """A string a filter has validated and quoted for its place in the Dockerfile."""
-
-    __slots__ = ()
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_PATH = re.compile(r"^[A-Za-z0-9._/+@-]+$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
-_URL_CHARS = r"[^\s'\"\\`$;|&<>(){}]+"
-_URL = re.compile(rf"^(?:(?:https?|ssh|git|file)://{_URL_CHARS}|[\w.-]+@[\w.-]+:{_URL_CHARS})$")
-_VERSION = re.compile(
-    r"^[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc|\.post|\.dev)[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?$"
-)
+_URL = re.compile(rf"^(?:(?:https?|ssh|git|file)://{URL_CHARS}|[\w.-]+@[\w.-]+:{URL_CHARS})$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 _NETWORKS = ("host", "none", "default", "bridge")
-
-
-def _text(value: Any, what: str) -> str:
-    import jinja2
-
-    if isinstance(value, jinja2.Undefined):
-        value._fail_with_undefined_error()
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise RenderError(f"template value for {what} is a {type(value).__name__}, expected text.")
-    return str(value)
-
-
-def _no_control(value: str, what: str) -> str:
-    if _CONTROL.search(value):
-        raise RenderError(
-            f"{what} {value!r} contains a newline or control character, which could inject "
-            "Dockerfile instructions; it is refused.",
-            hint="Fix the value in the lock file or configuration.",
-        )
-    return value
-
-
-def f_sh(value: Any) -> Quoted:
-    """One shell word, for RUN lines: validated (no control chars), then shlex-quoted."""
-    text = _no_control(_text(value, "a shell word"), "shell value")
-    return Quoted(shlex.quote(text))
-
-
-def f_dq(value: Any) -> Quoted:
-    """A Dockerfile double-quoted string (LABEL, ENV): `\\`, `"` and `$` escaped."""
-    text = _no_control(_text(value, "a quoted string"), "label/env value")
-    return Quoted('"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"')
-
-
-def f_path(value: Any) -> Quoted:
-    """A path in COPY/WORKDIR/RUN: only plain path characters, no quoting needed."""
-    text = _text(value, "a path")
-    if not _PATH.match(text) or ".." in text.split("/"):
-        raise RenderError(f"path {text!r} has characters not allowed in the Dockerfile (or '..').")
-    return Quoted(text)
-
-
-def f_image(value: Any) -> Quoted:
-    """A base image pinned by digest: `name[:tag]@sha256:<64 hex>` (the one grammar, pipeline.imageref)."""
-    from pipeline.errors import UsageError
-    from pipeline.imageref import parse_image_ref
-
-    text = _text(value, "an image reference")
-    try:
-        ref = parse_image_ref(text)
-    except UsageError as e:
-        raise RenderError(f"base image: {e.message}", hint=e.hint) from None
-    if not ref.digest:
-        raise RenderError(
-            f"base image {text!r} is not pinned by digest (name@sha256:...).",
-            hint="Run `pipeline pin` where the registry answers so the lock records the base image digest.",
-        )
-    return Quoted(text)
-
-
-def f_cmd(value: Any) -> Quoted:
-    """A build command from configuration, placed verbatim after RUN.
-
-    It is shell by design (the release engineer writes it, as upstream does);
-    it must be one line, so it cannot add Dockerfile instructions.
-    """
-    text = _no_control(_text(value, "a build command"), "build command").strip()
-    if not text or text.endswith("\\"):
-        raise RenderError(f"build command {text!r} is empty or ends with a line continuation.")
-    return Quoted(text)
-
-
-def f_comment(value: Any) -> Quoted:
-    """Free text after `#`: one line only."""
-    return Quoted(_no_control(_text(value, "a comment"), "comment text"))
-
-
-def f_json(value: Any) -> str:
-    """JSON text (compact, sorted): feed it to `dq` or `sh` next."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-FILTERS: dict[str, Callable[[Any], Any]] = {
-    "sh": f_sh,
-    "dq": f_dq,
-    "path": f_path,
-    "image": f_image,
-    "cmd": f_cmd,
-    "comment": f_comment,
-    "tojson_c": f_json,
-}
-
-
-def _finalize(value: Any) -> Any:
-    import jinja2
-
-    if isinstance(value, Quoted):
-        return value
-    if isinstance(value, jinja2.Undefined):
-        value._fail_with_undefined_error()
-    raise RenderError(
-        f"the template puts {str(value)[:60]!r} into the Dockerfile without a quoting filter.",
-        hint="Pass every value through one of: " + ", ".join(k for k in FILTERS if k != "tojson_c") + ".",
-    )
-
-
-def make_environment(templates_dir: Path) -> jinja2.Environment:
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        finalize=_finalize,
-    )
-    env.filters.update(FILTERS)
-    return env
 
 
 # --------------------------------------------------------------------------- pure part
@@ -233,22 +108,6 @@ class RenderPlan:
     inputs_digest: str
     inputs: dict[str, Any]  # what the digest is computed over (for render.json)
     image_ref: str
-
-
-def template_sources(templates_dir: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file under the templates directory."""
-    if not templates_dir.is_dir():
-        raise RenderError(
-            f"templates directory {templates_dir} does not exist.",
-            hint="Set [paths] templates_dir (or PIPELINE_TEMPLATES_DIR) to the dockerfiles/ directory.",
-        )
-    out = {}
-    for p in sorted(templates_dir.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and p.name != NOT_AN_INPUT:
-            out[p.relative_to(templates_dir).as_posix()] = sha256_file(p)
-    if TEMPLATE not in out:
-        raise RenderError(f"templates directory {templates_dir} has no {TEMPLATE}.")
-    return out
 
 
 def created_time(lock: Lock, source_date_epoch: int | None) -> str:
@@ -272,19 +131,19 @@ def pep440_from_describe(describe: str | None, sha: str, extra: str = "") -> str
     base = "0.0.0"
     if describe:
         m = re.match(r"^v?(.+)-(\d+)-g[0-9a-f]+$", describe)
-        if m and _VERSION.match(m.group(1)) and "+" not in m.group(1):
+        if m and VERSION_RE.match(m.group(1)) and "+" not in m.group(1):
             base = m.group(1)
             if m.group(2) != "0":
                 local.insert(0, m.group(2))
     if extra:
         local.append(extra)
     version = f"{base}+{'.'.join(local)}"
-    return version if _VERSION.match(version) else f"0.0.0+g{sha[:10]}"
+    return version if VERSION_RE.match(version) else f"0.0.0+g{sha[:10]}"
 
 
 def check_repository(repository: str) -> str:
     from pipeline.errors import UsageError
-    from pipeline.imageref import parse_image_ref
+    from pipeline.oci.ref import parse_image_ref
 
     try:
         ref = parse_image_ref(repository)
@@ -296,14 +155,6 @@ def check_repository(repository: str) -> str:
             hint="Set [image] repository to e.g. registry.example.com/rocm/atom-dev (lower case).",
         )
     return repository
-
-
-def check_model(model: str) -> str:
-    from pipeline.validate import MODEL_RE  # the one model-name grammar
-
-    if not MODEL_RE.match(model):
-        raise RenderError(f"model name {model!r} may only contain letters, digits, '.', '_' and '-'.")
-    return model
 
 
 def plan_render(
@@ -355,7 +206,7 @@ def plan_render(
     atom_version = atom_version or pep440_from_describe(None, lock.atom.sha)
     aiter_version = aiter_version or pep440_from_describe(None, lock.aiter.sha)
     for v in (atom_version, aiter_version):
-        if not _VERSION.match(v):
+        if not VERSION_RE.match(v):
             raise RenderError(f"package version {v!r} is not a PEP 440 version.")
     version = f"atom-{lock.atom.sha[:10]}_aiter-{lock.aiter.sha[:10]}"
     if patchset:
@@ -460,7 +311,7 @@ def check_build_settings(settings: Settings) -> None:
             f"[image] network = {img.network!r} is not a build network mode.",
             hint="Use one of: " + ", ".join(_NETWORKS) + " (upstream builds with host).",
         )
-    if not _VERSION.match(img.python_version):
+    if not VERSION_RE.match(img.python_version):
         raise RenderError(f"[image] python_version = {img.python_version!r} is not a version like 3.10.")
     for name in img.build_secrets:
         if not _ENV_NAME.match(name):
@@ -470,86 +321,7 @@ def check_build_settings(settings: Settings) -> None:
             )
 
 
-def dockerfile_values(values: Mapping[str, Any], *, buildkit: bool) -> dict[str, Any]:
-    """The template values for one of the two Dockerfiles (BuildKit or classic)."""
-    wheels = values["wheels_in_image"]
-    return {
-        **values,
-        "buildkit": buildkit,
-        "builder_name": "BuildKit" if buildkit else "classic builder",
-        "pip_cache_mount": Quoted(
-            "--mount=type=cache,target=/root/.cache/pip,id=atom-image-pip,sharing=locked"
-        ),
-        "wheels_mount": Quoted(f"--mount=type=bind,from={WHEELS},target={f_path(wheels)}"),
-        "secret_mounts": Quoted(
-            "".join(f"--mount=type=secret,id={f_sh(s)},required=true " for s in values["build_secrets"])
-        ),
-    }
-
-
-def candidate_tag(inputs_digest: str) -> str:
-    """A candidate tag names the inputs, never a release (the tag stage moves real tags)."""
-    return f"candidate-{inputs_digest[:12]}"
-
-
-def render_dockerfile(
-    templates_dir: Path, values: Mapping[str, Any], template: str = TEMPLATE, *, buildkit: bool = True
-) -> str:
-    """Render `template` (the BuildKit Dockerfile, or with `buildkit=False` the classic one);
-    template errors become RenderError naming file and line."""
-    import jinja2
-
-    if "buildkit" not in values:
-        values = dockerfile_values(values, buildkit=buildkit)
-    env = make_environment(templates_dir)
-    try:
-        return env.get_template(template).render(**values)
-    except jinja2.TemplateSyntaxError as e:
-        where = _where(templates_dir, e.filename or e.name or template, e.lineno)
-        raise RenderError(
-            f"template syntax error at {where}: {e.message}.",
-            hint="Fix the template and render again.",
-        ) from e
-    except jinja2.TemplateNotFound as e:
-        raise RenderError(f"template {e.name} not found in {templates_dir}.") from e
-    except jinja2.UndefinedError as e:
-        raise RenderError(
-            f"template value missing at {_tb_where(e, templates_dir)}: {e.message}.",
-            hint="Every value the template uses must be provided (StrictUndefined): fix the template "
-            "or the render code.",
-        ) from e
-    except RenderError as e:
-        raise RenderError(f"{e.message} (at {_tb_where(e, templates_dir)})", hint=e.hint) from e
-
-
-def _where(templates_dir: Path, filename: str, lineno: int | None) -> str:
-    p = Path(filename)
-    if not p.is_absolute():
-        p = templates_dir / p
-    return f"{p}:{lineno}" if lineno else str(p)
-
-
-def _tb_where(exc: BaseException, templates_dir: Path) -> str:
-    root = str(templates_dir.resolve())
-    found = None
-    for fr in traceback.extract_tb(exc.__traceback__):
-        if str(Path(fr.filename).resolve()).startswith(root):
-            found = f"{fr.filename}:{fr.lineno}"
-    return found or str(templates_dir)
-
-
 # --------------------------------------------------------------------------- I/O part
-
-
-@dataclass(frozen=True)
-class RenderedContext:
-    dir: Path
-    dockerfile: Path
-    inputs_digest: str
-    labels: dict[str, str]
-    image_ref: str
-    parity_summary: str = ""
-    notes: tuple[str, ...] = ()  # what render decided that the user should know (printed as warnings)
 
 
 def _resolve(repo: GitRepo, sha: str, what: str) -> str:
@@ -758,7 +530,7 @@ def patched_files(atom: GitRepo, base: str, head: str) -> dict[str, str]:
 def recipe_tools(recipe_path: Path) -> tuple[list[str], list[str]]:
     """(executables, python modules) the recipe's checks run: the self-check wants them in the image."""
     from pipeline.errors import PipelineError
-    from pipeline.recipe import load_recipe
+    from pipeline.recipes.recipe import load_recipe
 
     try:
         recipe = load_recipe(recipe_path)
@@ -918,7 +690,7 @@ def render_context(
                 templates_dir, dockerfile_values(plan.values, buildkit=False)
             ),
         }
-        from pipeline import parity
+        from pipeline.image import parity
 
         raw_list = settings.paths.parity_file
         parity_list = Path(raw_list) if raw_list else templates_dir / NOT_AN_INPUT
@@ -1005,7 +777,7 @@ def render_context(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    from pipeline.buildkit import mirror_context
+    from pipeline.oci.buildkit import mirror_context
 
     with locked_shared_context(settings, lock.model) as shared:
         mirror_context(out_dir, shared)  # links only: the next render (any directory) reuses it
@@ -1017,84 +789,4 @@ def render_context(
         image_ref=plan.image_ref,
         parity_summary=report.summary,
         notes=tuple(notes),
-    )
-
-
-def shared_context_dir(settings: Settings, model: str) -> Path:
-    """The engine's build directory for a model: a hard-linked mirror of the last context rendered
-    or built.
-
-    BuildKit sends only what changed since the last build from the same directory, and render
-    hard-links unchanged files from it (a new run directory reuses the last run's files).
-    """
-    return settings.cache_dir / "contexts" / check_model(model)
-
-
-@contextlib.contextmanager
-def locked_shared_context(settings: Settings, model: str) -> Iterator[Path]:
-    """The model's shared context directory, held under an exclusive lock."""
-    import fcntl
-
-    path = shared_context_dir(settings, model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield path
-
-
-@dataclass(frozen=True)
-class ContextManifest:
-    dir: Path
-    inputs_digest: str
-    image_ref: str
-    labels: dict[str, str]
-    base_image: str
-    model: str = ""
-    dockerfiles: tuple[str, ...] = (DOCKERFILE,)  # what this context can be built with
-    network: str = ""
-    secrets: tuple[str, ...] = ()
-    selfcheck: dict[str, Any] | None = None
-    raw: dict[str, Any] = field(default_factory=dict)  # the manifest as read (provenance records it)
-
-
-def read_manifest(context: Path) -> ContextManifest:
-    """The render manifest of a context; refuses a context edited after render."""
-    path = context / MANIFEST
-    dockerfile = context / "Dockerfile"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        digest = str(data["inputs_digest"])
-        expected = str(data["dockerfile_sha256"])
-    except FileNotFoundError:
-        raise RenderError(
-            f"{context} is not a rendered build context (no {MANIFEST}).",
-            hint="Run `pipeline render --model M -o DIR` first.",
-        ) from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise RenderError(f"{path} is corrupt: {e}.", hint="Render the context again.") from e
-    if not dockerfile.is_file() or sha256_file(dockerfile) != expected:
-        raise RenderError(
-            f"the Dockerfile in {context} is missing or was edited after render.",
-            hint="Render the context again; edits would not be covered by the inputs digest.",
-        )
-    files = dict(data.get("dockerfiles") or {DOCKERFILE: expected})
-    for name, sha in files.items():
-        if not (context / name).is_file() or sha256_file(context / name) != sha:
-            raise RenderError(
-                f"{name} in {context} is missing or was edited after render.",
-                hint="Render the context again; edits would not be covered by the inputs digest.",
-            )
-    build = dict(data.get("build") or {})
-    return ContextManifest(
-        dir=context,
-        inputs_digest=digest,
-        image_ref=str(data["image_ref"]),
-        labels={str(k): str(v) for k, v in dict(data["labels"]).items()},
-        base_image=str(data["base_image"]),
-        model=str(data.get("model", "")),
-        dockerfiles=tuple(files),
-        network=str(build.get("network", "")),
-        secrets=tuple(str(x) for x in build.get("secrets", ())),
-        selfcheck=dict(data["selfcheck"]) if data.get("selfcheck") else None,
-        raw=data,
     )

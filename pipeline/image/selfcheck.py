@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.dockerw import EngineAPI
 from pipeline.errors import BuildError, PipelineError
 from pipeline.fsutil import atomic_write_json
+from pipeline.oci.engine import EngineAPI
 
 REPORT = "selfcheck.json"
 TREES_TAR = "/tmp/atom-selfcheck-trees.tar"

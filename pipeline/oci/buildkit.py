@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.dockerw import BuiltImage, EngineAPI
 from pipeline.errors import BuildError, InfraError
+from pipeline.oci.engine import BuiltImage, EngineAPI
 
 # Attestations: what this front end says about provenance and SBOM (the verification record links it).
 ATTESTATIONS_UNSUPPORTED = (

@@ -12,7 +12,7 @@ An in-toto Statement v1 (https://github.com/in-toto/attestation, spec v1):
 
 `attestations` says what exists beside this record: `slsa_provenance` and `sbom` are null with
 the reason (our front ends make none), and `build_provenance` links the build's own in-toto
-statement of its inputs (pipeline.provenance) once its subject is checked to be this image.
+statement of its inputs (pipeline.image.provenance) once its subject is checked to be this image.
 
 Written atomically as `record.json` next to the verdict, twice: before any moving tag
 moves (``moving_state: pending``, no moving tag; the predicate alone, `predicate.json`,
@@ -31,8 +31,8 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.fsutil import atomic_write_json
+from pipeline.image.provenance import record_attestations
 from pipeline.lock import Lock
-from pipeline.provenance import record_attestations
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://atom-image-pipeline.dev/verification/v1"
@@ -79,7 +79,7 @@ class RecordInputs:
     finished: str  # when the immutable push was verified
     moving_state: str = "moved"  # pending (before the moves), moved, finished, rolled back, yielded, unknown
     moving_note: str = ""  # one sentence: what happened to the moving tags
-    # pipeline.provenance.record_attestations: SLSA/SBOM (none from our front ends, and why) and the
+    # pipeline.image.provenance.record_attestations: SLSA/SBOM (none from our front ends, and why) and the
     # link to our own build provenance; None: not known to this tag run
     attestations: Mapping[str, Any] | None = None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pipeline.errors import UsageError
+from pipeline.errors import BuildError, UsageError
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com")
@@ -129,3 +129,14 @@ def parse_image_ref(ref: str) -> ImageRef:
             hint="Repository names are lowercase letters, digits and . _ - separated by /.",
         )
     return ImageRef(registry, repository, tag, digest, given)
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """`repo[:tag]` -> (repo as written, tag); the tag defaults to `latest` (this grammar)."""
+    try:
+        parsed = parse_image_ref(ref)
+    except UsageError as e:
+        raise BuildError(f"cannot tag an image as {ref!r}: {e.message}", hint=e.hint) from None
+    if parsed.digest:
+        raise BuildError(f"cannot tag an image as {ref!r}: a tag, not a digest, is needed.")
+    return parsed.given, parsed.tag or "latest"

@@ -1,17 +1,17 @@
-"""Build a rendered context with the Docker engine: BuildKit (pipeline.buildkit), or classic.
+"""Build a rendered context with the Docker engine: BuildKit (pipeline.oci.buildkit), or classic.
 
 `build_image` first looks for an image that already carries the context's
 inputs digest label (locally, then optionally in the target registry): same
 inputs, same image, so nothing is built. Otherwise it checks the pinned base
 image is there (or pullable), builds with per-step progress, streams the full
-build log into the run directory, runs the image self-check (pipeline.selfcheck,
+build log into the run directory, runs the image self-check (pipeline.image.selfcheck,
 no GPU) and only then tags the result as a *candidate*
 (`<repository>:candidate-<digest 12>`); release tags are the tag stage's job.
 A failed build or self-check tags nothing and raises `BuildError` naming the
 failing step (or rule) with its evidence.
 
 Front end ([image] builder): "auto" builds with BuildKit through a docker CLI that can drive it
-(the engine's own BuildKit; see pipeline.buildkit for why), else with the classic builder
+(the engine's own BuildKit; see pipeline.oci.buildkit for why), else with the classic builder
 (`Dockerfile.classic`: no cache mounts, no secrets). BuildKit builds run from a stable
 directory per model (`<cache>/contexts/<model>`, a hard-linked mirror of the context), so the
 engine receives only the files that changed; with [image] cache_repository they start from
@@ -20,7 +20,6 @@ that registry's inline cache and push the checked image there.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -28,14 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from pipeline import buildkit, labels
-from pipeline.buildprogress import BuildProgress, timings_path
-from pipeline.config import Settings, load_settings
-from pipeline.dockerw import BuiltImage, EngineAPI, ImageInfo
+from pipeline import labels
+from pipeline.config import Settings
 from pipeline.errors import BuildError, InfraError, PipelineError, TagError
-from pipeline.log import Logger
-from pipeline.progress import Progress
-from pipeline.render import (
+from pipeline.image.buildprogress import BuildProgress, timings_path
+from pipeline.image.context import (
     DOCKERFILE,
     DOCKERFILE_CLASSIC,
     ContextManifest,
@@ -43,9 +39,14 @@ from pipeline.render import (
     locked_shared_context,
     read_manifest,
 )
+from pipeline.log import Logger
+from pipeline.oci import buildkit
+from pipeline.oci.engine import BuiltImage, EngineAPI, ImageInfo
+from pipeline.oci.ref import split_ref
+from pipeline.progress import Progress
 
 BUILD_LOG = "build.log"
-ATTESTATIONS = "attestations.json"  # pipeline.provenance writes it
+ATTESTATIONS = "attestations.json"  # pipeline.image.provenance writes it
 TAIL_LINES = 20
 
 # Looks an inputs digest up in the target registry: returns where an image with it was found, or None.
@@ -71,22 +72,9 @@ class BuildOutcome:
     selfcheck: Path | None = None  # the self-check report
     attestations: Path | None = None  # what the front end produced (or why not)
     cache_ref: str = ""  # where the build cache was pushed
+    pushed: str = ""  # the candidate in the target registry ([tag] registry), `repo:tag@digest`
     # wall seconds per phase: base (check or pull the pinned base), build, selfcheck, cache-push
     phases: Mapping[str, float] = field(default_factory=dict)
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """`repo[:tag]` -> (repo as written, tag); the tag defaults to `latest` (pipeline.imageref's grammar)."""
-    from pipeline.errors import UsageError
-    from pipeline.imageref import parse_image_ref
-
-    try:
-        parsed = parse_image_ref(ref)
-    except UsageError as e:
-        raise BuildError(f"cannot tag an image as {ref!r}: {e.message}", hint=e.hint) from None
-    if parsed.digest:
-        raise BuildError(f"cannot tag an image as {ref!r}: a tag, not a digest, is needed.")
-    return parsed.given, parsed.tag or "latest"
 
 
 def stage_cached(built: BuiltImage, stage: str) -> bool | None:
@@ -121,7 +109,7 @@ def _check_base(engine: EngineAPI, base: str, log: Logger) -> None:
     """The pinned base image must be on the engine or pullable; else an error naming it."""
     if engine.image(base) is not None:
         return
-    from pipeline.imageref import parse_image_ref
+    from pipeline.oci.ref import parse_image_ref
 
     parsed = parse_image_ref(base)  # render checked it: a pinned reference
     repo, digest = parsed.given, parsed.digest or ""
@@ -147,50 +135,36 @@ def build_image(
     log: Logger,
     run_dir: Path | None,
     extra_labels: Mapping[str, str] | None = None,
+    settings: Settings,
+    env: Mapping[str, str],
     remote_lookup: RemoteLookup | None = None,
     nocache: bool = False,
-    settings: Settings | None = None,
-    env: Mapping[str, str] | None = None,
 ) -> BuildOutcome:
-    """Build `context` (rendered by `pipeline render`) unless its inputs were built already.
+    """The candidate of `context` (rendered by `pipeline render`): found on the engine, found in
+    the target registry and pulled, or built (and then pushed there when [tag] registry is set).
 
-    `settings` choose the front end, network, secrets, registry cache and self-check (None:
-    the packaged defaults); `env` holds the build secrets' values (default: os.environ).
+    The image it returns is on the engine, tagged as the candidate. `settings` choose the front
+    end, network, secrets, registry cache, self-check and target registry; `env` holds the
+    build secrets' values and the registry credentials. `remote_lookup` replaces the registry
+    lookup `settings` would make.
     """
     manifest = read_manifest(context)
-    settings = settings or load_settings(env={}, cwd=context)
-    env = os.environ if env is None else env
     digest = manifest.inputs_digest
     ref = tag or manifest.image_ref
     split_ref(ref)  # refuse a bad tag before any work
 
-    existing = sorted(engine.images_with_label(labels.INPUTS_DIGEST, digest), key=lambda i: i.id)
-    if existing:
-        info = existing[0]
-        _ensure_tag(engine, info, ref)
-        log.info(f"an image with inputs digest {digest[:12]} exists: {info.id[:19]}; nothing to build")
+    found = _find(engine, digest, ref, settings, env, log, remote_lookup)
+    if found is not None:
+        image_id, where = found
         return BuildOutcome(
-            image_id=info.id,
+            image_id=image_id,
             skipped=True,
             cached_steps=0,
             log_path=None,
             image_ref=ref,
             inputs_digest=digest,
-            found_in="local",
+            found_in=where,
         )
-    if remote_lookup is not None:
-        where = remote_lookup(digest)
-        if where is not None:
-            log.info(f"the registry has an image with inputs digest {digest[:12]}: {where}; nothing to build")
-            return BuildOutcome(
-                image_id="",
-                skipped=True,
-                cached_steps=0,
-                log_path=None,
-                image_ref=ref,
-                inputs_digest=digest,
-                found_in=where,
-            )
 
     phases: dict[str, float] = {}
     t0 = time.monotonic()
@@ -305,6 +279,7 @@ def build_image(
     pushed = _push_cache(engine, built.id, cache_ref, log) if cache_ref else ""
     if cache_ref:
         phases["cache-push"] = time.monotonic() - t0
+    candidate = _push_candidate(engine, settings, env, ref, log) if settings.tag.registry else ""
     aiter_cached = stage_cached(built, "aiter")
     log.info(
         f"built {built.id[:19]} as {ref}: {len(built.steps)} steps, {built.cached_steps} from cache"
@@ -325,6 +300,7 @@ def build_image(
         selfcheck=report,
         attestations=attestations,
         cache_ref=pushed,
+        pushed=candidate,
         phases=phases,
     )
 
@@ -353,7 +329,7 @@ def _front_end(
     if choice == "classic":
         return None
     cli = buildkit.find_cli(settings.image.docker_cli, env)
-    ok = cli is not None and engine_has_buildkit(engine)
+    ok = cli is not None and buildkit.engine_has_buildkit(engine)
     if ok:
         return cli
     why = "no docker CLI here can drive BuildKit" if cli is None else "the engine has no BuildKit"
@@ -365,10 +341,6 @@ def _front_end(
         )
     log.warn(f"{why}: building with the classic builder")
     return None
-
-
-def engine_has_buildkit(engine: EngineAPI) -> bool:
-    return buildkit.engine_has_buildkit(engine)
 
 
 def _selfcheck(
@@ -389,7 +361,7 @@ def _selfcheck(
             f"the context {manifest.dir} carries no self-check expectations (rendered by an older version).",
             hint="Render the context again.",
         )
-    from pipeline import selfcheck
+    from pipeline.image import selfcheck
 
     result = selfcheck.run_selfcheck(
         engine, image_id, manifest.selfcheck, manifest.dir, run_dir=run_dir, labels=extra_labels
@@ -413,7 +385,7 @@ def _attestations(
     """attestations.json (none from this front end, and why) linking our own build provenance."""
     if run_dir is None:
         return None
-    from pipeline import provenance
+    from pipeline.image import provenance
 
     statement = provenance.build_provenance(
         image_id=built.id,
@@ -478,7 +450,7 @@ def registry_lookup(settings: Settings, env: Mapping[str, str], log: Logger) -> 
     registry = settings.tag.registry
     if not registry:
         return None
-    from pipeline.registry import RegistryClient, credentials_for, parse_image_ref
+    from pipeline.oci.registry import RegistryClient, credentials_for, parse_image_ref
 
     target = parse_image_ref(f"{registry.rstrip('/')}/{settings.image.repository}")
     client = RegistryClient(target.registry, credentials=credentials_for(target.registry, env), retries=1)
@@ -493,3 +465,67 @@ def registry_lookup(settings: Settings, env: Mapping[str, str], log: Logger) -> 
         return f"{target.name}:{tag}@{found}" if found else None
 
     return lookup
+
+
+def _find(
+    engine: EngineAPI,
+    digest: str,
+    ref: str,
+    settings: Settings,
+    env: Mapping[str, str],
+    log: Logger,
+    remote_lookup: RemoteLookup | None,
+) -> tuple[str, str] | None:
+    """(image ID, "local" or the registry reference) of an image with these inputs, now on the
+    engine as the candidate; None when there is none to be had."""
+    existing = sorted(engine.images_with_label(labels.INPUTS_DIGEST, digest), key=lambda i: i.id)
+    if existing:
+        info = existing[0]
+        _ensure_tag(engine, info, ref)
+        log.info(f"an image with inputs digest {digest[:12]} exists: {info.id[:19]}; nothing to build")
+        return info.id, "local"
+    lookup = remote_lookup if remote_lookup is not None else registry_lookup(settings, env, log)
+    where = lookup(digest) if lookup is not None else None
+    if where is None:
+        return None
+    log.info(f"the registry has an image with inputs digest {digest[:12]}: {where}; nothing to build")
+    return _pull_found(engine, where, ref, env, log), where
+
+
+def _pull_found(engine: EngineAPI, found: str, candidate: str, env: Mapping[str, str], log: Logger) -> str:
+    """The registry holds the candidate: pull it by digest and tag it locally as the candidate."""
+    from pipeline.oci.registry import credentials_for
+    from pipeline.validate import image_reference
+
+    ref = image_reference(found)
+    creds = credentials_for(ref.registry, env)
+    info = engine.pull(f"{ref.name}@{ref.digest}", auth_config=creds.auth_config if creds else None)
+    repo, tag = split_ref(candidate)
+    engine.tag(info.id, repo, tag)
+    log.info(f"pulled {ref.name}@{ref.digest} as {candidate}: {info.id[:19]}")
+    return info.id
+
+
+def _push_candidate(
+    engine: EngineAPI, settings: Settings, env: Mapping[str, str], candidate: str, log: Logger
+) -> str:
+    """Push the candidate tag to the target registry, where `registry_lookup` looks on the next run;
+    `repo:tag@digest`, or "" (a warning) when the push failed."""
+    from pipeline.errors import sentence
+    from pipeline.oci.registry import credentials_for
+
+    registry = settings.tag.registry.rstrip("/")
+    repo, tag = split_ref(candidate)
+    target = f"{registry}/{settings.image.repository}" if not repo.startswith(registry + "/") else repo
+    creds = credentials_for(registry, env)
+    try:
+        if target != repo:
+            engine.tag(candidate, target, tag)
+        digest = engine.push(target, tag, auth_config=creds.auth_config if creds else None)
+    except PipelineError as e:
+        log.warn(
+            f"could not push the candidate {target}:{tag}: {sentence(e.message)} The next run may rebuild it."
+        )
+        return ""
+    log.detail(f"pushed candidate {target}:{tag}@{digest}")
+    return f"{target}:{tag}@{digest}"

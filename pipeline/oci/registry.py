@@ -41,13 +41,13 @@ from typing import TypeVar
 import requests
 
 from pipeline.errors import InfraError, TagError, UsageError
-from pipeline.imageref import DIGEST_RE as DIGEST_RE
-from pipeline.imageref import DOCKER_HUB as DOCKER_HUB
-from pipeline.imageref import DOCKER_HUB_ALIASES as _DOCKER_HUB_ALIASES
-from pipeline.imageref import ImageRef as ImageRef  # the one reference grammar, re-exported for callers
-from pipeline.imageref import parse_image_ref as parse_image_ref
-from pipeline.imageref import tag_problem as tag_problem
-from pipeline.imageref import validate_tag as validate_tag
+from pipeline.oci.ref import DIGEST_RE as DIGEST_RE
+from pipeline.oci.ref import DOCKER_HUB as DOCKER_HUB
+from pipeline.oci.ref import DOCKER_HUB_ALIASES as _DOCKER_HUB_ALIASES
+from pipeline.oci.ref import ImageRef as ImageRef  # the one reference grammar, re-exported for callers
+from pipeline.oci.ref import parse_image_ref as parse_image_ref
+from pipeline.oci.ref import tag_problem as tag_problem
+from pipeline.oci.ref import validate_tag as validate_tag
 from pipeline.retry import GaveUp, with_retries
 
 DOCKER_HUB_API = "registry-1.docker.io"
@@ -261,17 +261,20 @@ class RegistryClient:
         """GET /v2/ (authenticating if asked); InfraError when nothing answers."""
         self._request("GET", "/v2/", scope=None, ok=(200,), what="reach the registry API")
 
-    def manifest_digest(self, repository: str, reference: str) -> str | None:
-        """The digest ``repository:reference`` points at, or None when the registry does not have it."""
-        path = f"/v2/{repository}/manifests/{reference}"
-        resp = self._request(
-            "HEAD",
-            path,
+    def _manifest(self, method: str, repository: str, reference: str, what: str) -> requests.Response:
+        """HEAD or GET of a manifest by tag or digest (200 or 404; anything else is an error)."""
+        return self._request(
+            method,
+            f"/v2/{repository}/manifests/{reference}",
             scope=_scope(repository, "pull"),
             headers={"Accept": MANIFEST_ACCEPT},
             ok=(200, 404),
-            what=f"look up {self._show(repository, reference)}",
+            what=what,
         )
+
+    def manifest_digest(self, repository: str, reference: str) -> str | None:
+        """The digest ``repository:reference`` points at, or None when the registry does not have it."""
+        resp = self._manifest("HEAD", repository, reference, f"look up {self._show(repository, reference)}")
         if resp.status_code == 404:
             return None
         digest = resp.headers.get("Docker-Content-Digest")
@@ -283,16 +286,8 @@ class RegistryClient:
 
     def get_manifest(self, repository: str, reference: str) -> tuple[bytes, str, str]:
         """``(manifest bytes, media type, digest)``; RegistryError when it does not exist."""
-        path = f"/v2/{repository}/manifests/{reference}"
         what = self._show(repository, reference)
-        resp = self._request(
-            "GET",
-            path,
-            scope=_scope(repository, "pull"),
-            headers={"Accept": MANIFEST_ACCEPT},
-            ok=(200, 404),
-            what=f"read the manifest of {what}",
-        )
+        resp = self._manifest("GET", repository, reference, f"read the manifest of {what}")
         if resp.status_code == 404:
             raise RegistryError(f"the registry has no manifest for {what}.", evidence=_body(resp))
         body = resp.content
