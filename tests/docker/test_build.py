@@ -142,6 +142,7 @@ def build(
     engine: Engine, ctx: Path, s: Settings, run_dir: Path, cleanup: DockerCleanup, **kw: object
 ) -> BuildOutcome:
     log = Logger(stream=io.StringIO())
+    env = kw.pop("env", os.environ)
     return build_image(
         engine,
         ctx,
@@ -150,7 +151,7 @@ def build(
         run_dir=run_dir,
         extra_labels=cleanup.labels,
         settings=s,
-        env=os.environ,
+        env=env,  # type: ignore[arg-type]
         **kw,  # type: ignore[arg-type]
     )
 
