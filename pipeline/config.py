@@ -141,8 +141,8 @@ def _defaults() -> dict[str, dict[str, Any]]:
     return tomllib.loads(text)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    text = read_text(path, what="configuration file", error=ConfigError)
+def _read_toml(path: Path, hint: str | None = None) -> dict[str, Any]:
+    text = read_text(path, what="configuration file", error=ConfigError, hint=hint)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -184,10 +184,8 @@ def load_settings(
     origins = {key: "default" for key in KEY_SECTION}
 
     project = config_file if config_file is not None else (cwd or Path.cwd()) / PROJECT_FILE
-    if config_file is not None and not project.is_file():
-        raise ConfigError(f"configuration file {project} does not exist.", hint="Check the --config path.")
-    if project.is_file():
-        data = _read_toml(project)
+    if config_file is not None or project.exists():  # a device or pipe is refused, not ignored
+        data = _read_toml(project, hint="Check the --config path." if config_file is not None else None)
         for section, values in data.items():
             if section not in _SECTION_MODELS:
                 raise ConfigError(
