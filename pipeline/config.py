@@ -11,6 +11,7 @@ keys and wrong types are `ConfigError`s naming the file, key and expected type.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
@@ -73,11 +74,36 @@ class ImageSettings(_Section):
     require_git: bool
 
 
+#: Environment variables a recipe may hand to the model server with no configuration.
+RECIPE_SECRETS = ("HF_TOKEN",)
+# The tool's own credentials: never a recipe's (the server runs upstream code).
+_RESERVED_SECRET = re.compile(r"^(PIPELINE_|REGISTRY_|DOCKER_|COSIGN_|SIGSTORE_)|REGISTRY")
+
+
+def reserved_secret(name: str) -> bool:
+    """Whether `name` is one of the tool's own credentials (push, registry API, signing)."""
+    return _RESERVED_SECRET.search(name.upper()) is not None
+
+
 class SmokeSettings(_Section):
     docker_host: str
     hf_cache: str
     kfd_topology: str
     run_all_checks: bool
+    # Environment variables a recipe may pass to the server besides RECIPE_SECRETS.
+    recipe_secrets: list[str]
+
+    @field_validator("recipe_secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"an environment variable name, not {name!r}")
+            if reserved_secret(name):
+                raise ValueError(
+                    f"a variable the model server may see; {name} is one of the tool's own credentials"
+                )
+        return v
 
 
 class TagSettings(_Section):
@@ -113,6 +139,11 @@ class Settings(_Section):
     @property
     def mirrors_dir(self) -> Path:
         return self.cache_dir / "mirrors"
+
+    @property
+    def recipe_secrets(self) -> frozenset[str]:
+        """The environment variables a recipe may hand to the model server: an allow-list."""
+        return frozenset((*RECIPE_SECRETS, *self.smoke.recipe_secrets))
 
     def flat(self) -> dict[str, Any]:
         """{key: value} over all sections (keys are unique)."""
