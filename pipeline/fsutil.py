@@ -265,17 +265,21 @@ def acquire_lock(
     """
     import filelock  # not at import time: the CLI starts faster
 
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    from pipeline.errors import disk_error
+
     lock = filelock.FileLock(str(lock_file))
     try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
-    except filelock.Timeout:
+    except filelock.Timeout:  # (an OSError too: caught first)
         if on_wait is not None:
             on_wait()
         try:
             lock.acquire(timeout=wait)
         except filelock.Timeout:
             raise RunLocked(busy, hint=hint) from None
+    except OSError as e:  # no room, read-only, a file where a directory should be: named, no traceback
+        raise disk_error(e, "create") or UsageError(unwritable(lock_file, "lock file", e)) from None
     return lock
 
 
