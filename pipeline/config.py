@@ -54,6 +54,10 @@ class PathsSettings(_Section):
     parity_file: str
 
 
+_GFX = r"gfx[0-9]{1,2}[0-9a-f]{2}(?::(?:xnack|sramecc)[+-])*"
+_GPU_ARCHS = re.compile(rf"^{_GFX}(?:;{_GFX})*$")
+
+
 class ImageSettings(_Section):
     base_image: str
     repository: str
@@ -72,6 +76,16 @@ class ImageSettings(_Section):
     cache_repository: str
     selfcheck: bool
     require_git: bool
+
+    @field_validator("gpu_archs")
+    @classmethod
+    def _archs(cls, v: str) -> str:
+        if not _GPU_ARCHS.match(v):
+            raise ValueError(
+                "GPU architectures as aiter's GPU_ARCHS takes them: gfx names separated by ';' "
+                "(e.g. gfx950 or gfx942;gfx950, a target feature as gfx90a:xnack+)"
+            )
+        return v
 
 
 #: Environment variables a recipe may hand to the model server with no configuration.
