@@ -219,3 +219,15 @@ def test_read_bytes_reads_at_most_the_limit(tmp_path: Path) -> None:
     assert read_bytes(f, what="x", limit=10) == b"a" * 10
     with pytest.raises(UsageError, match="over the limit of 9 bytes"):
         read_bytes(f, what="x", limit=9)
+
+
+def test_a_resumed_runs_spec_and_the_parity_list_are_read_bounded(tmp_path: Path) -> None:
+    from pipeline.errors import RenderError
+    from pipeline.image.parity import load_deliberate
+    from pipeline.runs import RunDir
+
+    os.mkfifo(tmp_path / "run.json")  # would block a plain read for ever
+    with pytest.raises(UsageError, match=r"run\.json is not a regular file"):
+        RunDir(tmp_path).read_spec()
+    with pytest.raises(RenderError, match="parity list /dev/zero is not a regular file"):
+        load_deliberate(Path("/dev/zero"))
