@@ -447,6 +447,7 @@ def commit_patch(repo: GitRepo, work_tree: Path, patch: Patch) -> str:
     """
     with tempfile.TemporaryDirectory(prefix="pipeline-patch-apply-") as tmp:
         exact = exact_copy(patch, Path(tmp))
+        same_as_git(patch, repo, exact)  # `patch import` comes here without check_series
         res = repo.run("apply", "--index", "--whitespace=nowarn", str(exact), work_tree=work_tree)
     if not res.ok:
         raise PatchError(

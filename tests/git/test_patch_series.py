@@ -584,3 +584,16 @@ def test_a_symlinked_series_or_patch_file_is_refused(tmp_path: Path, which: str)
     with pytest.raises(PatchError, match="is a symbolic link; refused") as e:
         PatchSeries.load(d)
     assert e.value.exit_code == ExitCode.PATCH
+
+
+def test_import_refuses_what_git_would_apply_beyond_the_patch(atom: AtomFixture, tmp_path: Path) -> None:
+    hidden = "--- /dev/null\n+++ b/atom/hidden_payload.py\n@@ -0,0 +1 @@\n+import os\n"
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=hidden + HARMLESS)
+    series = PatchSeries.load(write_series(tmp_path / "p", {"0001-harmless.patch": text}))
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(atom.mirror), str(clone))
+    before = _state(clone)
+    with pytest.raises(PatchError, match=r"files the patch does not show: atom/hidden_payload\.py"):
+        import_series(series, GitRepo(clone), atom.c2)
+    assert _state(clone) == before
+    assert not (clone / "atom" / "hidden_payload.py").exists()
