@@ -326,3 +326,30 @@ def test_a_killed_renders_leftovers_are_swept_by_the_next(repos: BuildRepos, tmp
     assert not any(d.exists() for d in left)
     assert alive.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".context.")) == [alive.name]
+
+
+def test_the_selfchecks_file_list_is_gits_view_a_renames_old_path_included(tmp_path: Path) -> None:
+    from pipeline.image.render import patched_files
+
+    work = tmp_path / "atom"
+    work.mkdir()
+
+    def run(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(work), *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    run("init", "-q", "-b", "main")
+    (work / "atom").mkdir()
+    (work / "atom" / "old_name.py").write_text("x = 1\n" * 20)
+    run("add", ".")
+    run("commit", "-q", "-m", "base")
+    base = run("rev-parse", "HEAD").strip()
+    run("mv", "atom/old_name.py", "atom/new_name.py")
+    run("-c", "diff.renames=true", "commit", "-q", "-m", "rename")
+    head = run("rev-parse", "HEAD").strip()
+    files = patched_files(GitRepo(work), base, head)
+    assert files == {
+        "atom/new_name.py": hashlib.sha256(b"x = 1\n" * 20).hexdigest(),
+        "atom/old_name.py": "",  # the self-check verifies it is gone from the image
+    }
