@@ -11,6 +11,7 @@ keys and wrong types are `ConfigError`s naming the file, key and expected type.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
@@ -53,6 +54,10 @@ class PathsSettings(_Section):
     parity_file: str
 
 
+_GFX = r"gfx[0-9]{1,2}[0-9a-f]{2}(?::(?:xnack|sramecc)[+-])*"
+_GPU_ARCHS = re.compile(rf"^{_GFX}(?:;{_GFX})*$")
+
+
 class ImageSettings(_Section):
     base_image: str
     repository: str
@@ -72,12 +77,47 @@ class ImageSettings(_Section):
     selfcheck: bool
     require_git: bool
 
+    @field_validator("gpu_archs")
+    @classmethod
+    def _archs(cls, v: str) -> str:
+        if not _GPU_ARCHS.match(v):
+            raise ValueError(
+                "GPU architectures as aiter's GPU_ARCHS takes them: gfx names separated by ';' "
+                "(e.g. gfx950 or gfx942;gfx950, a target feature as gfx90a:xnack+)"
+            )
+        return v
+
+
+#: Environment variables a recipe may hand to the model server with no configuration.
+RECIPE_SECRETS = ("HF_TOKEN",)
+# The tool's own credentials: never a recipe's (the server runs upstream code).
+_RESERVED_SECRET = re.compile(r"^(PIPELINE_|REGISTRY_|DOCKER_|COSIGN_|SIGSTORE_)|REGISTRY")
+
+
+def reserved_secret(name: str) -> bool:
+    """Whether `name` is one of the tool's own credentials (push, registry API, signing)."""
+    return _RESERVED_SECRET.search(name.upper()) is not None
+
 
 class SmokeSettings(_Section):
     docker_host: str
     hf_cache: str
     kfd_topology: str
     run_all_checks: bool
+    # Environment variables a recipe may pass to the server besides RECIPE_SECRETS.
+    recipe_secrets: list[str]
+
+    @field_validator("recipe_secrets")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"an environment variable name, not {name!r}")
+            if reserved_secret(name):
+                raise ValueError(
+                    f"a variable the model server may see; {name} is one of the tool's own credentials"
+                )
+        return v
 
 
 class TagSettings(_Section):
@@ -114,6 +154,11 @@ class Settings(_Section):
     def mirrors_dir(self) -> Path:
         return self.cache_dir / "mirrors"
 
+    @property
+    def recipe_secrets(self) -> frozenset[str]:
+        """The environment variables a recipe may hand to the model server: an allow-list."""
+        return frozenset((*RECIPE_SECRETS, *self.smoke.recipe_secrets))
+
     def flat(self) -> dict[str, Any]:
         """{key: value} over all sections (keys are unique)."""
         out: dict[str, Any] = {}
@@ -141,8 +186,8 @@ def _defaults() -> dict[str, dict[str, Any]]:
     return tomllib.loads(text)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    text = read_text(path, what="configuration file", error=ConfigError)
+def _read_toml(path: Path, hint: str | None = None) -> dict[str, Any]:
+    text = read_text(path, what="configuration file", error=ConfigError, hint=hint)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -184,10 +229,8 @@ def load_settings(
     origins = {key: "default" for key in KEY_SECTION}
 
     project = config_file if config_file is not None else (cwd or Path.cwd()) / PROJECT_FILE
-    if config_file is not None and not project.is_file():
-        raise ConfigError(f"configuration file {project} does not exist.", hint="Check the --config path.")
-    if project.is_file():
-        data = _read_toml(project)
+    if config_file is not None or project.exists():  # a device or pipe is refused, not ignored
+        data = _read_toml(project, hint="Check the --config path." if config_file is not None else None)
         for section, values in data.items():
             if section not in _SECTION_MODELS:
                 raise ConfigError(

@@ -1,8 +1,9 @@
 """Small file-system helpers shared by the stages.
 
-- Reading: `read_text`/`read_bytes` turn every way a file can be unreadable
-  (missing, a directory, not UTF-8, permission, a name too long) into one of
-  our errors naming the file, never a traceback.
+- Reading: `read_text`/`read_bytes` are the one way a file a user names is read:
+  bounded by size, regular files only (never `/dev/zero` or a pipe), and every
+  way it can be unreadable (missing, a directory, not UTF-8, permission, a name
+  too long) is one of our errors naming the file, never a traceback.
 - Writing: `atomic_write_text` never leaves half a file, and the file gets
   the mode any other tool would give it (the umask for a new file, the old
   mode on a rewrite); `make_temp_dir` likewise for directories.
@@ -52,20 +53,83 @@ def unreadable(path: Path, what: str, e: OSError | UnicodeDecodeError) -> str:
     return f"{what} {path} cannot be read: {e.strerror or e}."
 
 
+#: The most a file given by a user (lock, recipe, series, patch, verdict, plan, configuration)
+#: may hold: far above any real one, far below what would hurt a shared host.
+MAX_USER_FILE = 16 << 20
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 def read_bytes(
-    path: Path, *, what: str, error: type[PipelineError] = UsageError, hint: str | None = None
+    path: Path,
+    *,
+    what: str,
+    error: type[PipelineError] = UsageError,
+    hint: str | None = None,
+    limit: int = MAX_USER_FILE,
+    follow_symlinks: bool = True,
 ) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them, or `error` naming the file.
+
+    A device, FIFO or socket (`/dev/zero`, a pipe) is refused before a byte is read, and a file
+    over `limit` is refused by its size: nothing a user names can make us read without end.
+    With `follow_symlinks=False` a symbolic link is refused too.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block the open
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, flags)
     except OSError as e:
-        raise error(unreadable(Path(path), what, e), hint=hint) from None
+        if e.errno == errno.ELOOP and not follow_symlinks and path.is_symlink():
+            raise error(
+                f"{what} {path} is a symbolic link; refused: it must be a regular file.", hint=hint
+            ) from None
+        raise error(unreadable(path, what, e), hint=hint) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(unreadable(path, what, IsADirectoryError(errno.EISDIR, "")), hint=hint)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(
+                f"{what} {path} is not a regular file (a device, pipe or socket); refused.", hint=hint
+            )
+        if st.st_size > limit:
+            raise error(
+                f"{what} {path} is {_size(st.st_size)}, over the limit of {_size(limit)}; refused.",
+                hint=hint,
+            )
+        chunks: list[bytes] = []
+        got = 0
+        while got <= limit:  # the file may grow while we read: never more than limit + 1
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > limit:
+            raise error(f"{what} {path} grew over the limit of {_size(limit)}; refused.", hint=hint)
+        return b"".join(chunks)
+    except OSError as e:
+        raise error(unreadable(path, what, e), hint=hint) from None
+    finally:
+        os.close(fd)
 
 
 def read_text(
-    path: Path, *, what: str, error: type[PipelineError] = UsageError, hint: str | None = None
+    path: Path,
+    *,
+    what: str,
+    error: type[PipelineError] = UsageError,
+    hint: str | None = None,
+    limit: int = MAX_USER_FILE,
+    follow_symlinks: bool = True,
 ) -> str:
-    """The UTF-8 text of `path`, or `error` naming the file and what is wrong with it."""
-    data = read_bytes(path, what=what, error=error, hint=hint)
+    """The UTF-8 text of `path` (bounded as `read_bytes`), or `error` naming the file and what is wrong."""
+    data = read_bytes(path, what=what, error=error, hint=hint, limit=limit, follow_symlinks=follow_symlinks)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -201,17 +265,21 @@ def acquire_lock(
     """
     import filelock  # not at import time: the CLI starts faster
 
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    from pipeline.errors import disk_error
+
     lock = filelock.FileLock(str(lock_file))
     try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=0)
-    except filelock.Timeout:
+    except filelock.Timeout:  # (an OSError too: caught first)
         if on_wait is not None:
             on_wait()
         try:
             lock.acquire(timeout=wait)
         except filelock.Timeout:
             raise RunLocked(busy, hint=hint) from None
+    except OSError as e:  # no room, read-only, a file where a directory should be: named, no traceback
+        raise disk_error(e, "create") or UsageError(unwritable(lock_file, "lock file", e)) from None
     return lock
 
 

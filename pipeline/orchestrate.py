@@ -69,7 +69,7 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
     validate.model(req.model)
     stages = stage_range(order, req.from_stage, req.until)
     recipe = find_recipe(req.model, Path(settings.paths.recipes_dir))
-    load_recipe(recipe)  # an invalid recipe stops the run before anything is pinned
+    load_recipe(recipe, allowed_secrets=settings.recipe_secrets)  # an invalid recipe stops the run first
     validate.check_tag_templates(settings)  # a bad tag template fails now, not after build and smoke
     if req.base_image is not None:
         validate.image_reference(req.base_image, what="--base-image")

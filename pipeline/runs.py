@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.errors import UsageError
-from pipeline.fsutil import acquire_lock, atomic_write_json
+from pipeline.fsutil import acquire_lock, atomic_write_json, read_bytes
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -90,13 +90,15 @@ class RunDir:
         from pipeline.stages.spec import BuildSpec
 
         path = self.path / "run.json"
+        hint = "Start a new run (`pipeline build --model MODEL`) instead of --resume."
+        data = read_bytes(path, what="run specification", hint=hint)  # bounded: --resume takes any dir
         try:
-            return BuildSpec.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError) as e:
+            return BuildSpec.model_validate_json(data)
+        except ValidationError as e:
             raise UsageError(
                 f"{path} cannot be resumed: it is unreadable or was written by another version "
                 f"({type(e).__name__}).",
-                hint="Start a new run (`pipeline build --model MODEL`) instead of --resume.",
+                hint=hint,
             ) from None
 
     def record(self, state: StageState) -> None:

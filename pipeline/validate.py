@@ -75,6 +75,55 @@ def url(value: str, *, what: str = "repository") -> str:
     return text
 
 
+# A git URL a Dockerfile may quote (the characters render allows) and git runs no helper for.
+_URL_CHARS = r"[^\s'\"\\`$;|&<>(){}]+"
+_REMOTE_URL = re.compile(rf"^(?:(?:https?|ssh|git)://{_URL_CHARS}|[\w.-]+@[\w.-]+:{_URL_CHARS})$")
+_FILE_URL = re.compile(rf"^file://{_URL_CHARS}$")
+
+
+def submodule_url_problem(raw: str, resolved: str, *, parent: str, allow_file: bool = False) -> str | None:
+    """Why a submodule URL from a `.gitmodules` (`raw`, `resolved` against the superproject's URL
+    `parent`) may not be pinned or rendered, else None. The same rules at pin and at render.
+
+    The file is upstream's, not the user's: it may name a remote repository (https, ssh, git,
+    scp-like), never an option (`-u…`, `ssh://-oProxyCommand=…`), a remote helper (`ext::`) or
+    a path on this host; only a local superproject (a mirror on disk) may name a local sibling.
+    `allow_file`: a `file://` URL already vetted against its superproject (render, from a lock).
+    """
+    import os
+    from urllib.parse import urlsplit
+
+    if _CONTROL.search(raw) or raw.strip() != raw or not raw:
+        return "it is empty or holds control characters or surrounding spaces"
+    if raw.startswith("-"):
+        return "it looks like a command-line option"
+    if re.match(r"^[A-Za-z0-9+.-]+::", raw):
+        return "it names a git remote helper (`transport::`), which runs a program"
+    local_parent = "://" not in parent and not re.match(r"^[^@/]+@[^/:]+:|^[^/:]+:", parent)
+    local_parent = local_parent or parent.startswith("file://")
+    if raw.startswith(("./", "../")):
+        if not local_parent:
+            return None if _REMOTE_URL.match(resolved) else "it does not resolve to a git URL"
+        root = os.path.dirname(os.path.normpath(parent.removeprefix("file://")))
+        target = os.path.normpath(resolved.removeprefix("file://"))
+        if os.path.commonpath([root, target]) != root:
+            return f"it climbs out of {root}, the directory holding the superproject"
+        return None
+    if _REMOTE_URL.match(raw):
+        parts = urlsplit(raw) if "://" in raw else None
+        host = parts.netloc.rpartition("@")[2] if parts is not None else raw.split("@", 1)[1]
+        if host.startswith("-") or (parts is not None and parts.path.lstrip("/").startswith("-")):
+            return "its host or path looks like a command-line option"
+        return None
+    if _FILE_URL.match(raw) and (local_parent or allow_file):
+        return None
+    return (
+        "it is a path on this host (only a local superproject may name a local submodule)"
+        if raw.startswith(("/", "~", "file:")) or "://" not in raw
+        else "it is not a git URL (https://, ssh://, git://, user@host:path)"
+    )
+
+
 def image_reference(value: str, *, what: str = "image reference") -> ImageRef:
     """`[registry/]repository[:tag][@sha256:…]`, parsed by the one grammar (pipeline.oci.ref)."""
     from pipeline.oci.ref import parse_image_ref

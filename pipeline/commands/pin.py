@@ -111,7 +111,7 @@ def command(
         with app.log.stage("pin", model) as rec:
             out = pin.run(ctx, inputs)
             rec.figure = out.figure()
-    except PipelineError:
+    except (PipelineError, OSError):  # OSError: a full or read-only cache, reported by the CLI
         if not keep_failed_run:
             app.discard_run()  # a failed pin leaves no run directory behind
         raise

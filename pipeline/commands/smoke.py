@@ -105,7 +105,7 @@ def command(
     path = (
         recipe_file if recipe_file is not None else find_recipe(str(model), Path(settings.paths.recipes_dir))
     )
-    recipe = load_recipe(path)
+    recipe = load_recipe(path, allowed_secrets=settings.recipe_secrets)
     ctx = app.context(f"smoke-{recipe.name}", work_dir=run_dir)
     inputs = smoke.Inputs(
         image=image,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from pipeline.errors import RenderError
+from pipeline.fsutil import read_text
 
 UPSTREAM_DOCKERFILE = "docker/Dockerfile"
 UPSTREAM_TARGET = "atom_image"
@@ -66,14 +67,15 @@ class ParityReport:
 
 def load_deliberate(path: Path) -> list[Deliberate]:
     """The reviewed list; a clear RenderError when it is missing or malformed."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise RenderError(
             f"the parity list {path} does not exist.",
             hint="Set [paths] parity_file to dockerfiles/parity.toml (the reviewed list of differences).",
-        ) from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        )
+    text = read_text(path, what="parity list", error=RenderError)  # bounded, a regular file only
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise RenderError(f"the parity list {path} cannot be read: {e}.") from None
     out = []
     for i, raw in enumerate(data.get("step", [])):

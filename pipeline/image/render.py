@@ -59,6 +59,7 @@ from pipeline.image.dockerfile import (
     template_sources,
 )
 from pipeline.lock import Lock
+from pipeline.validate import submodule_url_problem
 
 if TYPE_CHECKING:
     from pipeline.gitw import GitRepo
@@ -515,11 +516,68 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
     return hashes
 
 
+def sweep_stale_stages(out_dir: Path) -> None:
+    """Remove what a killed render left beside `out_dir` (`.<name>.<pid>.*`, its pid gone)."""
+    prefix = f".{out_dir.name}."
+    try:
+        siblings = list(out_dir.parent.iterdir())
+    except OSError:
+        return
+    for path in siblings:
+        pid = path.name[len(prefix) :].split(".", 1)[0]
+        if not path.name.startswith(prefix) or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def mirror_shared_context(out_dir: Path, settings: Settings, model: str) -> None:
+    """Hard-link the rendered context into the model's shared directory in the cache (the next
+    render, in any directory, reuses it; BuildKit builds from it).
+
+    When the cache has no room (or is read-only), the shared directory is removed, not left half
+    mirrored, and the error names it (an OSError of a copy may name its source in the run directory).
+    """
+    from pipeline.errors import disk_error
+    from pipeline.oci.buildkit import mirror_context
+
+    with locked_shared_context(settings, model) as shared:
+        try:
+            mirror_context(out_dir, shared)
+        except OSError as e:
+            shutil.rmtree(shared, ignore_errors=True)  # only a cache of links: rebuilt by the next render
+            named = OSError(e.errno, e.strerror, str(shared))
+            raise (
+                disk_error(named, "write the shared build context")
+                or RenderError(
+                    f"could not write the shared build context {shared}: {e.strerror or e}; it was removed.",
+                    hint="Check the cache directory ([paths] cache_dir, PIPELINE_CACHE_DIR), then render "
+                    "again.",
+                )
+            ) from None
+        except BaseException:
+            shutil.rmtree(shared, ignore_errors=True)
+            raise
+
+
 def patched_files(atom: GitRepo, base: str, head: str) -> dict[str, str]:
     """{path: sha256 of its bytes at `head`} of every file the series changes (deleted: "")."""
     if base == head:
         return {}
-    names = [n for n in atom.git("diff", "--name-only", "-z", base, head).split("\0") if n]
+    # --no-renames: a renamed file's old path is listed too (the self-check verifies it is gone)
+    names = [n for n in atom.git("diff", "--no-renames", "--name-only", "-z", base, head).split("\0") if n]
     out: dict[str, str] = {}
     for name in names:
         data = atom.read_blob(head, name)
@@ -616,8 +674,13 @@ def render_context(
                 f"{rec.sha if rec else 'nothing'}.",
                 hint="Run `pipeline pin` again to refresh the lock.",
             )
-        if not _URL.match(rec.url):
-            raise RenderError(f"submodule {path} URL {rec.url!r} is not a plain git URL.")
+        # the rules pin applies (a file:// URL in the lock was checked against aiter's at pin)
+        problem = submodule_url_problem(rec.url, rec.url, parent=lock.aiter.url, allow_file=True)
+        if not _URL.match(rec.url) or problem is not None:
+            raise RenderError(
+                f"submodule {path} URL {rec.url!r} is not a plain git URL"
+                + (f": {problem}." if problem else ".")
+            )
         sub_repo = submodule_repos.get(path)
         if sub_repo is not None and sub_repo.rev_parse(sha) is not None:
             specs.append(SubmoduleSpec(path, rec.url, sha, "mirror"))
@@ -650,7 +713,10 @@ def render_context(
         reuse_root = shared_context_dir(settings, lock.model)
         reuse = read_file_index(reuse_root)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.", suffix="")  # the umask's mode, not 0700
+    sweep_stale_stages(out_dir)
+    # The umask's mode, not 0700; our pid in the name, so that a later render can tell it is stale.
+    stage = make_temp_dir(out_dir.parent, prefix=f".{out_dir.name}.{os.getpid()}.", suffix="")
+    old: Path | None = None
     try:
         wheel_hashes = link_wheelhouse(
             settings.wheels_dir,
@@ -768,19 +834,18 @@ def render_context(
             },
         )
         if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
             os.replace(out_dir, old)
-            os.replace(stage, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(stage, out_dir)
+        os.replace(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if old is not None and not out_dir.exists():
+            os.replace(old, out_dir)  # interrupted between the two renames: the previous context stays
         raise
-    from pipeline.oci.buildkit import mirror_context
-
-    with locked_shared_context(settings, lock.model) as shared:
-        mirror_context(out_dir, shared)  # links only: the next render (any directory) reuses it
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)  # killed meanwhile: the next render sweeps it
+    mirror_shared_context(out_dir, settings, lock.model)
     return RenderedContext(
         dir=out_dir,
         dockerfile=out_dir / DOCKERFILE,

@@ -76,6 +76,103 @@ class AppliedSeries:
         return tuple(p for p in self.pins if p.status == "applied")
 
 
+# -- what git applies ----------------------------------------------------------------
+
+
+def exact_copy(patch: Patch, directory: Path) -> Path:
+    """The bytes `patch` was parsed from, in a file of ours: git applies exactly what was validated."""
+    copy = directory / f"exact-{patch.name}"
+    copy.write_bytes(patch.data)
+    return copy
+
+
+@dataclass(frozen=True)
+class GitTouch:
+    """One file as `git apply --numstat` reports it would change it."""
+
+    added: int | None  # None: a binary change
+    deleted: int | None
+    old_path: str | None  # set for a rename or copy
+    path: str
+
+
+def git_view(repo: GitRepo, patch_file: Path) -> tuple[tuple[GitTouch, ...], tuple[str, ...]]:
+    """(the files, the `--summary` lines) that `git apply` reads in `patch_file`, applying nothing."""
+    what = f"read {patch_file.name} as git does"
+    numstat = _must(repo.run("apply", "--numstat", "-z", str(patch_file)), what)
+    touches: list[GitTouch] = []
+    items = numstat.stdout.split("\0")
+    k = 0
+    while k < len(items):
+        item = items[k]
+        k += 1
+        if not item:
+            continue
+        added, deleted, name = item.split("\t", 2)
+        old = None
+        if not name:  # a rename or copy: the old and the new path follow
+            old, name = items[k], items[k + 1]
+            k += 2
+        text = added.isdigit() and deleted.isdigit()  # a binary change counts `-` `-`
+        touches.append(GitTouch(int(added) if text else None, int(deleted) if text else None, old, name))
+    summary = _must(repo.run("apply", "--summary", str(patch_file)), what)
+    return tuple(touches), tuple(line.strip() for line in summary.stdout.splitlines() if line.strip())
+
+
+def _ours(patch: Patch) -> tuple[list[GitTouch], list[str]]:
+    """What our parse says git should report: the same shape as `git_view`."""
+    touches: list[GitTouch] = []
+    summary: list[str] = []
+    for fd in patch.files:
+        body = [line for h in fd.hunks for line in h.lines]
+        added = sum(1 for line in body if line.startswith("+"))
+        deleted = sum(1 for line in body if line.startswith("-"))
+        moved = fd.old_path is not None and fd.new_path is not None and fd.old_path != fd.new_path
+        touches.append(GitTouch(added, deleted, fd.old_path if moved else None, fd.path))
+        if fd.old_path is None:
+            summary.append(f"create mode {fd.new_mode} {fd.path}")
+        elif fd.new_path is None:
+            summary.append(f"delete {fd.path}")
+    return touches, summary
+
+
+def same_as_git(patch: Patch, repo: GitRepo, patch_file: Path) -> tuple[GitTouch, ...]:
+    """Refuse `patch` unless git would change exactly the files, lines and modes our parse read.
+
+    Returns git's view: the files the patch changes are what git says, never what we parsed.
+    """
+    touches, summary = git_view(repo, patch_file)
+    want, want_summary = _ours(patch)
+    binary = [t.path for t in touches if t.added is None]
+    if binary:
+        raise PatchError(
+            f"{patch.name}: git would apply a binary change to {', '.join(binary)}; "
+            "binary patches are refused.",
+            hint="Ship binary changes some other way. Nothing was applied.",
+        )
+    got_summary = [
+        line if not line.startswith("delete mode ") else "delete " + line.split(" ", 3)[3]
+        for line in summary
+        if line.startswith(("create mode ", "delete mode "))
+    ]
+    if sorted(touches, key=repr) != sorted(want, key=repr) or sorted(got_summary) != sorted(want_summary):
+        extra = sorted({t.path for t in touches} - {t.path for t in want})
+        what = (
+            f"files the patch does not show: {', '.join(extra)}"
+            if extra
+            else "changes (lines, modes or files) other than the ones the patch shows"
+        )
+        raise PatchError(
+            f"{patch.name}: git would apply {what}; refused. Nothing was applied.",
+            hint="A patch must hold exactly the diff it shows: regenerate it with `pipeline patch export`.",
+            evidence="git apply --numstat/--summary:\n"
+            + "\n".join(f"{t.added}\t{t.deleted}\t{t.old_path or ''}\t{t.path}" for t in touches)
+            + "\n"
+            + "\n".join(summary),
+        )
+    return touches
+
+
 # -- scratch index ---------------------------------------------------------------
 
 
@@ -131,14 +228,12 @@ class _Scratch:
                     failing.append(f"{fd.path} {h.short} (patch line {h.line})")
         return tuple(failing)
 
-    def three_way(self, patch: Patch) -> str:
+    def three_way(self, patch_file: Path) -> str:
         idx = self.tmp / f"index-3way-{self._n}"
         self._n += 1
         shutil.copyfile(self.tmp / "index", idx)
         env = {**self.env, "GIT_INDEX_FILE": str(idx)}
-        res = self.repo.run(
-            "apply", "--cached", "--3way", "--whitespace=nowarn", str(patch.path.resolve()), env=env
-        )
+        res = self.repo.run("apply", "--cached", "--3way", "--whitespace=nowarn", str(patch_file), env=env)
         if res.ok:
             return "a three-way merge applies cleanly: refresh the patch against this ATOM commit"
         unmerged = self.repo.run("ls-files", "-u", env=env)
@@ -157,10 +252,15 @@ def _first_error(stderr: str) -> str:
     return stderr.strip().splitlines()[0] if stderr.strip() else "(no output)"
 
 
-def _check_tree_paths(patch: Patch, repo: GitRepo, env: Mapping[str, str]) -> None:
-    """Refuse a patch that writes through a symlink of the tree (e.g. `link/x`, link -> /etc)."""
+def _check_tree_paths(
+    patch: Patch, touches: tuple[GitTouch, ...], repo: GitRepo, env: Mapping[str, str]
+) -> None:
+    """Refuse a patch that writes through a symlink of the tree (e.g. `link/x`, link -> /etc).
+
+    The paths are the ones git would write (`touches`), not the ones our parse read.
+    """
     prefixes: set[str] = set()
-    for p in patch.paths:
+    for p in {q for t in touches for q in (t.old_path, t.path) if q}:
         parts = p.split("/")
         prefixes.update("/".join(parts[:k]) for k in range(1, len(parts)))
     if not prefixes:
@@ -196,7 +296,13 @@ def check_series(
     results: list[PatchCheck] = []
     with tempfile.TemporaryDirectory(prefix="pipeline-patch-check-") as tmp:
         scratch = _Scratch(atom, atom_sha, Path(tmp))
+        exact = {}
+        for patch in series:  # every patch, needed here or not: git reads what we read, or nothing runs
+            exact[patch.name] = exact_copy(patch, Path(tmp))
+            touches = same_as_git(patch, atom, exact[patch.name])
+            _check_tree_paths(patch, touches, atom, scratch.env)
         for patch in series:
+            patch_file = exact[patch.name]
             rng = atom_in_range(patch, atom, atom_sha)
             if not rng.needed:
                 results.append(PatchCheck(patch, "not-needed", rng.reason))
@@ -205,12 +311,11 @@ def check_series(
             if not cond.needed:
                 results.append(PatchCheck(patch, "not-needed", cond.reason))
                 continue
-            _check_tree_paths(patch, atom, scratch.env)
             why = f"{rng.reason}; {cond.reason}"
-            if scratch.apply(patch.path, check=True).ok:
-                _must(scratch.apply(patch.path), f"apply {patch.name} to a scratch index")
+            if scratch.apply(patch_file, check=True).ok:
+                _must(scratch.apply(patch_file), f"apply {patch.name} to a scratch index")
                 results.append(PatchCheck(patch, "applies", why))
-            elif scratch.apply(patch.path, check=True, reverse=True).ok:
+            elif scratch.apply(patch_file, check=True, reverse=True).ok:
                 results.append(
                     PatchCheck(
                         patch,
@@ -225,7 +330,7 @@ def check_series(
                         "conflict",
                         f"does not apply to ATOM {atom_sha[:9]}",
                         hunks=scratch.failing_hunks(patch),
-                        three_way=scratch.three_way(patch),
+                        three_way=scratch.three_way(patch_file),
                     )
                 )
     return results
@@ -252,7 +357,8 @@ def patched_commit(
         for c in checks:
             if c.status != "applies":
                 continue
-            res = atom.run("apply", "--cached", "--whitespace=nowarn", str(c.patch.path.resolve()), env=env)
+            exact = exact_copy(c.patch, Path(tmp))
+            res = atom.run("apply", "--cached", "--whitespace=nowarn", str(exact), env=env)
             if not res.ok:
                 raise PatchError(
                     f"patch {c.patch.name} failed: {_failing_hunk_from_stderr(c.patch, res.stderr)}.",
@@ -339,7 +445,10 @@ def commit_patch(repo: GitRepo, work_tree: Path, patch: Patch) -> str:
     Author and committer are both taken from the patch, so the commit SHA
     depends only on the parent, the patch and its headers.
     """
-    res = repo.run("apply", "--index", "--whitespace=nowarn", str(patch.path.resolve()), work_tree=work_tree)
+    with tempfile.TemporaryDirectory(prefix="pipeline-patch-apply-") as tmp:
+        exact = exact_copy(patch, Path(tmp))
+        same_as_git(patch, repo, exact)  # `patch import` comes here without check_series
+        res = repo.run("apply", "--index", "--whitespace=nowarn", str(exact), work_tree=work_tree)
     if not res.ok:
         raise PatchError(
             f"patch {patch.name} failed in {work_tree}: {_failing_hunk_from_stderr(patch, res.stderr)}.",

@@ -38,7 +38,7 @@ from email.utils import parseaddr
 from pathlib import Path
 
 from pipeline.errors import PatchError
-from pipeline.fsutil import read_text
+from pipeline.fsutil import read_bytes, read_text
 
 # -- header fields -----------------------------------------------------------
 
@@ -167,6 +167,8 @@ class Patch:
     body: str  # long description (commit message body)
     files: tuple[FileDiff, ...]
     strip: int = 1
+    # The bytes parsed: the very bytes git is given (never the file re-read, which may have changed).
+    data: bytes = field(default=b"", repr=False, compare=False)
 
     # -- fields ----------------------------------------------------------------
     def field(self, name: str) -> str | None:
@@ -254,14 +256,10 @@ class Patch:
     # -- parsing ---------------------------------------------------------------
     @classmethod
     def load(cls, path: Path, *, strip: int = 1) -> Patch:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise _err(
-                path, None, "patch file does not exist.", "Add it, or remove it from the series file."
-            ) from None
-        except OSError as e:
-            raise _err(path, None, f"cannot read the patch file: {e.strerror}.") from e
+        if not path.exists() and not path.is_symlink():
+            raise _err(path, None, "patch file does not exist.", "Add it, or remove it from the series file.")
+        # A symlink is refused: what is reviewed in patches/ is what is applied.
+        data = read_bytes(path, what="patch file", error=PatchError, follow_symlinks=False)
         return cls.parse(data, path=path, strip=strip)
 
     @classmethod
@@ -292,6 +290,7 @@ class Patch:
             body="\n".join(body_lines).strip("\n"),
             files=files,
             strip=strip,
+            data=data,
         )
         _validate_fields(patch, lines)
         return patch
@@ -393,6 +392,7 @@ def _parse_diff(lines: list[str], i: int, path: Path) -> tuple[FileDiff, ...]:
     while i < n:
         line = lines[i]
         if line == "-- " and files:
+            _refuse_diff_after_signature(lines, i, path)
             break  # format-patch signature (git version): the rest is not diff
         if not line.startswith("diff --git "):
             raise _err(path, i + 1, f"unexpected line {line!r}: expected `diff --git` or a hunk.")
@@ -450,6 +450,24 @@ def _parse_diff(lines: list[str], i: int, path: Path) -> tuple[FileDiff, ...]:
                 break  # trailing blank lines at the end of the file
             raise _err(path, i + 1, "blank line after a hunk (hunk line counts wrong?).")
     return tuple(files)
+
+
+# What starts a diff for `git apply`, which reads on past a mail signature.
+_DIFF_STARTS = ("diff ", "--- ", "+++ ", "@@ ", "GIT binary patch", "Binary files ", "Index: ", *_EXTENDED)
+
+
+def _refuse_diff_after_signature(lines: list[str], sig: int, path: Path) -> None:
+    """Refuse a diff hidden after the `-- ` signature line: we would not read it, git would apply it."""
+    for j in range(sig + 1, len(lines)):
+        if lines[j].startswith(_DIFF_STARTS):
+            raise _err(
+                path,
+                j + 1,
+                f"{lines[j][:60]!r} after the signature line {sig + 1} (`-- `): git would apply a diff "
+                "there that this check would not read; refused. Nothing was applied.",
+                "A signature holds only the git version; put every change above it "
+                "(or regenerate the patch with `pipeline patch export`).",
+            )
 
 
 def _parse_hunk(lines: list[str], i: int, path: Path) -> tuple[Hunk, int]:
@@ -570,7 +588,7 @@ class PatchSeries:
                 f"no series file at {series}.",
                 hint="Create it (one patch file name per line) or set paths.patches_dir.",
             )
-        text = read_text(series, what="series file", error=PatchError)
+        text = read_text(series, what="series file", error=PatchError, follow_symlinks=False)
         patches: list[Patch] = []
         seen: dict[str, int] = {}
         for lineno, raw in enumerate(text.splitlines(), 1):

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config import reserved_secret
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
 
@@ -293,6 +294,19 @@ class Recipe(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if reserved_secret(key):
+                raise ValueError(
+                    f"{key} is one of the pipeline's own credentials (PIPELINE_*, registry and signing "
+                    "variables): it goes to the push and the registry API only, never to the model server"
+                )
+        return v
+
     @field_validator("environment")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
@@ -374,37 +388,96 @@ def _tuples(data: Any) -> Any:
     return data
 
 
-def parse_recipe(text: str, path: Path | str = "<recipe>") -> Recipe:
+def load_yaml(text: str, path: Path | str, what: str = "recipe") -> Any:
+    """The YAML document in `text`, refusing aliases (`*name`): an alias bomb expands a few bytes
+    into gigabytes, and no recipe needs one."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        for event in yaml.parse(text, Loader=_UniqueKeyLoader):
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1 if event.start_mark is not None else "?"
+                raise ConfigError(
+                    f"{what} {path}:{line}: YAML alias *{event.anchor} refused (aliases are not "
+                    "allowed in a recipe).",
+                    hint="Write the value out in full where the alias stood.",
+                )
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError(
-            f"recipe {path} is not valid YAML: {e}.", hint="Fix the file and run again."
+            f"{what} {path} is not valid YAML: {e}.", hint="Fix the file and run again."
         ) from None
+
+
+def _line(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """The line of the value at `loc` in the recipe's YAML (aliases are refused before this)."""
+    try:
+        node = yaml.compose(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError:
+        return None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+            if found is None:
+                continue  # a tag pydantic inserts into the path (the check's kind)
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def parse_recipe(
+    text: str, path: Path | str = "<recipe>", *, allowed_secrets: frozenset[str] | None = None
+) -> Recipe:
+    """Validate a recipe. With `allowed_secrets` (`Settings.recipe_secrets`), every name under
+    `secrets:` must be in it: a recipe may hand the model server only what the configuration allows."""
+    data = load_yaml(text, path)
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path}: expected a mapping at the top level, got {type(data).__name__}.")
+    raw_secrets = data.get("secrets")
+    for k, name in enumerate(raw_secrets if isinstance(raw_secrets, list) else []):
+        if isinstance(name, str) and reserved_secret(name):
+            raise ConfigError(
+                f"recipe {path}:{_line(text, ('secrets', k))}: secrets[{k}]: {name} is one of the "
+                "pipeline's own credentials (PIPELINE_*, registry and signing variables): they go to the "
+                "push and the registry API only, never to the model server.",
+                hint="Remove it from the recipe's `secrets:`.",
+            )
     try:
-        return Recipe.model_validate(_tuples(data))
+        recipe = Recipe.model_validate(_tuples(data))
     except ValidationError as e:
         problems = []
         for err in e.errors():
             where = _loc(tuple(err["loc"]))
+            line = _line(text, tuple(err["loc"])) if err["loc"] and err["type"] != "missing" else None
             msg = err["msg"].removeprefix("Value error, ")
             got = err.get("input")
             shown = (
                 "" if isinstance(got, dict | list | tuple) or err["type"] == "missing" else f" (got {got!r})"
             )
-            problems.append(f"{where}: {msg}{shown}")
+            problems.append(f"{where}: {msg}{shown}" + (f" (line {line})" if line else ""))
         raise ConfigError(
             f"recipe {path} is invalid: " + "; ".join(problems) + ".",
             hint="Fix the key(s) named above; the schema is documented in docs/smoke.md.",
         ) from None
+    if allowed_secrets is not None:
+        for k, name in enumerate(recipe.secrets):
+            if name not in allowed_secrets:
+                raise ConfigError(
+                    f"recipe {path}:{_line(text, ('secrets', k))}: secret {name} is not one a recipe may "
+                    f"pass to the model server (allowed: {', '.join(sorted(allowed_secrets))}).",
+                    hint="Remove it from `secrets:`, or, if the server truly needs it, add it to [smoke] "
+                    "recipe_secrets in pipeline.toml.",
+                )
+    return recipe
 
 
-def load_recipe(path: Path) -> Recipe:
-    """Read and validate a recipe file; `ConfigError` names the file, key and problem."""
+def load_recipe(path: Path, *, allowed_secrets: frozenset[str] | None = None) -> Recipe:
+    """Read and validate a recipe file; `ConfigError` names the file, key and problem.
+
+    Callers that hand the recipe's secrets to a server pass `allowed_secrets`."""
     text = read_text(Path(path), what="recipe", error=ConfigError)
-    return parse_recipe(text, path)
+    return parse_recipe(text, path, allowed_secrets=allowed_secrets)
 
 
 def find_recipe(model: str, recipes_dir: Path) -> Path:

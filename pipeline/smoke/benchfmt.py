@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 BENCH_SCRIPT = "atom/benchmarks/benchmark_serving.py"
 BENCH_MODULE = "atom.benchmarks.benchmark_serving"
 # What the gate reads (pipeline.smoke.checks) and the flags the runner adds.
@@ -229,9 +227,13 @@ def check_tree(
     `read_blob(path)` returns a file of the pinned tree (None when absent). Recipes whose
     benchmark is not ATOM's script (test recipes) have nothing to check. Raises FormatError.
     """
-    try:
-        data: Any = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    from pipeline.errors import PipelineError
+    from pipeline.fsutil import read_text
+    from pipeline.recipes.recipe import load_yaml
+
+    try:  # bounded, without aliases: the recipe's own reader
+        data: Any = load_yaml(read_text(recipe_path, what="recipe"), recipe_path)
+    except PipelineError:
         return []  # the recipe's own validation reports it
     checks = data.get("checks") if isinstance(data, dict) else None
     out: list[BenchFormat] = []

@@ -33,7 +33,7 @@ from typing import Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
-from pipeline.errors import DiskError, InfraError, NoHardware, PipelineError, UsageError
+from pipeline.errors import ConfigError, DiskError, InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.log import Logger
 from pipeline.oci.engine import ContainerAPI, EngineAPI, ImageInfo
@@ -626,7 +626,16 @@ def _remove(container: ContainerAPI) -> bool:
     return gone
 
 
-def _container_env(recipe: Recipe, env: Mapping[str, str], log: Logger) -> dict[str, str]:
+def _container_env(
+    recipe: Recipe, env: Mapping[str, str], log: Logger, allowed: frozenset[str]
+) -> dict[str, str]:
+    refused = sorted(set(recipe.secrets) - allowed)
+    if refused:  # the server runs upstream code: it gets only the secrets configuration allows
+        raise ConfigError(
+            f"recipe {recipe.name} asks for secret(s) {', '.join(refused)}, which a recipe may not pass "
+            f"to the model server (allowed: {', '.join(sorted(allowed))}); nothing was started.",
+            hint="Remove them from the recipe's `secrets:`, or add them to [smoke] recipe_secrets.",
+        )
     out = dict(recipe.environment)
     for key in recipe.secrets:
         value = env.get(key)
@@ -675,7 +684,9 @@ def run_smoke(
             f"{engine_desc[0].upper()}{engine_desc[1:]} has no image {image!r}.",
             hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
         )
-    container_env = _container_env(recipe, env, log)  # masks secrets before anything is logged
+    container_env = _container_env(
+        recipe, env, log, settings.recipe_secrets
+    )  # masks secrets before anything is logged
     run = _Run(
         engine, image=image, recipe=recipe, settings=settings, env=env, run_dir=run_dir, log=log, opts=opts
     )

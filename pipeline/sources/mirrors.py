@@ -87,7 +87,7 @@ def _classify(stderr: str, url: str, action: str) -> SourceError | InfraError | 
             "a local clone copies its objects as they are.",
             evidence=stderr,
         )
-    if is_local(url):  # a path is never "unreachable": it is missing or not a repository
+    if is_local(url) or url.startswith("file://"):  # never "unreachable": missing or not a repository
         return SourceError(
             f"cannot read the repository at {url} while {action}: {sentence(first)}",
             hint="Check that the path is a git repository (bare or not).",

@@ -6,11 +6,13 @@ import re
 
 from pipeline.config import Settings
 from pipeline.errors import InfraError, SourceError
+from pipeline.fsutil import shorten
 from pipeline.gitw import GitRepo
 from pipeline.lock import Submodule
 from pipeline.log import Logger
 from pipeline.sources.mirrors import _open_existing, fetch_commit, keep_pinned, open_mirror
 from pipeline.sources.urls import mirror_path, resolve_relative_url
+from pipeline.validate import submodule_url_problem
 
 
 def read_submodules(repo: GitRepo, rev: str, *, parent_url: str) -> tuple[Submodule, ...]:
@@ -36,6 +38,13 @@ def read_submodules(repo: GitRepo, rev: str, *, parent_url: str) -> tuple[Submod
     for path, sha in links:
         raw = urls.get(path, "")
         url = resolve_relative_url(parent_url, raw) if raw else ""
+        problem = submodule_url_problem(raw, url, parent=parent_url) if raw else None
+        if problem is not None:  # refused before anything is cloned or written to the lock
+            raise SourceError(
+                f"aiter {rev[:10]}'s .gitmodules gives submodule {shorten(path)} the URL {shorten(raw)}: "
+                f"{problem}; refused, nothing was mirrored or pinned.",
+                hint="Pin another aiter commit (--aiter-ref), or report the .gitmodules upstream.",
+            )
         subs.append(Submodule(path=path, url=url, sha=sha))
     return tuple(subs)
 

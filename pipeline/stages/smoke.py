@@ -69,7 +69,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.smoke import SmokeOptions, run_smoke
     from pipeline.smoke.verdict import VERDICT_FILE
 
-    recipe = load_recipe(inputs.recipe)
+    recipe = load_recipe(inputs.recipe, allowed_secrets=ctx.settings.recipe_secrets)
     options = SmokeOptions(
         run_all=inputs.run_all,
         quick=inputs.quick,

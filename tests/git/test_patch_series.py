@@ -458,3 +458,142 @@ def test_fixture_is_what_the_tests_think(atom: AtomFixture) -> None:
         return git(atom.mirror, "show", f"{rev}:{MODEL}") + "\n"
 
     assert show(atom.c2) == OLD_FILE and show(atom.c3) == FIXED_FILE and show(atom.c4) != OLD_FILE
+
+
+# -- what git applies is what we validated (issue 26 §2) ---------------------------------
+
+HARMLESS = (
+    "diff --git a/docs/harmless.txt b/docs/harmless.txt\n"
+    "new file mode 100644\n"
+    "--- /dev/null\n"
+    "+++ b/docs/harmless.txt\n"
+    "@@ -0,0 +1 @@\n"
+    "+harmless\n"
+)
+SIGNATURE = "-- \n2.43.0\n\n"
+HIDDEN = {
+    "python": (
+        "diff --git a/atom/hidden_payload.py b/atom/hidden_payload.py\n"
+        "new file mode 100644\n"
+        "--- /dev/null\n"
+        "+++ b/atom/hidden_payload.py\n"
+        "@@ -0,0 +1 @@\n"
+        "+import os; os.system('id')\n"
+    ),
+    "symlink": (
+        "diff --git a/escape b/escape\n"
+        "new file mode 120000\n"
+        "--- /dev/null\n"
+        "+++ b/escape\n"
+        "@@ -0,0 +1 @@\n"
+        "+/etc\n"
+        "\\ No newline at end of file\n"
+    ),
+    "binary": (
+        "diff --git a/atom/blob.bin b/atom/blob.bin\n"
+        "new file mode 100644\n"
+        "index 0000000000000000000000000000000000000000..4a2e7f1c11b0a9a3e8e2c7d5d4d1b0f6a0c3e9b1\n"
+        "GIT binary patch\n"
+        "literal 5\n"
+        "McmZ?wbYf(H000mG0RR91\n"
+        "\n"
+        "literal 0\n"
+        "HcmV?d00001\n"
+    ),
+}
+
+
+def _cli_patch(
+    atom: AtomFixture, aiter: AiterFixture, tmp_path: Path, directory: Path, verb: str
+) -> list[str]:
+    lock = tmp_path / "locks" / "M.toml"
+    if not lock.exists():
+        _lock(lock, atom, aiter, atom.c2)
+    args = ["patch", verb, "--patches-dir", str(directory), "--lock", str(lock)]
+    args += ["--atom-repo", str(atom.mirror), "--aiter-repo", str(aiter.repo)]
+    return args + (["--workdir", str(tmp_path / "w")] if verb == "apply" else [])
+
+
+@pytest.mark.parametrize("kind", sorted(HIDDEN))
+def test_a_diff_after_the_signature_is_refused_and_nothing_is_applied(
+    atom: AtomFixture, aiter: AiterFixture, tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=HARMLESS + SIGNATURE + HIDDEN[kind])
+    d = write_series(tmp_path / "p", {"0001-harmless.patch": text})
+    before = _state(atom.mirror)
+    for verb in ("check", "apply"):
+        assert main(_cli_patch(atom, aiter, tmp_path, d, verb)) == ExitCode.PATCH
+        err = capsys.readouterr().err
+        assert "0001-harmless.patch:" in err and "after the signature line" in err and "refused" in err
+    assert _state(atom.mirror) == before
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())
+    assert [p.status for p in Lock.load(tmp_path / "locks" / "M.toml").patches] == []
+
+
+def test_a_signature_alone_still_applies(atom: AtomFixture, aiter: AiterFixture, tmp_path: Path) -> None:
+    """The guard: format-patch's own signature (git version, blank line) is no reason to refuse."""
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=HARMLESS + SIGNATURE)
+    series = PatchSeries.load(write_series(tmp_path / "p", {"0001-harmless.patch": text}))
+    (c,) = check_series(series, GitRepo(atom.mirror), atom.c2, GitRepo(aiter.repo), aiter.a1)
+    assert c.status == "applies", c.line()
+
+
+def test_a_diff_git_would_read_where_we_do_not_is_refused_by_gits_own_view(
+    atom: AtomFixture, aiter: AiterFixture, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A traditional diff in the diffstat area: our parser skips it, `git apply` applies it. The
+    validator compares our parse with `git apply --numstat --summary` of the exact bytes."""
+    hidden = "--- /dev/null\n+++ b/atom/hidden_payload.py\n@@ -0,0 +1 @@\n+import os\n"
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=hidden + HARMLESS)
+    series = PatchSeries.load(write_series(tmp_path / "p", {"0001-harmless.patch": text}))
+    assert series.patches[0].paths == ("docs/harmless.txt",)  # what our parse reads
+    before = _state(atom.mirror)
+    with pytest.raises(
+        PatchError, match=r"git would apply files the patch does not show: atom/hidden_payload\.py"
+    ):
+        check_series(series, GitRepo(atom.mirror), atom.c2, GitRepo(aiter.repo), aiter.a1)
+    assert main(_cli_patch(atom, aiter, tmp_path, series.directory, "apply")) == ExitCode.PATCH
+    assert "atom/hidden_payload.py" in capsys.readouterr().err
+    assert _state(atom.mirror) == before
+
+
+def test_git_applies_the_bytes_that_were_validated_not_the_file_rewritten_since(
+    atom: AtomFixture, aiter: AiterFixture, tmp_path: Path
+) -> None:
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=HARMLESS)
+    d = write_series(tmp_path / "p", {"0001-harmless.patch": text})
+    series = PatchSeries.load(d)
+    swapped = HARMLESS.replace("docs/harmless.txt", "atom/hidden_payload.py")
+    (d / "0001-harmless.patch").write_text(patch_text(atom_range=f"{atom.c1[:10]}..", diff=swapped))
+    res = apply_series(
+        series, GitRepo(atom.mirror), atom.c2, GitRepo(aiter.repo), aiter.a1, workdir=tmp_path / "w"
+    )
+    files = git(atom.mirror, "diff", "--name-only", atom.c2, res.head_sha).split()
+    assert files == ["docs/harmless.txt"]
+
+
+@pytest.mark.parametrize("which", ["series", "0001-harmless.patch"])
+def test_a_symlinked_series_or_patch_file_is_refused(tmp_path: Path, which: str) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    d = write_series(
+        tmp_path / "p", {"0001-harmless.patch": patch_text(atom_range="abcdef1..", diff=HARMLESS)}
+    )
+    (d / which).rename(real / which)
+    (d / which).symlink_to(real / which)
+    with pytest.raises(PatchError, match="is a symbolic link; refused") as e:
+        PatchSeries.load(d)
+    assert e.value.exit_code == ExitCode.PATCH
+
+
+def test_import_refuses_what_git_would_apply_beyond_the_patch(atom: AtomFixture, tmp_path: Path) -> None:
+    hidden = "--- /dev/null\n+++ b/atom/hidden_payload.py\n@@ -0,0 +1 @@\n+import os\n"
+    text = patch_text(atom_range=f"{atom.c1[:10]}..", diff=hidden + HARMLESS)
+    series = PatchSeries.load(write_series(tmp_path / "p", {"0001-harmless.patch": text}))
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(atom.mirror), str(clone))
+    before = _state(clone)
+    with pytest.raises(PatchError, match=r"files the patch does not show: atom/hidden_payload\.py"):
+        import_series(series, GitRepo(clone), atom.c2)
+    assert _state(clone) == before
+    assert not (clone / "atom" / "hidden_payload.py").exists()

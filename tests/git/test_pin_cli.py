@@ -252,3 +252,36 @@ def test_full_mirror_cache_is_a_disk_error_with_nothing_written(
     assert code == ExitCode.DISK, err
     assert "is full" in err and "Traceback" not in err and "not a git repository" not in err
     assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
+
+
+def test_a_pin_failing_on_an_unusable_cache_leaves_no_run_directory(
+    ups: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "not-a-dir" / "cache"))  # a file in the way
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    assert main(pin_args(ups)) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "not-a-dir/cache/mirrors" in err and "Not a directory" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_pin_failing_on_a_read_only_cache_is_exit_14_and_leaves_no_run_directory(
+    ups: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    cache = tmp_path / "ro-cache"
+    real_mkdir = Path.mkdir
+
+    def read_only(self: Path, *a: object, **k: object) -> None:
+        if str(self).startswith(str(cache)):  # tests run as root: a mode cannot make it read-only
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        real_mkdir(self, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    assert main(pin_args(ups)) == ExitCode.DISK
+    assert "read-only" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []

@@ -271,3 +271,85 @@ def test_tree_with_export_attributes_is_refused(repos: BuildRepos, tmp_path: Pat
             templates_dir=TEMPLATES,
         )
     assert not (tmp_path / "ctx").exists()
+
+
+# -- faults during render (issue 26 §6) ------------------------------------------------------
+
+
+def test_a_full_cache_during_render_names_the_cache_and_leaves_no_half_mirror(
+    repos: BuildRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run directory and the cache on two file systems (links fail), the cache full."""
+    import errno
+    import shutil
+
+    from pipeline.errors import DiskError, ExitCode
+
+    out = tmp_path / "run" / "context"
+    out.parent.mkdir()
+    shared = tmp_path / "run" / "cache" / "contexts" / repos.lock(base_ref=BASE, base_digest=DIGEST).model
+    real_copy = shutil.copy2
+    copied: list[str] = []
+
+    def cross_device(src: object, dst: object, *a: object, **k: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(src), None, str(dst))
+
+    def copy_until_full(src: str, dst: str, *a: object, **k: object) -> object:
+        if str(shared) in str(dst) and len(copied) >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(src))  # as copy2 names it
+        copied.append(str(dst))
+        return real_copy(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "link", cross_device)
+    monkeypatch.setattr(shutil, "copy2", copy_until_full)
+    with pytest.raises(DiskError) as e:
+        render(repos, out)
+    assert e.value.exit_code == ExitCode.DISK
+    msg = str(e.value)
+    assert f"could not write the shared build context {shared}" in msg and "is full (ENOSPC)" in msg
+    assert str(out) not in msg
+    assert not shared.exists()  # not left half mirrored
+    assert sorted(p.name for p in shared.parent.iterdir() if not p.name.endswith(".lock")) == []
+
+
+def test_a_killed_renders_leftovers_are_swept_by_the_next(repos: BuildRepos, tmp_path: Path) -> None:
+    out = tmp_path / "context"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = [tmp_path / f".context.{dead.pid}.x1y2z3", tmp_path / f".context.{dead.pid}.old"]
+    for d in left:
+        (d / "atom").mkdir(parents=True)
+        (d / "atom" / "big.py").write_text("x = 1\n" * 1000)
+    alive = tmp_path / f".context.{os.getppid()}.a1b2c3"  # another render still running
+    alive.mkdir()
+    render(repos, out)
+    assert not any(d.exists() for d in left)
+    assert alive.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".context.")) == [alive.name]
+
+
+def test_the_selfchecks_file_list_is_gits_view_a_renames_old_path_included(tmp_path: Path) -> None:
+    from pipeline.image.render import patched_files
+
+    work = tmp_path / "atom"
+    work.mkdir()
+
+    def run(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(work), *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    run("init", "-q", "-b", "main")
+    (work / "atom").mkdir()
+    (work / "atom" / "old_name.py").write_text("x = 1\n" * 20)
+    run("add", ".")
+    run("commit", "-q", "-m", "base")
+    base = run("rev-parse", "HEAD").strip()
+    run("mv", "atom/old_name.py", "atom/new_name.py")
+    run("-c", "diff.renames=true", "commit", "-q", "-m", "rename")
+    head = run("rev-parse", "HEAD").strip()
+    files = patched_files(GitRepo(work), base, head)
+    assert files == {
+        "atom/new_name.py": hashlib.sha256(b"x = 1\n" * 20).hexdigest(),
+        "atom/old_name.py": "",  # the self-check verifies it is gone from the image
+    }

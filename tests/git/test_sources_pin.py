@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,54 @@ def test_invalid_model_name(tmp_path: Path, ups: Upstreams) -> None:
     for bad in ("../evil", "a b", "", "-x", "x/y"):
         with pytest.raises(UsageError, match="invalid model name"):
             pin(s, model=bad, atom_ref="main", aiter_ref="main", base_image="b", log=log)
+
+
+# -- submodule URLs from upstream's .gitmodules (issue 26 §6) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("{secret}", "a path on this host"),
+        ("../../elsewhere/secret", "climbs out of"),  # aiter is upstream/aiter
+        ("ext::sh -c touch% /tmp/pwned", "remote helper"),
+        ("-uhelp", "command-line option"),
+        ("ssh://-oProxyCommand=touch/x", "command-line option"),
+    ],
+)
+def test_a_crafted_submodule_url_is_refused_at_pin(tmp_path: Path, url: str, problem: str) -> None:
+    secret = tmp_path / "elsewhere" / "secret"  # a repository on this host, outside the upstreams
+    secret.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(secret)], check=True)
+    ups = make_upstreams(tmp_path, submodule_url=url.format(secret=secret))
+    s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
+    log, _ = make_log()
+    with pytest.raises(SourceError) as e:
+        pin(
+            s,
+            model="M",
+            atom_ref="main",
+            aiter_ref="main",
+            base_image="b",
+            log=log,
+            digest_resolver=no_registry,
+        )
+    assert problem in str(e.value) and "nothing was mirrored or pinned" in str(e.value)
+    assert e.value.exit_code == 3
+    mirrors = [p.name for p in s.mirrors_dir.iterdir() if not p.name.endswith(".lock")]
+    assert sorted(m.rsplit("-", 1)[0].rsplit("upstream-", 1)[1] for m in mirrors) == ["ATOM", "aiter"], (
+        mirrors
+    )
+    assert not (tmp_path / "locks").exists() or not any((tmp_path / "locks").iterdir())
+
+
+def test_a_file_url_that_is_not_a_repository_is_a_source_error_not_unreachable(tmp_path: Path) -> None:
+    from pipeline.sources import open_mirror
+
+    s = make_settings(tmp_path, "file:///etc", "file:///etc")
+    log, _ = make_log()
+    with pytest.raises(SourceError) as e:
+        open_mirror(s, "file:///etc", log=log, retries=0)
+    assert e.value.exit_code == 3 and "cannot read the repository at file:///etc" in str(e.value)
+    left = list(s.mirrors_dir.iterdir()) if s.mirrors_dir.exists() else []
+    assert [p.name for p in left if not p.name.endswith(".lock")] == []

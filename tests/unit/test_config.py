@@ -84,3 +84,15 @@ def test_a_long_bad_value_is_cut_in_the_message(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_settings(cwd=tmp_path, env={"PIPELINE_FETCH_RETRIES": "9" * 120_000 + "x"})
     assert "(120001 characters)" in str(e.value) and len(str(e.value)) < 500
+
+
+@pytest.mark.parametrize("archs", ["gfx950", "gfx942;gfx950", "gfx90a:xnack+", "gfx1100"])
+def test_gpu_archs_takes_architecture_lists(tmp_path: Path, archs: str) -> None:
+    assert load_settings(env={"PIPELINE_GPU_ARCHS": archs}, cwd=tmp_path).image.gpu_archs == archs
+
+
+@pytest.mark.parametrize("archs", ["gfx950;$(touch /tmp/x)", "gfx950 gfx942", "", "native;", "gfx95"])
+def test_gpu_archs_refuses_anything_but_the_grammar(tmp_path: Path, archs: str) -> None:
+    with pytest.raises(ConfigError, match=r"\[image\] gpu_archs .*gfx names separated by ';'") as e:
+        load_settings(env={"PIPELINE_GPU_ARCHS": archs}, cwd=tmp_path)
+    assert e.value.exit_code == 2

@@ -20,7 +20,15 @@ from pipeline.errors import (
     RunLocked,
     UsageError,
 )
-from pipeline.fsutil import acquire_lock, atomic_write_json, atomic_write_text, hold_lock, read_text
+from pipeline.fsutil import (
+    MAX_USER_FILE,
+    acquire_lock,
+    atomic_write_json,
+    atomic_write_text,
+    hold_lock,
+    read_bytes,
+    read_text,
+)
 from pipeline.lock import Lock
 from pipeline.patchq import PatchSeries
 from pipeline.recipes.recipe import load_recipe
@@ -149,3 +157,77 @@ def test_a_path_over_the_limit_is_exit_2_not_a_bug(
     err = capsys.readouterr().err
     assert code in (ExitCode.USAGE, ExitCode.SOURCE), err
     assert "Traceback" not in err and "300 bytes long" in err and "x" * 100 not in err
+
+
+# -- bounded reads (issue 26 §5) ------------------------------------------------------
+
+USER_FILES = [
+    ("recipe", load_recipe, ConfigError),
+    ("lock file", Lock.load, LockFileError),
+    ("smoke verdict", load_verdict, ConfigError),
+    ("configuration file", lambda p: load_settings(env={}, config_file=p), ConfigError),
+]
+
+
+@pytest.mark.parametrize(("what", "load", "error"), USER_FILES)
+def test_a_device_is_refused_before_a_byte_is_read(what: str, load: object, error: type) -> None:
+    with pytest.raises(error) as e:
+        load(Path("/dev/zero"))  # type: ignore[operator]
+    assert "/dev/zero" in str(e.value)
+    assert "not a regular file" in str(e.value)
+
+
+@pytest.mark.parametrize(("what", "load", "error"), USER_FILES)
+def test_a_fifo_neither_blocks_nor_is_read(tmp_path: Path, what: str, load: object, error: type) -> None:
+    fifo = tmp_path / "input"
+    os.mkfifo(fifo)  # no writer: a plain open() would block for ever
+    with pytest.raises(error, match="not a regular file"):
+        load(fifo)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("what", "load", "error"), USER_FILES)
+def test_a_file_over_the_limit_is_refused_by_its_size(
+    tmp_path: Path, what: str, load: object, error: type
+) -> None:
+    big = tmp_path / "big"
+    with big.open("wb") as f:
+        f.truncate(MAX_USER_FILE + 1)  # sparse: nothing is written, nothing must be read
+    with pytest.raises(error, match=r"over the limit of 16\.0 MiB"):
+        load(big)  # type: ignore[operator]
+
+
+def test_the_cli_refuses_dev_zero_as_lock_and_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    assert main(["check", "--lock", "/dev/zero"]) == ExitCode.SOURCE
+    assert "not a regular file" in capsys.readouterr().err
+    assert main(["smoke", "--image", "x", "--recipe", "/dev/zero"]) == ExitCode.USAGE
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_read_bytes_can_refuse_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "real").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert read_bytes(tmp_path / "link", what="patch") == b"x"
+    with pytest.raises(UsageError, match="is a symbolic link; refused"):
+        read_bytes(tmp_path / "link", what="patch", follow_symlinks=False)
+
+
+def test_read_bytes_reads_at_most_the_limit(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"a" * 10)
+    assert read_bytes(f, what="x", limit=10) == b"a" * 10
+    with pytest.raises(UsageError, match="over the limit of 9 bytes"):
+        read_bytes(f, what="x", limit=9)
+
+
+def test_a_resumed_runs_spec_and_the_parity_list_are_read_bounded(tmp_path: Path) -> None:
+    from pipeline.errors import RenderError
+    from pipeline.image.parity import load_deliberate
+    from pipeline.runs import RunDir
+
+    os.mkfifo(tmp_path / "run.json")  # would block a plain read for ever
+    with pytest.raises(UsageError, match=r"run\.json is not a regular file"):
+        RunDir(tmp_path).read_spec()
+    with pytest.raises(RenderError, match="parity list /dev/zero is not a regular file"):
+        load_deliberate(Path("/dev/zero"))

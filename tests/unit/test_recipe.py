@@ -174,3 +174,79 @@ def test_a_recipe_setup_that_installs_lm_eval_installs_the_pinned_version() -> N
                 installing += 1
                 assert f"'{LM_EVAL_REQUIREMENT}'" in " ".join(check.setup or ()), path.name
     assert installing >= 5
+
+
+# -- secrets: an allow-list; the tool's own credentials never (issue 26 §3) ----------------
+
+
+def _with_secrets(tmp_path: Path, names: str) -> tuple[Path, int]:
+    path = _broken(tmp_path, "secrets: [HF_TOKEN]", f"secrets:\n  - HF_TOKEN\n  - {names}")
+    line = path.read_text().splitlines().index(f"  - {names}") + 1
+    return path, line
+
+
+@pytest.mark.parametrize(
+    "name", ["PIPELINE_REGISTRY_PASSWORD", "REGISTRY_PASSWORD", "COSIGN_PASSWORD", "DOCKER_AUTH_CONFIG"]
+)
+def test_a_recipe_asking_for_the_tools_own_credentials_is_refused_naming_the_line(
+    tmp_path: Path, name: str
+) -> None:
+    path, line = _with_secrets(tmp_path, name)
+    with pytest.raises(ConfigError) as exc:
+        load_recipe(path)  # refused at any validation, allow-list or not
+    assert exc.value.exit_code == ExitCode.USAGE
+    msg = str(exc.value)
+    assert f"{path}:{line}: secrets[1]: {name} is one of the pipeline's own credentials" in msg
+
+
+def test_a_recipe_secret_must_be_on_the_allow_list(tmp_path: Path) -> None:
+    from pipeline.config import load_settings
+
+    path, line = _with_secrets(tmp_path, "OPENAI_API_KEY")
+    default = load_settings(env={}, cwd=tmp_path)
+    assert default.recipe_secrets == frozenset({"HF_TOKEN"})
+    with pytest.raises(ConfigError) as exc:
+        load_recipe(path, allowed_secrets=default.recipe_secrets)
+    assert f"{path}:{line}: secret OPENAI_API_KEY is not one a recipe may pass" in str(exc.value)
+    assert "[smoke] recipe_secrets" in str(exc.value)
+    added = load_settings(env={"PIPELINE_RECIPE_SECRETS": "OPENAI_API_KEY"}, cwd=tmp_path)
+    assert load_recipe(path, allowed_secrets=added.recipe_secrets).secrets == ("HF_TOKEN", "OPENAI_API_KEY")
+
+
+def test_configuration_cannot_allow_the_tools_own_credentials(tmp_path: Path) -> None:
+    from pipeline.config import load_settings
+
+    with pytest.raises(ConfigError, match="recipe_secrets"):
+        load_settings(env={"PIPELINE_RECIPE_SECRETS": "HF_TOKEN,PIPELINE_REGISTRY_PASSWORD"}, cwd=tmp_path)
+
+
+def test_smoke_refuses_the_recipe_before_any_engine_is_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipeline.oci.engine
+    from pipeline.cli import main
+
+    monkeypatch.setattr(
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda *a, **k: pytest.fail("engine"))
+    )
+    path, line = _with_secrets(tmp_path, "PIPELINE_REGISTRY_PASSWORD")
+    args = ["smoke", "--image", "x", "--recipe", str(path), "--run-dir", str(tmp_path / "run")]
+    assert main(args) == ExitCode.USAGE
+    assert f"{path}:{line}: secrets[1]: PIPELINE_REGISTRY_PASSWORD" in capsys.readouterr().err
+
+
+# -- YAML aliases (issue 26 §5) ------------------------------------------------------------
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + k)}: &{chr(98 + k)} [*{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, "
+    f"*{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}, *{chr(97 + k)}]\n"
+    for k in range(12)
+)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_its_first_alias(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)  # 9**13 strings once expanded
+    with pytest.raises(ConfigError, match=r"bomb\.yaml:2: YAML alias \*a refused") as exc:
+        load_recipe(path)
+    assert exc.value.exit_code == ExitCode.USAGE

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.config import load_settings
-from pipeline.errors import ExitCode, InfraError
+from pipeline.errors import ConfigError, ExitCode, InfraError
 from pipeline.log import Logger
 from pipeline.oci.engine import ContainerInfo
 from pipeline.recipes.recipe import load_recipe
@@ -362,3 +362,26 @@ def test_without_the_proxy_lm_eval_talks_to_the_server_directly(tmp_path: Path) 
     assert "base_url=http://127.0.0.1:8000/v1/chat/completions" in lm_eval[lm_eval.index("--model_args") + 1]
     gsm = next(x for x in verdict.checks if x.name == "gsm8k")
     assert "running_value" not in gsm.figures and gsm.passed and verdict.passed
+
+
+def test_the_server_gets_no_secret_the_configuration_does_not_allow(tmp_path: Path) -> None:
+    """The last gate before the container: a recipe read without the allow-list (a library caller)."""
+    text = RECIPE_PATH.read_text().replace("secrets: [HF_TOKEN]", "secrets: [HF_TOKEN, OTHER_TOKEN]")
+    assert "OTHER_TOKEN" in text
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    c = FakeContainer(["starting"])
+    engine = FakeEngine(c)
+    with pytest.raises(ConfigError, match="OTHER_TOKEN, which a recipe may not pass"):
+        run_smoke(
+            engine,
+            image="atom:test",
+            recipe=load_recipe(path),
+            recipe_path=path,
+            settings=load_settings(env={}, cwd=tmp_path),
+            env={"HF_TOKEN": "hf_unit_secret", "OTHER_TOKEN": "other_secret"},
+            run_dir=tmp_path / "run",
+            log=Logger(stream=io.StringIO()),
+            sysfs_root=make_sysfs(tmp_path / "sys"),
+        )
+    assert engine.run_kwargs == {}  # no container was started
