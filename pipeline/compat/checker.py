@@ -49,6 +49,11 @@ from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
 ROOT_INIT = "aiter/__init__.py"
+# A call with one of these problems raises TypeError whenever it runs, whatever the annotations.
+BINDING_ERRORS = frozenset(
+    {"too-many-positional", "missing-argument", "unexpected-keyword", "duplicate-argument",
+     "positional-only-as-keyword"}
+)  # fmt: skip
 MAX_VERSIONS = 400  # of one file's history read for the signatures a call may have been written for
 
 
@@ -590,13 +595,24 @@ class Checker:
             details = tuple(p.message for p in b.problems)
             before = problem_keys(fit.binding)
             new = [p for p in b.problems if p.key not in before]
+            unbound = [p for p in b.problems if p.kind in BINDING_ERRORS]
             if not fit.clean and not new:
                 same = "; ".join(p.message for p in fit.binding.problems)
-                return Finding(
-                    call.path, call.line, call.col, call.qualname, "warning", b.problems[0].kind,
+                msg = (
                     head + "; ".join(details) + f". Pre-existing: the call fails the same way ({same}) with "
-                    f"aiter {base[:10]}, the signature it was written for, so no aiter pin fixes it "
-                    "(an ATOM bug, probably on a path not run).",
+                    f"aiter {base[:10]}, the signature it was written for, so no aiter pin fixes it"
+                )
+                if unbound:  # a TypeError whenever the line runs: on the model's path it crashes the model
+                    msg += (
+                        ". It cannot bind at this pin (a TypeError whenever it runs): an error that gates "
+                        "the model when on its path; it needs a patch of ATOM or a waiver with a reason"
+                    )
+                    sev = "error"
+                else:
+                    msg += " (an evident type clash, not a failure to bind): a warning"
+                    sev = "warning"
+                return Finding(
+                    call.path, call.line, call.col, call.qualname, sev, b.problems[0].kind, msg + ".",
                     details, None, defined_at, preexisting=True, written_against=base,
                 )  # fmt: skip
             kind = new[0].kind
@@ -620,7 +636,7 @@ class Checker:
                     f"it was written for ({was}), but not this way"
                 )
             severity = "error"
-            if all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
+            if not unbound and all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
                 if not sig.compiled:
                     severity = "warning"
                     msg += (
