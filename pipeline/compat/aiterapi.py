@@ -162,6 +162,17 @@ def member_sig(cls: ClassInfo, name: str, m: Member, via_instance: bool) -> Sign
     return Signature(qual, m.sig.path, m.sig.line, params, m.sig.compiled, returns=m.sig.returns, op=m.sig.op)
 
 
+def op_signature(name: str, sig: Signature) -> Signature:
+    """`torch.ops.aiter.<name>` as registered from the Python def `sig`: the schema is inferred from the
+    def, with a leading `Tensor dummy` when aiter's JIT registers one whose first parameter is no Tensor."""
+    params = sig.params
+    if sig.op in ("compile_ops", "torch_compile_guard"):
+        first = params[0] if params else None
+        if first is None or (first.annotation or "") not in ("torch.Tensor", "Tensor"):
+            params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
+    return Signature(f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op)
+
+
 def sig_from_def(
     fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool, returns: str | None = None
 ) -> Signature:
@@ -1137,7 +1148,7 @@ class ApiIndex:
                 return Target("unknown", reason=f"`{cls.name}` defines __getattr__")
         if opaque is not None or name.startswith("__"):
             return Target("unknown", reason=f"`{t.cls.name}.{name}` may come from {opaque or 'object'}")
-        return Target("missing", module=t.module, missing_what="method")
+        return Target("missing", module=t.module, missing_what="method", cls=t.cls)
 
     def resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
         """What a reference from ATOM denotes: `(module, attribute chain with "()" for calls)`."""
@@ -1246,18 +1257,7 @@ class ApiIndex:
                     break
         if sig is None:
             return Target("unknown", reason="no aiter source file registers an op of this name")
-        params = sig.params
-        if sig.op in ("compile_ops", "torch_compile_guard"):
-            first = params[0] if params else None
-            if first is None or (first.annotation or "") not in ("torch.Tensor", "Tensor"):
-                params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
-        return Target(
-            "func",
-            sig=Signature(
-                f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op
-            ),
-            module=t.module,
-        )
+        return Target("func", sig=op_signature(name, sig), module=t.module)
 
     def _extension_names(self) -> frozenset[str] | None:
         self._dep(("x", EXT_SOURCES, True, ""))

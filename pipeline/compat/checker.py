@@ -635,6 +635,8 @@ class Checker:
                     f". New at this pin: the call was already broken with aiter {base[:10]}, the signature "
                     f"it was written for ({was}), but not this way"
                 )
+            if with_causes and cause is None:
+                msg += _no_cause(sig, aiter_sha)
             severity = "error"
             if not unbound and all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
                 if not sig.compiled:
@@ -682,7 +684,7 @@ class Checker:
             msg += cause.sentence()
         else:
             change, effect = explain(base_sig, sig, call, sig.name)
-            msg += f"{change}: {effect}"
+            msg += f"{change}: {effect}" + (_no_cause(sig, aiter_sha) if with_causes else "")
         return Finding(
             call.path, call.line, call.col, call.qualname, "error", "positional-shift", msg,
             tuple(shifted), _cause_info(cause), defined_at, written_against=base,
@@ -781,11 +783,14 @@ class Checker:
             )
         cause_info: CauseInfo | None = None
         name = call.ref[1][-1] if call.ref[1] else ""
-        if with_causes and what == "function" and t.module and name:
+        if with_causes and what in ("function", "method") and t.module and name:
             idx = self.index(aiter_sha)
-            # Where it used to live: the module looked up, or its file under a baseline.
+            # Where it used to live: the module looked up (the class's file for a method), or its file
+            # under a baseline.
             paths: list[tuple[str, str]] = []
-            if t.module in idx.mods:
+            if what == "method" and t.cls is not None:
+                paths.append((t.cls.path, f"{t.cls.name}().{name}"))  # (only whether it exists is read)
+            elif t.module in idx.mods:
                 paths.append((idx.mods[t.module], name))
             for base in (self.date_baseline, self.call_baseline(call)):
                 old = self._sig_at(base, call)
@@ -812,6 +817,18 @@ class Checker:
             if cause_info is None and not call.guarded:
                 cause_info, extra = self._added_later(call, aiter_sha, name)
                 msg += extra
+            if cause_info is None and what == "function":
+                cause_info, extra = self._last_defined(aiter_sha, name)
+                written = self.written_time(call) if cause_info is not None else None
+                if cause_info and written is not None and written > cause_info.commit.date.timestamp():
+                    extra += " (before the call's lines were written: they were written for an older aiter)"
+                msg += extra
+            if cause_info is None and not call.guarded:
+                msg += (
+                    f". No cause named: no first-parent aiter commit up to {aiter_sha[:10]} removed a "
+                    f"definition of `{name}`{f' from {paths[0][0]}' if paths else ''} (it may never have "
+                    "existed under this name, or was only ever defined in a C++ extension)"
+                )
         if with_causes and what == "module" and t.module:
             base = t.module.replace(".", "/")
             deleted = self._deleted_by(aiter_sha, [f"{base}.py", f"{base}/__init__.py"])
@@ -822,6 +839,35 @@ class Checker:
                 )
                 msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _last_defined(self, aiter_sha: str, name: str) -> tuple[CauseInfo | None, str]:
+        """The newest first-parent commit that removed `def name(` from an aiter file (git's pickaxe:
+        the name existed at an older aiter than any the call could be dated by)."""
+        key = f"pickaxe:{aiter_sha}:{name}"
+        got = self.caches.facts.data.get(key)
+        if got is None:
+            out = self.aiter.git(
+                "log", "-1", "--first-parent", "-m", f"-Sdef {name}(", "--format=%x01%H", "--name-only",
+                aiter_sha, "--", AITER_PREFIX + "/",
+            ).strip()  # fmt: skip
+            got = out.lstrip("\x01")
+            self.caches.facts.data[key] = got
+            self.caches.facts.dirty = True
+        if not got:
+            return None, ""
+        sha, *paths = got.split()
+        parent = self.hist.parent(sha)
+        if parent is None:
+            return None, ""
+        gone = [p for p in paths if self._sig_in_file(parent, p, name) is not None]
+        if not gone or any(self._sig_in_file(sha, p, name) is not None for p in gone):
+            return None, ""  # that commit added or kept it: not a removal
+        c = self.aiter.commit_info(sha)
+        to = self._moved_to(sha, name, gone[0])
+        change = f"`{name}` moved from {gone[0]} to {to}" if to else f"`{name}` removed from {gone[0]}"
+        return CauseInfo(c, parent, change, "this call now fails with AttributeError/ImportError"), (
+            f'. Cause: {change} by aiter {c.short} ({_day(c)}, "{c.subject}")'
+        )
 
     def _moved_to(self, sha: str, name: str, old_path: str) -> str | None:
         """Another file that commit `sha` made define `name` (the function moved there), if any."""
@@ -868,6 +914,14 @@ class Checker:
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
             f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
+
+
+def _no_cause(sig: Signature, aiter_sha: str) -> str:
+    """Why an error names no commit."""
+    return (
+        f". No cause named: no version of `{sig.name}` in the first-parent history of {sig.path} up to "
+        f"aiter {aiter_sha[:10]}, nor where the call resolved before, takes this call as it was written"
+    )
 
 
 def _cause_info(c: Cause | None) -> CauseInfo | None:
