@@ -253,20 +253,49 @@ class Checker:
     # -- when the call was written -------------------------------------------
     def written_time(self, call: RawCall) -> int | None:
         """Committer time of the last change to the call's lines (`git blame` of just those lines)."""
+        got = self.written_by(call)
+        return got[0] if got is not None else None
+
+    def written_by(self, call: RawCall) -> tuple[int, str] | None:
+        """(committer time, ATOM commit) of the last change to the call's lines (`git blame`)."""
         lo, hi = call.line, call.end_line or call.line
-        key = f"blame:{self.atom_sha}:{call.path}:{lo}-{hi}"
+        key = f"blame-by:{self.atom_sha}:{call.path}:{lo}-{hi}"
         if key in self.caches.facts.data:
-            got: int | None = self.caches.facts.data[key]
-            return got
+            cached: tuple[int, str] | None = self.caches.facts.data[key]
+            return cached
         try:
             out = self.atom.git("blame", "--porcelain", "-L", f"{lo},{hi}", self.atom_sha, "--", call.path)
         except SourceError:
             out = ""
-        stamps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committer-time ")]
-        got = max(stamps) if stamps else None
+        got: tuple[int, str] | None = None
+        sha = ""
+        for line in out.splitlines():
+            word = line.split(" ", 1)[0]
+            if len(word) == 40 and all(c in "0123456789abcdef" for c in word):
+                sha = word
+            elif line.startswith("committer-time ") and (got is None or int(line.split()[1]) > got[0]):
+                got = (int(line.split()[1]), sha)
         self.caches.facts.data[key] = got
         self.caches.facts.dirty = True
         return got
+
+    def _written_after(self, call: RawCall, cause: Cause | None, fit: Fit) -> str:
+        """When the call entered ATOM after the change it does not fit: say so (it was written for the
+        older layout, copied from older code or from another project)."""
+        if (
+            cause is None
+            or cause.old_sig is None
+            or layout(fit.cand.sig) == layout(cause.new_sig or fit.cand.sig)
+        ):
+            return ""
+        by = self.written_by(call)
+        if by is None or by[0] <= cause.commit.date.timestamp():
+            return ""
+        day = datetime.fromtimestamp(by[0], tz=UTC).strftime("%Y-%m-%d")
+        return (
+            f". The call, added in ATOM {by[1][:10]} on {day}, fits aiter's signature before "
+            f"{cause.commit.short}: it was written after that change, for the older layout"
+        )
 
     def call_baseline(self, call: RawCall) -> str | None:
         """aiter as of the date the call's lines were last changed (or the explicit baseline)."""
@@ -434,13 +463,16 @@ class Checker:
         return rev, vs, start
 
     def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
-        """Runs of one layout in the history of the callee's file, newest first, back to `born`.
+        """Runs of one layout in the history of the callee's file, newest first, however old.
 
         Versions newer than the pin count too (an ATOM written ahead of the pin);
-        older ones stop where the function was not defined in this file.
+        older ones stop where the function was not defined in this file. A call can
+        enter ATOM after a change and still be written for the older layout (copied
+        from older code), so the history does not stop at the ATOM file's creation
+        (`born` only dates the candidates).
         """
         rev, vs, start = self._versions(aiter_sha, sig.path)
-        key = (rev, sig.path, sig.name, born, start)
+        key = (rev, sig.path, sig.name, 0, start)
         runs = self._runs.get(key)
         if runs is None:
             runs = []
@@ -460,17 +492,11 @@ class Checker:
                     until = runs[-1].since if runs else None
                     runs.append(Candidate(v.commit.sha, s, t, until, "history"))
                 prev = s
-                if t < born and i >= start:
-                    break  # in effect when the ATOM file was created
             self._runs[key] = runs
         return runs
 
     def candidates(self, call: RawCall, aiter_sha: str, sig: Signature) -> list[Candidate]:
-        """The distinct signatures the callee has had: its file's history, and where it resolved before.
-
-        The history is read back to the version in effect when the ATOM file was
-        created: no call in it was written for an older one.
-        """
+        """The distinct signatures the callee has had: its file's history, and where it resolved before."""
         born = self.file_added(call.path) or 0
         runs = self._history(aiter_sha, sig, born)
         out = list(runs)
@@ -629,6 +655,7 @@ class Checker:
             if cause is not None and cause.shifted:
                 kind = "positional-shift"
             msg = head + (cause.sentence() if cause is not None else "; ".join(p.message for p in new))
+            msg += self._written_after(call, cause, fit)
             if not fit.clean:
                 was = "; ".join(p.message for p in fit.binding.problems)
                 msg += (
@@ -638,6 +665,12 @@ class Checker:
             if with_causes and cause is None:
                 msg += _no_cause(sig, aiter_sha)
             severity = "error"
+            # Written for another layout (an older one fits cleanly): the clash is where the shift shows.
+            other_layout = (
+                fit.clean and layout(base_sig) != layout(sig) and bool(shifted_args(base_sig, sig, call))
+            )
+            if other_layout:
+                kind = "positional-shift"
             if not unbound and all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
                 if not sig.compiled:
                     severity = "warning"
@@ -681,7 +714,7 @@ class Checker:
             f"parameters than under aiter {base[:10]} (the signature it was written for): "
         )
         if cause is not None:
-            msg += cause.sentence()
+            msg += cause.sentence() + self._written_after(call, cause, fit)
         else:
             change, effect = explain(base_sig, sig, call, sig.name)
             msg += f"{change}: {effect}" + (_no_cause(sig, aiter_sha) if with_causes else "")

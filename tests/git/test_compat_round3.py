@@ -75,6 +75,47 @@ def test_every_error_names_a_commit_or_says_why_not(r3: Round3Repos) -> None:
             assert f.cause is not None or f.preexisting or "No cause named" in f.message, f.message
 
 
+# -- §1 a call written after the change, against the older signature ------------------------------
+
+
+def test_a_call_written_after_a_change_for_the_older_layout_is_a_shift(r3: Round3Repos) -> None:
+    # late.py entered ATOM after R6 inserted num_splits, yet its literals fit R1's layout: 32 on
+    # block_size, True on `causal: bool` (at the pin True lands on `block_size: int`).
+    path = "atom/models/late.py"
+    f = at(check(r3, "V2", "R7"), path, line(r3, "V2", path, "paged_attn(q, k, v, 32, True)"))
+    assert (f.severity, f.kind, f.written_against) == ("error", "positional-shift", r3.a["R1"]), f.message
+    assert f.cause is not None and f.cause.commit.sha == r3.a["R6"]
+    assert (
+        f"The call, added in ATOM {r3.t['V2'][:10]} on 2026-03-01, fits aiter's signature before "
+        + (r3.a["R6"][:10])
+        in f.message
+    )
+
+
+def test_a_plain_python_clash_from_an_older_layout_is_an_error(r3: Round3Repos) -> None:
+    # `gather(x, 0)`: 0 lands on `use_custom: bool` (a plain Python function: alone, a warning), but the
+    # call fits R1's `gather(x, dim)` cleanly: written for another layout, a shift.
+    path = "atom/models/late.py"
+    f = at(check(r3, "V2", "R7"), path, line(r3, "V2", path, "gather(x, 0)"))
+    assert (f.severity, f.kind, f.preexisting) == ("error", "positional-shift", False), f.message
+    assert f.cause is not None and f.cause.commit.sha == r3.a["R6"]
+
+
+def test_a_call_written_before_the_change_is_still_a_shift_with_its_cause(r3: Round3Repos) -> None:
+    path = "atom/models/r3.py"
+    f = at(check(r3, "V1", "R7"), path, line(r3, "V1", path, "paged_attn(q, k, v, 64)"))
+    assert (f.kind, f.cause and f.cause.commit.sha) == ("positional-shift", r3.a["R6"])
+    assert "The call, added in ATOM" not in f.message  # written before R6: the ordinary case
+
+
+def test_written_for_the_older_layout_is_clean_at_an_older_pin(r3: Round3Repos) -> None:
+    path = "atom/models/late.py"
+    report = check(r3, "V2", "R5")
+    for needle in ("paged_attn(q, k, v, 32, True)", "gather(x, 0)"):
+        n = line(r3, "V2", path, needle)
+        assert not [f for f in report.findings if (f.path, f.line) == (path, n)]
+
+
 # -- §4 a call that never binds ----------------------------------------------------------------------
 
 
