@@ -33,6 +33,7 @@ from pipeline.compat.calls import (
     STAR_ONLY,
     FileCalls,
     RawCall,
+    SigGuard,
     atom_ops,
     scan_file,
     unchecked_reason,
@@ -411,7 +412,7 @@ class Checker:
             if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
                 unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY)))
                 return 0
-            f = self._check_call(call, t.sig, aiter_sha, causes)
+            f = self.check_guarded(idx, call, t.sig, aiter_sha, causes)
             if f is not None:
                 findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
             return 1
@@ -425,6 +426,35 @@ class Checker:
         return 0
 
     # -- one call ------------------------------------------------------------
+    def check_guarded(
+        self, idx: ApiIndex, call: RawCall, sig: Signature, aiter_sha: str, with_causes: bool
+    ) -> Finding | None:
+        """`_check_call`, under the `inspect.signature` guards the call runs under: a finding under a
+        guard that cannot hold at the pin is a note (the call is not reached); under one the check
+        cannot evaluate, an error is a warning naming the guard."""
+        f = self._check_call(call, sig, aiter_sha, with_causes)
+        if f is None or not call.sig_guards:
+            return f
+        unknown: SigGuard | None = None
+        for g in call.sig_guards:
+            holds = guard_holds(g, idx)
+            if holds is False:
+                return dataclasses.replace(
+                    f, severity="note", kind="unreachable-at-pin",
+                    message=f"`{call.qualname}` is not reached at aiter {aiter_sha[:10]}: it runs only when "
+                    f"`{g.text}` (line {g.line}) is {'true' if g.when else 'false'}, which cannot hold at "
+                    f"this pin ({_params_phrase(g, idx)}). Had it run: {f.message}",
+                )  # fmt: skip
+            if holds is None and unknown is None:
+                unknown = g
+        if unknown is not None and f.severity == "error":
+            return dataclasses.replace(
+                f, severity="warning",
+                message=f"{f.message}. The call runs only under the signature guard `{unknown.text}` "
+                f"(line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
+            )  # fmt: skip
+        return f
+
     def _sig_at(self, aiter_sha: str | None, call: RawCall) -> Signature | None:
         if aiter_sha is None:
             return None
@@ -947,6 +977,44 @@ class Checker:
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
             f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
+
+
+def guard_holds(g: SigGuard, idx: ApiIndex) -> bool | None:
+    """Whether the code under `g` runs at this aiter (None: the check cannot tell)."""
+    if g.form is None:
+        return None
+    t = idx.resolve_ref(g.ref)
+    if t.kind not in ("func", "class") or t.sig is None:
+        return None
+    names = [p.name for p in t.sig.params]
+
+    def ev(form: tuple[object, ...]) -> bool | None:
+        op = form[0]
+        if op == "in":
+            return form[1] in names
+        if op == "len":
+            n, want = len(names), form[2]
+            assert isinstance(want, int)
+            cmp = {"==": n == want, "!=": n != want, "<": n < want, "<=": n <= want, ">": n > want}
+            return cmp.get(str(form[1]), n >= want)
+        if op == "not":
+            inner = ev(form[1])  # type: ignore[arg-type]
+            return None if inner is None else not inner
+        parts = [ev(x) for x in form[1]]  # type: ignore[attr-defined]
+        if any(x is None for x in parts):
+            return None
+        return all(parts) if op == "and" else any(parts)
+
+    got = ev(g.form)
+    return None if got is None else got == g.when
+
+
+def _params_phrase(g: SigGuard, idx: ApiIndex) -> str:
+    t = idx.resolve_ref(g.ref)
+    if t.sig is None:
+        return "its signature is not known"
+    params = ", ".join(p.show() for p in t.sig.params)
+    return f"`{t.sig.name}` has parameters ({params}) at {t.sig.path}:{t.sig.line}"
 
 
 def _no_cause(sig: Signature, aiter_sha: str) -> str:

@@ -487,7 +487,7 @@ def _quick(
             elif (call.path, call.line, call.col) in suspects and t.kind in ("func", "class") and t.sig:
                 if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
                     continue
-                f = checker._check_call(call, t.sig, sha, False)
+                f = checker.check_guarded(idx, call, t.sig, sha, False)
                 if f is not None:
                     findings.append(f)
     report = CheckReport(

@@ -116,6 +116,52 @@ def test_written_for_the_older_layout_is_clean_at_an_older_pin(r3: Round3Repos) 
         assert not [f for f in report.findings if (f.path, f.line) == (path, n)]
 
 
+# -- §3 guards the code itself evaluates ----------------------------------------------------------
+
+
+def test_a_branch_its_signature_guard_rules_out_is_a_note(r3: Round3Repos) -> None:
+    path = "atom/models/late.py"
+    guard = line(r3, "V2", path, 'if "z" in inspect.signature(stage_fn).parameters:')
+    new, old = line(r3, "V2", path, "return stage_fn(x, z, y)"), line(r3, "V2", path, "return stage_fn(x, y)")
+    at_r7, at_r6 = check(r3, "V2", "R7"), check(r3, "V2", "R6")
+    # R7 has `z`: the if-branch binds (checked, clean); the else-branch cannot run.
+    assert not [f for f in at_r7.findings if (f.path, f.line) == (path, new)]
+    f = at(at_r7, path, old)
+    assert (f.severity, f.kind) == ("note", "unreachable-at-pin"), f.message
+    assert (
+        f"runs only when `'z' in inspect.signature(stage_fn).parameters` (line {guard}) is false" in f.message
+    )
+    assert "`stage_fn` has parameters (x, z, y)" in f.message
+    # R6 has no `z`: the other way round.
+    assert not [f for f in at_r6.findings if (f.path, f.line) == (path, old)]
+    g = at(at_r6, path, new)
+    assert (g.severity, g.kind) == ("note", "unreachable-at-pin"), g.message
+    assert at_r7.ok is False and f not in at_r7.errors
+    from pipeline.compat.report import Counts
+
+    assert Counts.of(at_r7).notes == 2 and "2 note(s) (not reached at this pin)" in Counts.of(at_r7).summary()
+
+
+def test_a_length_guard_is_evaluated(r3: Round3Repos) -> None:
+    path = "atom/models/late.py"
+    f = at(check(r3, "V2", "R7"), path, line(r3, "V2", path, "aiter.other_helper(1, 2)"))
+    assert (f.severity, f.kind) == ("note", "unreachable-at-pin"), f.message
+    assert "`len(inspect.signature(aiter.other_helper).parameters) == 2`" in f.message
+
+
+def test_a_guard_the_check_cannot_evaluate_makes_a_warning_naming_it(r3: Round3Repos) -> None:
+    path = "atom/models/late.py"
+    report = check(r3, "V2", "R6")
+    f = at(report, path, line(r3, "V2", path, "stage_fn(1, 2, 3)"))
+    guard = line(r3, "V2", path, "inspect.signature(stage_fn).parameters.keys() >=")
+    assert f.severity == "warning" and f"(line {guard}), which the check cannot evaluate" in f.message
+    # The shim installed only for one layout (an early `return` after `names.index(...)`).
+    shim = at(check(r3, "V2", "R7"), path, line(r3, "V2", path, "return original(q, k, v, 1, bs, True, 7)"))
+    index = line(r3, "V2", path, 'at = names.index("num_splits")')
+    assert (shim.severity, shim.kind) == ("warning", "too-many-positional"), shim.message
+    assert f'`at = names.index("num_splits")` (line {index}), which the check cannot evaluate' in shim.message
+
+
 # -- §4 a call that never binds ----------------------------------------------------------------------
 
 
