@@ -276,6 +276,32 @@ def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 _RETURN_RE = re.compile(r"^[ \t]*return[ \t]+([A-Za-z_][\w.]*)[ \t]*(\(?)")
 _SELF_SET_RE = re.compile(r"\bself\.(\w+)[ \t]*(?::[ \t]*([^=\n]+?))?[ \t]*=(?!=)")
+_SELF_CTOR_RE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*([A-Z]\w*(?:\.\w+)*)\(")  # `self.x = Class(`
+_LOCAL_IMPORT_RE = re.compile(r"^[ \t]+from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\(?[\w ,]*\)?)$")
+_WORD_RE = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _learn_imports(local: dict[str, str], mod: str, names: str, path: str) -> None:
+    base = _absolute(mod, path)
+    if not base:
+        return
+    for part in names.split(","):
+        name, _, alias = part.strip().partition(" as ")
+        if name.isidentifier():
+            local[(alias or name).strip()] = f"{base}.{name}"
+
+
+def _absolute(mod: str, path: str) -> str | None:
+    """`from <mod> import ...` written in the file `path`, as an absolute module (relative levels)."""
+    level = len(mod) - len(mod.lstrip("."))
+    if not level:
+        return mod
+    parts = path[:-3].split("/")  # `from .` is the package: the file's directory
+    pkg = parts[: len(parts) - level]
+    if not pkg:
+        return None
+    rest = mod[level:]
+    return ".".join(pkg) + (f".{rest}" if rest else "")
 
 
 def _return_hint(body: list[bytes]) -> str | None:
@@ -389,16 +415,61 @@ def _class_info(cls: ast.ClassDef, path: str, lines: list[bytes], end: int, hint
             a = _ann(node.annotation)
             if a:
                 ann[node.target.id] = a
+    ctors: dict[str, set[str]] = {}  # attribute -> the classes constructed into it (`self.x = C(...)`)
+    local: dict[str, str] = {}  # names the class's methods import: name -> absolute dotted path
+    pending: tuple[str, list[str]] | None = None  # a parenthesized `from m import (` being read
     for raw in lines[cls.lineno - 1 : end]:
+        if pending is not None:
+            line = raw.decode("utf-8", "replace")
+            pending[1].append(line.split(")", 1)[0])
+            if ")" in line:
+                _learn_imports(local, pending[0], ",".join(pending[1]), path)
+                pending = None
+            continue
+        if b"import " in raw:
+            m_imp = _LOCAL_IMPORT_RE.match(raw.decode("utf-8", "replace").rstrip())
+            if m_imp is not None:
+                names = m_imp.group(2).strip()
+                if names.startswith("(") and ")" not in names:
+                    pending = (m_imp.group(1), [names[1:]])
+                else:
+                    _learn_imports(local, m_imp.group(1), names.strip("()"), path)
         if b"self." not in raw:
             continue
-        for m in _SELF_SET_RE.finditer(raw.decode("utf-8", "replace")):
+        text = raw.decode("utf-8", "replace")
+        for m in _SELF_SET_RE.finditer(text):
             attrs.add(m.group(1))
             if m.group(2) and m.group(1) not in ann:
                 ann[m.group(1)] = m.group(2).strip()
+        for m in _SELF_CTOR_RE.finditer(text):
+            ctors.setdefault(m.group(1), set()).add(m.group(2))
+    for attr, a_text in list(ann.items()):  # an annotation naming a class a method imports
+        if any(n in a_text for n in local):
+            ann[attr] = _WORD_RE.sub(lambda m: local.get(m.group(0), m.group(0)), a_text)
+    for attr, made in ctors.items():
+        # Typed by its constructor when every `self.x = C(...)` names the same class (None aside).
+        if attr not in ann and len(made) == 1:
+            (c,) = made
+            head = c.split(".", 1)[0]
+            ann[attr] = local[head] + c[len(head) :] if head in local else c
     bases = tuple(_attr_path(b.value if isinstance(b, ast.Subscript) else b) for b in cls.bases)
     return ClassInfo(
         cls.name, path, cls.lineno, init, members, frozenset(attrs - set(members)), ann, bases, dynamic
+    )
+
+
+def _is_torch_module(base: tuple[str, ...]) -> bool:
+    return base[-1] == "Module" and (len(base) == 1 or base[-2] == "nn")
+
+
+def _torch_module_only(chain: list[tuple[ClassInfo, str]]) -> bool:
+    """Is every base of the chain that is not an aiter class torch's `nn.Module` (and is there one)?"""
+    names = {c.name for c, _ in chain}
+    others = [b for c, _ in chain for b in c.bases if b is None or b[-1] not in names]
+    return (
+        bool(others)
+        and all(b is not None and (_is_torch_module(b) or b[-1] in _HARMLESS_BASES) for b in others)
+        and any(b is not None and _is_torch_module(b) for b in others)
     )
 
 
@@ -1046,7 +1117,15 @@ class ApiIndex:
         path = _attr_path(node)
         if path is None:
             return Target("unknown", reason=f"annotation `{ann}`")
-        t = self._resolve_path(module, path, depth + 1)
+        if path[0] == self.root and len(path) > 1 and not self._binds(module, path[0]):
+            # A class a method imported (`self.x = C(...)`), by its absolute path: the longest module
+            # prefix is imported (an attribute `aiter.dist` may be something else than the module).
+            k = next((k for k in range(len(path) - 1, 0, -1) if ".".join(path[:k]) in self.mods), 1)
+            t = self.resolve_module_path(".".join(path[:k]))
+            for p in path[k:]:
+                t = self.attr_of(t, p, depth + 1)
+        else:
+            t = self._resolve_path(module, path, depth + 1)
         if t.kind == "class":
             return Target("instance", module=t.module, cls=t.cls)
         if t.kind == "foreign":
@@ -1146,6 +1225,10 @@ class ApiIndex:
                 return Target("unknown", reason=f"attribute `{cls.name}.{name}` (type not evident)")
             if cls.dynamic:
                 return Target("unknown", reason=f"`{cls.name}` defines __getattr__")
+        if opaque is not None and via_instance and _torch_module_only(chain):
+            # Not in any aiter class of the chain, whose only other base is torch's Module: one of its
+            # methods or a buffer/submodule it returns (`register_buffer`, `to`, `cos_cache`), not aiter's.
+            return Target("foreign", reason=f"`{t.cls.name}.{name}` from torch.nn.Module")
         if opaque is not None or name.startswith("__"):
             return Target("unknown", reason=f"`{t.cls.name}.{name}` may come from {opaque or 'object'}")
         return Target("missing", module=t.module, missing_what="method", cls=t.cls)

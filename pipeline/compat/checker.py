@@ -421,6 +421,8 @@ class Checker:
             return 1
         if t.kind in ("module", "foreign"):
             return 0  # a module, or a value of a type that is not aiter's: not a call of aiter
+        if call.ref[0] == TORCH_OPS and call.ref[1] and call.ref[1][0] in self.atom_ops:
+            return 0  # an op ATOM registers in the `aiter` namespace itself: not a call of aiter
         reason = unchecked_reason(call, t, self.atom_ops)
         unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, reason)))
         return 0

@@ -162,6 +162,24 @@ def test_a_guard_the_check_cannot_evaluate_makes_a_warning_naming_it(r3: Round3R
     assert f'`at = names.index("num_splits")` (line {index}), which the check cannot evaluate' in shim.message
 
 
+# -- §5 fewer unchecked calls, and only aiter's --------------------------------------------------
+
+
+def test_an_attribute_chain_typed_by_constructors_and_local_imports_is_checked(r3: Round3Repos) -> None:
+    path = "atom/models/r3.py"
+    report = check(r3, "V1", "R7")
+    f = at(report, path, line(r3, "V1", path, "get_group().comm.ar.register(x, 1)"))
+    assert f.function == "aiter.dist.comm.get_group().comm.ar.register"
+    assert (f.kind, f.defined_at) == ("too-many-positional", "aiter/dist/ar.py:2"), f.message
+
+
+def test_calls_that_are_not_aiter_calls_are_not_counted_unchecked(r3: Round3Repos) -> None:
+    report = check(r3, "V1", "R7")
+    # `Rope.register_buffer` is torch.nn.Module's; `torch.ops.aiter.atom_own` is an op ATOM registers.
+    assert [(u.line, u.function, u.reason) for u in report.unchecked] == []
+    assert report.calls_unchecked == 0
+
+
 # -- §4 a call that never binds ----------------------------------------------------------------------
 
 
