@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import functools
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -304,8 +305,77 @@ def _absolute(mod: str, path: str) -> str | None:
     return ".".join(pkg) + (f".{rest}" if rest else "")
 
 
+def table_key(node: ast.expr) -> str | None:
+    """How a dispatch table's key is spelled, the same in aiter and ATOM: a literal's repr, or an enum
+    member's last two names (`QuantType.per_1x32`, also as `aiter.QuantType.per_1x32` or `.value`)."""
+    if isinstance(node, ast.Constant) and type(node.value) in (str, int):
+        return repr(node.value)
+    path = _attr_path(node)
+    if path is None or len(path) < 2:
+        return None
+    if path[-1] == "value" and len(path) >= 3:
+        path = path[:-1]
+    if not path[-2][:1].isupper():
+        return None  # `self.kind`, `torch.float16`: not an enum member we can name
+    return ".".join(path[-2:])
+
+
+def _table_hint(body: list[bytes]) -> str | None:
+    """`table:` when the body returns `T.get(<param>[.value], ...)` or `T[<param>[.value]]` from a dict
+    literal `T = {KEY: function, ...}`: each key with the dotted name of its function ("?" when the
+    value is not a plain name: a lambda, a partial)."""
+    text = b"\n".join(body).decode("utf-8", "replace")
+    if "return" not in text or "{" not in text:
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(text))
+    except (SyntaxError, ValueError):
+        return None
+    tables: dict[str, ast.Dict] = {}
+    returns: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.Dict):
+                tables[node.targets[0].id] = node.value
+        elif isinstance(node, ast.Return):
+            returns.append(node.value)
+    if len(returns) != 1 or returns[0] is None:
+        return None
+    r = returns[0]
+    if isinstance(r, ast.Call) and isinstance(r.func, ast.Attribute) and r.func.attr == "get" and r.args:
+        table = r.func.value
+    elif isinstance(r, ast.Subscript):
+        table = r.value
+    else:
+        return None
+    if not isinstance(table, ast.Name) or table.id not in tables:
+        return None
+    entries: list[str] = []
+    for k, v in zip(tables[table.id].keys, tables[table.id].values, strict=True):
+        key = table_key(k) if k is not None else None
+        if key is None:
+            continue
+        target = _attr_path(v)
+        value = ".".join(target) if target else "?"
+        if (
+            isinstance(v, ast.Call)
+            and (_attr_path(v.func) or ("",))[-1] == "partial"
+            and len(v.args) == 1
+            and _attr_path(v.args[0])
+            and all(k.arg for k in v.keywords)
+        ):  # `functools.partial(f, group_size=128)`: f, with those keywords given
+            value = ".".join(_attr_path(v.args[0]) or ()) + "+" + ",".join(str(k.arg) for k in v.keywords)
+        entries.append(f"{key}\x1e{value}")
+    return "table:" + "\x1f".join(entries) if entries else None
+
+
 def _return_hint(body: list[bytes]) -> str | None:
-    """`call:X` / `name:X` when every `return` of an unannotated body says the same `X(...)` / `X`."""
+    """`call:X` / `name:X` when every `return` of an unannotated body says the same `X(...)` / `X`;
+    `table:...` for a dispatch table (`_table_hint`)."""
+    if any(b".get(" in raw or b"[" in raw for raw in body if b"return" in raw):
+        table = _table_hint(body)
+        if table is not None:
+            return table
     hints: set[str] = set()
     for raw in body:
         if b"return" not in raw:
@@ -1048,20 +1118,21 @@ class ApiIndex:
         """`t.name`, or with name "()" the result of calling `t`."""
         if depth > 40:
             return Target("unknown")
+        called = name.startswith("(")  # "()", or "(KEY)": called with one literal or enum member
         if t.kind == "module":
             assert t.module is not None
-            if name == "()":
+            if called:
                 return Target("unknown")
             return self.resolve_attr(t.module, name, depth)
         if t.kind in ("missing", "foreign"):
             return t
-        if name == "()":
+        if called:
             if t.kind == "class" and t.cls is not None:
                 return Target("instance", module=t.module, cls=t.cls)
             if t.kind == "instance" and t.cls is not None:
                 return self._call_instance(t, depth + 1)
             if t.kind == "func" and t.sig is not None:
-                return self._returns(t, depth + 1)
+                return self._returns(t, depth + 1, name[1:-1] or None)
             return Target("unknown", reason=t.reason)
         if t.kind in ("class", "instance") and t.cls is not None:
             return self._member(t, name, depth + 1)
@@ -1132,13 +1203,38 @@ class ApiIndex:
             return t
         return Target("unknown", reason=f"annotated `{ann}`")
 
-    def _returns(self, t: Target, depth: int) -> Target:
-        """What calling the function of `t` returns, from its annotation or its `return` statements."""
+    def _returns(self, t: Target, depth: int, key: str | None = None) -> Target:
+        """What calling the function of `t` returns, from its annotation or its `return` statements
+        (`key`: the call's one literal or enum-member argument, which selects from a dispatch table)."""
         assert t.sig is not None
         ret, mod = t.sig.returns, t.module or self.root
         where = f"`{t.sig.name}`"
         if ret is None:
             return Target("unknown", reason=f"the result of {where} (no return annotation)")
+        if ret.startswith("table:"):
+            table = dict(e.split("\x1e", 1) for e in ret[6:].split("\x1f"))
+            if key is None or key not in table:
+                why = (
+                    "the key is not one literal or enum member"
+                    if key is None
+                    else f"no entry `{key}` in its table"
+                )
+                return Target("unknown", reason=f"the result of {where} (a dispatch table: {why})")
+            if table[key] == "?":
+                return Target(
+                    "unknown", reason=f"the result of {where} (its entry for `{key}` is not a function)"
+                )
+            name, _, given = table[key].partition("+")
+            got = self._resolve_path(mod, tuple(name.split(".")), depth + 1)
+            if got.kind != "func" or got.sig is None:
+                return Target("unknown", reason=got.reason)
+            if given:  # a partial: the keywords it gives have a value (a call may still pass them)
+                kws = set(given.split(","))
+                params = tuple(
+                    dataclasses.replace(p, has_default=True) if p.name in kws else p for p in got.sig.params
+                )
+                got = dataclasses.replace(got, sig=dataclasses.replace(got.sig, params=params))
+            return got
         if ret.startswith("call:"):
             callee = self._resolve_path(mod, tuple(ret[5:].split(".")), depth + 1)
             got = self.attr_of(callee, "()", depth + 1)
@@ -1296,7 +1392,7 @@ class ApiIndex:
             t = self.resolve_module_path(mod)
             for i, a in enumerate(attrs):
                 if t.kind == "unknown":
-                    if CALL in attrs[i + 1 :]:
+                    if any(x.startswith("(") for x in attrs[i + 1 :]):
                         # A call on what an unresolved call returned: the chain is listed once, at its
                         # first link that cannot be resolved.
                         t = Target("foreign", reason="derived from an unresolved aiter value")

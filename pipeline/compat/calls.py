@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
+from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
 from pipeline.pickling import by_fields
 
@@ -85,7 +85,7 @@ def qualname(ref: Ref) -> str:
     """`aiter.dist.parallel_state.get_tp_group().all_reduce`: how the reference reads in Python."""
     out = ref[0]
     for part in ref[1]:
-        out += part if part == CALL else f".{part}"
+        out += part if part.startswith("(") else f".{part}"
     return out
 
 
@@ -261,6 +261,11 @@ def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[s
     return None
 
 
+def _unkeyed(ref: Ref) -> Ref:
+    """The reference with every call's key dropped (`f(K)` -> `f()`)."""
+    return ref[0], tuple(CALL if p.startswith("(") else p for p in ref[1])
+
+
 def _attr_chain(node: ast.expr, *, through_calls: bool = False) -> tuple[str, list[str]] | None:
     """`a.b.c` -> ("a", ["b", "c"]); with `through_calls`, `f(x).m` -> ("f", ["()", "m"])."""
     parts: list[str] = []
@@ -269,7 +274,9 @@ def _attr_chain(node: ast.expr, *, through_calls: bool = False) -> tuple[str, li
             parts.append(node.attr)
             node = node.value
         elif through_calls and isinstance(node, ast.Call) and not _is_getattr(node):
-            parts.append(CALL)
+            # One literal or enum-member argument is kept: it may select from a dispatch table.
+            key = table_key(node.args[0]) if len(node.args) == 1 and not node.keywords else None
+            parts.append(f"({key})" if key is not None else CALL)
             node = node.func
         else:
             break
@@ -462,7 +469,13 @@ class _Scanner:
                 for t in targets:
                     if isinstance(t, ast.Name):
                         if b is not None:
-                            env[t.id] = NameRef(b.ref, b.guarded or guarded, b.line)
+                            ref = b.ref
+                            old = env.get(t.id)
+                            if old is not None and old.ref != ref and _unkeyed(old.ref) == _unkeyed(ref):
+                                # The same name set from `f(K1)` and `f(K2)` (the environment is not
+                                # flow-sensitive): which entry of a dispatch table is not known.
+                                ref = _unkeyed(ref)
+                            env[t.id] = NameRef(ref, b.guarded or guarded, b.line)
                         elif isinstance(value, ast.Constant) and value.value is None:
                             continue  # fallback `f = None` after a failed import
                         elif t.id in env:
@@ -758,6 +771,9 @@ class _Scanner:
                             if b is not None:
                                 b = NameRef(b.ref, True, b.line)
                         if b is not None:
+                            old = out.get(t.attr)
+                            if old is not None and old.ref != b.ref and _unkeyed(old.ref) == _unkeyed(b.ref):
+                                b = NameRef(_unkeyed(b.ref), b.guarded, b.line)  # set from two table keys
                             out[t.attr] = b
         return out
 

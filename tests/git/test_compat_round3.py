@@ -176,8 +176,29 @@ def test_an_attribute_chain_typed_by_constructors_and_local_imports_is_checked(r
 def test_calls_that_are_not_aiter_calls_are_not_counted_unchecked(r3: Round3Repos) -> None:
     report = check(r3, "V1", "R7")
     # `Rope.register_buffer` is torch.nn.Module's; `torch.ops.aiter.atom_own` is an op ATOM registers.
-    assert [(u.line, u.function, u.reason) for u in report.unchecked] == []
-    assert report.calls_unchecked == 0
+    assert [(u.path, u.function) for u in report.unchecked if u.path != "atom/models/quant.py"] == []
+
+
+def test_a_dispatch_table_binds_to_the_function_its_literal_key_selects(r3: Round3Repos) -> None:
+    path = "atom/models/quant.py"
+    report = check(r3, "V1", "R7")
+    f = at(report, path, line(r3, "V1", path, "f(x, None, None, 7)"))
+    assert (f.function, f.kind, f.defined_at) == (
+        "aiter.get_quant(QuantType.per_Token)",
+        "too-many-positional",
+        "aiter/ops/quant.py:11",
+    ), f.message
+    # A functools.partial entry: the function, with the keywords the partial gives.
+    g = at(report, path, line(r3, "V1", path, "get_quant(QuantType.per_1x128)(x, transpose=True"))
+    assert (g.kind, g.defined_at) == ("unexpected-keyword", "aiter/ops/quant.py:15"), g.message
+    assert "`per_group_quant` has no parameter `bogus`" in g.message
+    # One name set from two keys: which entry is not known, and the call is listed unchecked, saying why.
+    (u,) = [u for u in report.unchecked if u.path == path]
+    assert u.line == line(r3, "V1", path, "return g(x, 1, 2, 3, 4, 5)")
+    assert (
+        u.reason
+        == "calling the result of `get_quant` (a dispatch table: the key is not one literal or enum member)"
+    )
 
 
 # -- §4 a call that never binds ----------------------------------------------------------------------
