@@ -1457,7 +1457,9 @@ class ApiIndex:
         if not names:
             return self._op_files
         key = "op-mentions:" + ",".join(names)
-        table: dict[str, frozenset[str]] = self.cache.data.setdefault(key, {})
+        table: dict[str, frozenset[str]] | None = self.cache.data.get(key)
+        if table is None:
+            table = self.cache.data[key] = self._mentions_from_before(names)
         # Only Python modules can register an op (a registration is read from the module's summary).
         prefix = self.root + "/"
         blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
@@ -1484,6 +1486,19 @@ class ApiIndex:
             for n in table.get(b, ()):
                 self._op_files.setdefault(n, []).append(p)
         return self._op_files
+
+    def _mentions_from_before(self, names: list[str]) -> dict[str, frozenset[str]]:
+        """The blobs' mentions for `names`, from the table of a wider set of names (an ATOM that
+        called more ops): what each blob mentions of `names` is known there."""
+        want = set(names)
+        best: dict[str, frozenset[str]] | None = None
+        for k, v in self.cache.data.items():
+            wider = isinstance(k, str) and k.startswith("op-mentions:") and want <= set(k[12:].split(","))
+            if wider and (best is None or len(v) > len(best)):
+                best = v
+        if best is None:
+            return {}
+        return {b: frozenset(n for n in got if n in want) for b, got in best.items()}
 
     def resolve(self, path: tuple[str, ...]) -> Target:
         """`aiter.a.b.c` as an attribute chain from the root package."""

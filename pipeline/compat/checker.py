@@ -113,13 +113,15 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
     return sha
 
 
-def scan_atom_stream(atom: GitRepo, atom_sha: str, caches: Caches) -> Iterator[tuple[int, FileCalls]]:
+def scan_atom_stream(
+    atom: GitRepo, atom_sha: str, caches: Caches, tree: Tree | None = None
+) -> Iterator[tuple[int, FileCalls]]:
     """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
 
     A cold check parses a hundred files in the run's worker processes; the checker binds
     each file's calls while the workers parse the next ones (two cores: neither waits).
     """
-    tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
+    tree = tree or Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     results = None
@@ -215,7 +217,10 @@ class Checker:
         self.caches = caches
         self.tip = tip
         self.explicit_baseline = explicit_baseline
-        self._scan: Iterator[tuple[int, FileCalls]] | None = scan_atom_stream(atom, atom_sha, caches)
+        self.atom_tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
+        self._scan: Iterator[tuple[int, FileCalls]] | None = scan_atom_stream(
+            atom, atom_sha, caches, self.atom_tree
+        )
         self._scanned: dict[int, FileCalls] = {}
         self.atom_ops: dict[str, str] = {}
         self.op_names: frozenset[str] = frozenset()
@@ -260,7 +265,10 @@ class Checker:
     def written_by(self, call: RawCall) -> tuple[int, str] | None:
         """(committer time, ATOM commit) of the last change to the call's lines (`git blame`)."""
         lo, hi = call.line, call.end_line or call.line
-        key = f"blame-by:{self.atom_sha}:{call.path}:{lo}-{hi}"
+        # Keyed by the file's content, not the ATOM commit: a file the next night's commits did not
+        # touch blames the same (a nightly check then runs no blame for it).
+        blob = self.atom_tree.blobs.get(call.path)
+        key = f"blame-by:{call.path}:{blob or self.atom_sha}:{lo}-{hi}"
         if key in self.caches.facts.data:
             cached: tuple[int, str] | None = self.caches.facts.data[key]
             return cached
