@@ -119,7 +119,8 @@ class Counts:
     and JSON reports, the stage line and the run's records all print.
 
     An *error* is an error-severity finding after the model's gate (these stop a build); a
-    *warning* is every other finding, off-path and waived ones included; *off path* and *waived*
+    *warning* is every other finding, off-path and waived ones included, but notes (calls their own
+    `inspect.signature` guard keeps from running at the pin), which are counted apart; *off path* and *waived*
     say how many of the check's errors the gate turned into warnings (each finding once: one
     waiver that matches two call sites waives two).
     """
