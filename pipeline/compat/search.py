@@ -129,7 +129,7 @@ def search_compatible(
             gone = lacking(report) or gone
             names = ", ".join(sorted({f"`{f.function}`" for f in gone}))
             others = sorted(
-                {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
+                {f"`{f.function}` ({f.path}:{f.line})" for f in _pin_errors(report)}
                 - {f"`{f.function}` ({f.path}:{f.line})" for f in gone}
             )
             also = f"; it also breaks {', '.join(others[:5])}" if others else ""
@@ -139,7 +139,8 @@ def search_compatible(
                 f"{variants.phrase}: going back from the head, every commit keeps at least one "
                 "breaking call "
                 f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
-                f"(older aiter commits lack them too){also}.",
+                f"(older aiter commits lack them too){also}."
+                + _unfixable(report).replace(", this one included", ""),
             )  # fmt: skip
 
         for cand in candidates[:max_commits]:
