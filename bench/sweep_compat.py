@@ -1,10 +1,12 @@
 """Validation sweep of `pipeline check` on real history, by hand (never in CI: it needs the mirrors).
 
 Picks ATOM first-parent commits evenly across its history and pairs each with
-aiter as of its date, +7 and +30 days (aiter's first-parent history of its
-default branch). Every finding, and a sample of the calls found clean, is
-compared with a replay that does not use the checker's binder: the real
-argument list (re-read from the ATOM source) is bound with
+aiter as of its date, +7, +30, +60, +90 and +180 days (aiter's first-parent
+history of its default branch); with `--changes N`, every Nth ATOM commit is also
+paired with every later aiter first-parent commit that changed the layout of a
+function it calls (up to `--max-changes` of them, oldest first). Every finding,
+and a sample of the calls found clean, is compared with a replay that does not
+use the checker's binder: the real argument list (re-read from the ATOM source) is bound with
 `inspect.Signature.bind` to a stub `def` built from the real aiter source of the
 resolved function, with placeholder values. The replay calls a call broken when
 
@@ -17,9 +19,11 @@ resolved function, with placeholder values. The replay calls a call broken when
 
 Agreement is printed as TP/FP/TN/FN (positive: the check reports the call,
 error or warning; missing functions/modules are counted apart, the replay
-needs a signature), with every disagreement listed for explanation.
+needs a signature; so are notes, calls an `inspect.signature` guard keeps from
+running at the pin, which the replay cannot see), with every disagreement listed
+for explanation, and the agreement per finding kind.
 
-    python bench/sweep_compat.py [--commits 60] [--sample 4] [--out sweep.json]
+    python bench/sweep_compat.py [--commits 60] [--sample 4] [--changes 10] [--out sweep.json]
 """
 
 from __future__ import annotations
@@ -283,11 +287,38 @@ def pick_commits(atom: GitRepo, n: int) -> list[str]:
     return [shas[round(i * step)] for i in range(n)]
 
 
+def layout_changes(checker: Checker, baseline: str, when: int) -> list[str]:
+    """aiter first-parent commits after `when` (oldest first) that changed the layout of a function the
+    ATOM commit calls (resolved at `baseline`, the aiter as of its date)."""
+    from pipeline.compat.evidence import layout
+
+    idx = checker.index(baseline)
+    callees = {
+        (t.sig.path, t.sig.name)
+        for fc in checker.files
+        for c in fc.calls
+        if (t := target_of(idx, c)).kind == "func" and t.sig is not None
+    }
+    checker.hist.use_first_parent(checker.tip, checker.first_parent.commits, "aiter/")
+    found: dict[str, int] = {}
+    for path, name in sorted(callees):
+        versions = [v for v in checker.hist.file_log(checker.tip, path) if v.commit.date.timestamp() > when]
+        prev = checker._sig_in_file(baseline, path, name)
+        for v in reversed(versions):  # oldest first
+            s = checker.hist.sig_at(path, v.blob, name)
+            if s is not None and prev is not None and layout(s) != layout(prev):
+                found[v.commit.sha] = int(v.commit.date.timestamp())
+            prev = s if s is not None else prev
+    return sorted(found, key=lambda sha: found[sha])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commits", type=int, default=60)
     ap.add_argument("--sample", type=int, default=4, help="clean calls replayed per pair")
-    ap.add_argument("--offsets", default="0,7,30", help="days after the ATOM commit")
+    ap.add_argument("--offsets", default="0,7,30,60,90,180", help="days after the ATOM commit")
+    ap.add_argument("--changes", type=int, default=0, help="every Nth ATOM commit: also each layout change")
+    ap.add_argument("--max-changes", type=int, default=40, help="layout-change pins per ATOM commit")
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("sweep.json"))
     args = ap.parse_args(argv)
@@ -300,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     offsets = [int(x) for x in args.offsets.split(",")]
     rows: list[dict[str, object]] = []
     counts = {"TP": 0, "FP": 0, "TN": 0, "FN": 0}
-    apart = {"missing": 0, "n/a": 0}
+    by_kind: dict[str, dict[str, int]] = {}  # finding kind ("clean": none) -> cell -> count
+    apart = {"missing": 0, "n/a": 0, "guarded": 0}
     t0 = time.perf_counter()
     caches = Caches.open(cache_dir)
     for k, atom_sha in enumerate(pick_commits(atom, args.commits)):
@@ -313,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             p = fp.as_of(when + d * DAY)
             if p is not None and p not in pins:
                 pins.append(p)
+        if args.changes and k % args.changes == 0 and pins:
+            for p in layout_changes(checker, pins[0], when)[: args.max_changes]:
+                if p not in pins:
+                    pins.append(p)
         for pin in pins:
             t1 = time.perf_counter()
             report = checker.check(pin)
@@ -324,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
             ]
             todo += [(c, None) for c in rng.sample(clean, min(args.sample, len(clean)))]
             for call, f in todo:
+                if f is not None and f.severity == "note":
+                    apart["guarded"] += 1  # not reached at this pin: the replay cannot see the guard
+                    continue
                 if f is not None and f.kind not in BINDING_KINDS:
                     rep = replay_missing(aiter, pin, f.function, f.kind)
                     if rep.verdict != "broken":
@@ -354,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                     (said, truth)
                 ]
                 counts[cell] += 1
+                by_kind.setdefault(f.kind if f else "clean", {}).setdefault(cell, 0)
+                by_kind[f.kind if f else "clean"][cell] += 1
                 said_text = f"{f.severity} {f.kind}: {f.message}" if f else "clean"
                 row = {
                     "cell": cell, "atom": atom_sha[:10], "aiter": pin[:10], "path": call.path,
@@ -380,9 +421,14 @@ def main(argv: list[str] | None = None) -> int:
         f"\nagreement over {total} replayed calls: TP {counts['TP']}, FP {counts['FP']}, TN {counts['TN']}, "
         f"FN {counts['FN']}; not replayed: {apart['missing']} missing-function/module "
         f"findings whose name exists elsewhere, "
-        f"{apart['n/a']} without a replayable signature; {time.perf_counter() - t0:.0f} s"
+        f"{apart['n/a']} without a replayable signature, {apart['guarded']} notes (guarded, not reached); "
+        f"{time.perf_counter() - t0:.0f} s"
     )
-    args.out.write_text(json.dumps({"counts": counts, "apart": apart, "rows": rows}, indent=1))
+    for kind, cells in sorted(by_kind.items()):
+        print(f"  {kind}: " + ", ".join(f"{c} {n}" for c, n in sorted(cells.items())))
+    args.out.write_text(
+        json.dumps({"counts": counts, "apart": apart, "by_kind": by_kind, "rows": rows}, indent=1)
+    )
     return 0
 
 

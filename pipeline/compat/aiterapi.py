@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import functools
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -162,6 +163,17 @@ def member_sig(cls: ClassInfo, name: str, m: Member, via_instance: bool) -> Sign
     return Signature(qual, m.sig.path, m.sig.line, params, m.sig.compiled, returns=m.sig.returns, op=m.sig.op)
 
 
+def op_signature(name: str, sig: Signature) -> Signature:
+    """`torch.ops.aiter.<name>` as registered from the Python def `sig`: the schema is inferred from the
+    def, with a leading `Tensor dummy` when aiter's JIT registers one whose first parameter is no Tensor."""
+    params = sig.params
+    if sig.op in ("compile_ops", "torch_compile_guard"):
+        first = params[0] if params else None
+        if first is None or (first.annotation or "") not in ("torch.Tensor", "Tensor"):
+            params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
+    return Signature(f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op)
+
+
 def sig_from_def(
     fn: ast.FunctionDef | ast.AsyncFunctionDef, path: str, drop_first: bool, returns: str | None = None
 ) -> Signature:
@@ -265,10 +277,105 @@ def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 _RETURN_RE = re.compile(r"^[ \t]*return[ \t]+([A-Za-z_][\w.]*)[ \t]*(\(?)")
 _SELF_SET_RE = re.compile(r"\bself\.(\w+)[ \t]*(?::[ \t]*([^=\n]+?))?[ \t]*=(?!=)")
+_SELF_CTOR_RE = re.compile(r"\bself\.(\w+)[ \t]*=[ \t]*([A-Z]\w*(?:\.\w+)*)\(")  # `self.x = Class(`
+_LOCAL_IMPORT_RE = re.compile(r"^[ \t]+from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\(?[\w ,]*\)?)$")
+_WORD_RE = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _learn_imports(local: dict[str, str], mod: str, names: str, path: str) -> None:
+    base = _absolute(mod, path)
+    if not base:
+        return
+    for part in names.split(","):
+        name, _, alias = part.strip().partition(" as ")
+        if name.isidentifier():
+            local[(alias or name).strip()] = f"{base}.{name}"
+
+
+def _absolute(mod: str, path: str) -> str | None:
+    """`from <mod> import ...` written in the file `path`, as an absolute module (relative levels)."""
+    level = len(mod) - len(mod.lstrip("."))
+    if not level:
+        return mod
+    parts = path[:-3].split("/")  # `from .` is the package: the file's directory
+    pkg = parts[: len(parts) - level]
+    if not pkg:
+        return None
+    rest = mod[level:]
+    return ".".join(pkg) + (f".{rest}" if rest else "")
+
+
+def table_key(node: ast.expr) -> str | None:
+    """How a dispatch table's key is spelled, the same in aiter and ATOM: a literal's repr, or an enum
+    member's last two names (`QuantType.per_1x32`, also as `aiter.QuantType.per_1x32` or `.value`)."""
+    if isinstance(node, ast.Constant) and type(node.value) in (str, int):
+        return repr(node.value)
+    path = _attr_path(node)
+    if path is None or len(path) < 2:
+        return None
+    if path[-1] == "value" and len(path) >= 3:
+        path = path[:-1]
+    if not path[-2][:1].isupper():
+        return None  # `self.kind`, `torch.float16`: not an enum member we can name
+    return ".".join(path[-2:])
+
+
+def _table_hint(body: list[bytes]) -> str | None:
+    """`table:` when the body returns `T.get(<param>[.value], ...)` or `T[<param>[.value]]` from a dict
+    literal `T = {KEY: function, ...}`: each key with the dotted name of its function ("?" when the
+    value is not a plain name: a lambda, a partial)."""
+    text = b"\n".join(body).decode("utf-8", "replace")
+    if "return" not in text or "{" not in text:
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(text))
+    except (SyntaxError, ValueError):
+        return None
+    tables: dict[str, ast.Dict] = {}
+    returns: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.Dict):
+                tables[node.targets[0].id] = node.value
+        elif isinstance(node, ast.Return):
+            returns.append(node.value)
+    if len(returns) != 1 or returns[0] is None:
+        return None
+    r = returns[0]
+    if isinstance(r, ast.Call) and isinstance(r.func, ast.Attribute) and r.func.attr == "get" and r.args:
+        table = r.func.value
+    elif isinstance(r, ast.Subscript):
+        table = r.value
+    else:
+        return None
+    if not isinstance(table, ast.Name) or table.id not in tables:
+        return None
+    entries: list[str] = []
+    for k, v in zip(tables[table.id].keys, tables[table.id].values, strict=True):
+        key = table_key(k) if k is not None else None
+        if key is None:
+            continue
+        target = _attr_path(v)
+        value = ".".join(target) if target else "?"
+        if (
+            isinstance(v, ast.Call)
+            and (_attr_path(v.func) or ("",))[-1] == "partial"
+            and len(v.args) == 1
+            and _attr_path(v.args[0])
+            and all(k.arg for k in v.keywords)
+        ):  # `functools.partial(f, group_size=128)`: f, with those keywords given
+            value = ".".join(_attr_path(v.args[0]) or ()) + "+" + ",".join(str(k.arg) for k in v.keywords)
+        entries.append(f"{key}\x1e{value}")
+    return "table:" + "\x1f".join(entries) if entries else None
 
 
 def _return_hint(body: list[bytes]) -> str | None:
-    """`call:X` / `name:X` when every `return` of an unannotated body says the same `X(...)` / `X`."""
+    """`call:X` / `name:X` when every `return` of an unannotated body says the same `X(...)` / `X`;
+    `table:...` for a dispatch table (`_table_hint`)."""
+    if any(b".get(" in raw or b"[" in raw for raw in body if b"return" in raw):
+        table = _table_hint(body)
+        if table is not None:
+            return table
     hints: set[str] = set()
     for raw in body:
         if b"return" not in raw:
@@ -378,16 +485,61 @@ def _class_info(cls: ast.ClassDef, path: str, lines: list[bytes], end: int, hint
             a = _ann(node.annotation)
             if a:
                 ann[node.target.id] = a
+    ctors: dict[str, set[str]] = {}  # attribute -> the classes constructed into it (`self.x = C(...)`)
+    local: dict[str, str] = {}  # names the class's methods import: name -> absolute dotted path
+    pending: tuple[str, list[str]] | None = None  # a parenthesized `from m import (` being read
     for raw in lines[cls.lineno - 1 : end]:
+        if pending is not None:
+            line = raw.decode("utf-8", "replace")
+            pending[1].append(line.split(")", 1)[0])
+            if ")" in line:
+                _learn_imports(local, pending[0], ",".join(pending[1]), path)
+                pending = None
+            continue
+        if b"import " in raw:
+            m_imp = _LOCAL_IMPORT_RE.match(raw.decode("utf-8", "replace").rstrip())
+            if m_imp is not None:
+                names = m_imp.group(2).strip()
+                if names.startswith("(") and ")" not in names:
+                    pending = (m_imp.group(1), [names[1:]])
+                else:
+                    _learn_imports(local, m_imp.group(1), names.strip("()"), path)
         if b"self." not in raw:
             continue
-        for m in _SELF_SET_RE.finditer(raw.decode("utf-8", "replace")):
+        text = raw.decode("utf-8", "replace")
+        for m in _SELF_SET_RE.finditer(text):
             attrs.add(m.group(1))
             if m.group(2) and m.group(1) not in ann:
                 ann[m.group(1)] = m.group(2).strip()
+        for m in _SELF_CTOR_RE.finditer(text):
+            ctors.setdefault(m.group(1), set()).add(m.group(2))
+    for attr, a_text in list(ann.items()):  # an annotation naming a class a method imports
+        if any(n in a_text for n in local):
+            ann[attr] = _WORD_RE.sub(lambda m: local.get(m.group(0), m.group(0)), a_text)
+    for attr, made in ctors.items():
+        # Typed by its constructor when every `self.x = C(...)` names the same class (None aside).
+        if attr not in ann and len(made) == 1:
+            (c,) = made
+            head = c.split(".", 1)[0]
+            ann[attr] = local[head] + c[len(head) :] if head in local else c
     bases = tuple(_attr_path(b.value if isinstance(b, ast.Subscript) else b) for b in cls.bases)
     return ClassInfo(
         cls.name, path, cls.lineno, init, members, frozenset(attrs - set(members)), ann, bases, dynamic
+    )
+
+
+def _is_torch_module(base: tuple[str, ...]) -> bool:
+    return base[-1] == "Module" and (len(base) == 1 or base[-2] == "nn")
+
+
+def _torch_module_only(chain: list[tuple[ClassInfo, str]]) -> bool:
+    """Is every base of the chain that is not an aiter class torch's `nn.Module` (and is there one)?"""
+    names = {c.name for c, _ in chain}
+    others = [b for c, _ in chain for b in c.bases if b is None or b[-1] not in names]
+    return (
+        bool(others)
+        and all(b is not None and (_is_torch_module(b) or b[-1] in _HARMLESS_BASES) for b in others)
+        and any(b is not None and _is_torch_module(b) for b in others)
     )
 
 
@@ -966,20 +1118,21 @@ class ApiIndex:
         """`t.name`, or with name "()" the result of calling `t`."""
         if depth > 40:
             return Target("unknown")
+        called = name.startswith("(")  # "()", or "(KEY)": called with one literal or enum member
         if t.kind == "module":
             assert t.module is not None
-            if name == "()":
+            if called:
                 return Target("unknown")
             return self.resolve_attr(t.module, name, depth)
         if t.kind in ("missing", "foreign"):
             return t
-        if name == "()":
+        if called:
             if t.kind == "class" and t.cls is not None:
                 return Target("instance", module=t.module, cls=t.cls)
             if t.kind == "instance" and t.cls is not None:
                 return self._call_instance(t, depth + 1)
             if t.kind == "func" and t.sig is not None:
-                return self._returns(t, depth + 1)
+                return self._returns(t, depth + 1, name[1:-1] or None)
             return Target("unknown", reason=t.reason)
         if t.kind in ("class", "instance") and t.cls is not None:
             return self._member(t, name, depth + 1)
@@ -1035,20 +1188,53 @@ class ApiIndex:
         path = _attr_path(node)
         if path is None:
             return Target("unknown", reason=f"annotation `{ann}`")
-        t = self._resolve_path(module, path, depth + 1)
+        if path[0] == self.root and len(path) > 1 and not self._binds(module, path[0]):
+            # A class a method imported (`self.x = C(...)`), by its absolute path: the longest module
+            # prefix is imported (an attribute `aiter.dist` may be something else than the module).
+            k = next((k for k in range(len(path) - 1, 0, -1) if ".".join(path[:k]) in self.mods), 1)
+            t = self.resolve_module_path(".".join(path[:k]))
+            for p in path[k:]:
+                t = self.attr_of(t, p, depth + 1)
+        else:
+            t = self._resolve_path(module, path, depth + 1)
         if t.kind == "class":
             return Target("instance", module=t.module, cls=t.cls)
         if t.kind == "foreign":
             return t
         return Target("unknown", reason=f"annotated `{ann}`")
 
-    def _returns(self, t: Target, depth: int) -> Target:
-        """What calling the function of `t` returns, from its annotation or its `return` statements."""
+    def _returns(self, t: Target, depth: int, key: str | None = None) -> Target:
+        """What calling the function of `t` returns, from its annotation or its `return` statements
+        (`key`: the call's one literal or enum-member argument, which selects from a dispatch table)."""
         assert t.sig is not None
         ret, mod = t.sig.returns, t.module or self.root
         where = f"`{t.sig.name}`"
         if ret is None:
             return Target("unknown", reason=f"the result of {where} (no return annotation)")
+        if ret.startswith("table:"):
+            table = dict(e.split("\x1e", 1) for e in ret[6:].split("\x1f"))
+            if key is None or key not in table:
+                why = (
+                    "the key is not one literal or enum member"
+                    if key is None
+                    else f"no entry `{key}` in its table"
+                )
+                return Target("unknown", reason=f"the result of {where} (a dispatch table: {why})")
+            if table[key] == "?":
+                return Target(
+                    "unknown", reason=f"the result of {where} (its entry for `{key}` is not a function)"
+                )
+            name, _, given = table[key].partition("+")
+            got = self._resolve_path(mod, tuple(name.split(".")), depth + 1)
+            if got.kind != "func" or got.sig is None:
+                return Target("unknown", reason=got.reason)
+            if given:  # a partial: the keywords it gives have a value (a call may still pass them)
+                kws = set(given.split(","))
+                params = tuple(
+                    dataclasses.replace(p, has_default=True) if p.name in kws else p for p in got.sig.params
+                )
+                got = dataclasses.replace(got, sig=dataclasses.replace(got.sig, params=params))
+            return got
         if ret.startswith("call:"):
             callee = self._resolve_path(mod, tuple(ret[5:].split(".")), depth + 1)
             got = self.attr_of(callee, "()", depth + 1)
@@ -1135,9 +1321,13 @@ class ApiIndex:
                 return Target("unknown", reason=f"attribute `{cls.name}.{name}` (type not evident)")
             if cls.dynamic:
                 return Target("unknown", reason=f"`{cls.name}` defines __getattr__")
+        if opaque is not None and via_instance and _torch_module_only(chain):
+            # Not in any aiter class of the chain, whose only other base is torch's Module: one of its
+            # methods or a buffer/submodule it returns (`register_buffer`, `to`, `cos_cache`), not aiter's.
+            return Target("foreign", reason=f"`{t.cls.name}.{name}` from torch.nn.Module")
         if opaque is not None or name.startswith("__"):
             return Target("unknown", reason=f"`{t.cls.name}.{name}` may come from {opaque or 'object'}")
-        return Target("missing", module=t.module, missing_what="method")
+        return Target("missing", module=t.module, missing_what="method", cls=t.cls)
 
     def resolve_ref(self, ref: tuple[str, tuple[str, ...]]) -> Target:
         """What a reference from ATOM denotes: `(module, attribute chain with "()" for calls)`."""
@@ -1202,7 +1392,7 @@ class ApiIndex:
             t = self.resolve_module_path(mod)
             for i, a in enumerate(attrs):
                 if t.kind == "unknown":
-                    if CALL in attrs[i + 1 :]:
+                    if any(x.startswith("(") for x in attrs[i + 1 :]):
                         # A call on what an unresolved call returned: the chain is listed once, at its
                         # first link that cannot be resolved.
                         t = Target("foreign", reason="derived from an unresolved aiter value")
@@ -1246,18 +1436,7 @@ class ApiIndex:
                     break
         if sig is None:
             return Target("unknown", reason="no aiter source file registers an op of this name")
-        params = sig.params
-        if sig.op in ("compile_ops", "torch_compile_guard"):
-            first = params[0] if params else None
-            if first is None or (first.annotation or "") not in ("torch.Tensor", "Tensor"):
-                params = (Param("dummy", "pos", False, "torch.Tensor"), *params)
-        return Target(
-            "func",
-            sig=Signature(
-                f"{TORCH_OPS}.{name}", sig.path, sig.line, params, True, returns=sig.returns, op=sig.op
-            ),
-            module=t.module,
-        )
+        return Target("func", sig=op_signature(name, sig), module=t.module)
 
     def _extension_names(self) -> frozenset[str] | None:
         self._dep(("x", EXT_SOURCES, True, ""))
@@ -1278,7 +1457,9 @@ class ApiIndex:
         if not names:
             return self._op_files
         key = "op-mentions:" + ",".join(names)
-        table: dict[str, frozenset[str]] = self.cache.data.setdefault(key, {})
+        table: dict[str, frozenset[str]] | None = self.cache.data.get(key)
+        if table is None:
+            table = self.cache.data[key] = self._mentions_from_before(names)
         # Only Python modules can register an op (a registration is read from the module's summary).
         prefix = self.root + "/"
         blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
@@ -1305,6 +1486,19 @@ class ApiIndex:
             for n in table.get(b, ()):
                 self._op_files.setdefault(n, []).append(p)
         return self._op_files
+
+    def _mentions_from_before(self, names: list[str]) -> dict[str, frozenset[str]]:
+        """The blobs' mentions for `names`, from the table of a wider set of names (an ATOM that
+        called more ops): what each blob mentions of `names` is known there."""
+        want = set(names)
+        best: dict[str, frozenset[str]] | None = None
+        for k, v in self.cache.data.items():
+            wider = isinstance(k, str) and k.startswith("op-mentions:") and want <= set(k[12:].split(","))
+            if wider and (best is None or len(v) > len(best)):
+                best = v
+        if best is None:
+            return {}
+        return {b: frozenset(n for n in got if n in want) for b, got in best.items()}
 
     def resolve(self, path: tuple[str, ...]) -> Target:
         """`aiter.a.b.c` as an attribute chain from the root package."""

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import ast
 import bisect
+import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS
+from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
 from pipeline.pickling import by_fields
 
@@ -41,6 +42,23 @@ class Arg:
     etype: str | None  # evident type: int/float/str/bool/None/Tensor/list/tuple/dict, or None if unknown
 
 
+# A guard's test in a form the check evaluates against a signature (`inspect.signature(f).parameters`):
+# ("in", name), ("len", op, n), ("not", form), ("and", forms), ("or", forms).
+GuardForm = tuple[object, ...]
+
+
+@by_fields
+@dataclass(frozen=True, slots=True)
+class SigGuard:
+    """Code that runs only when a check of an aiter function's signature passes (or fails)."""
+
+    line: int
+    text: str  # the guard's test (or the statement that exits), shortened
+    ref: Ref  # the aiter function whose signature is inspected
+    form: GuardForm | None  # None: not a plain comparison (the check cannot evaluate it)
+    when: bool = True  # the guarded code runs when the test is true (False: when it is false)
+
+
 @by_fields
 @dataclass(frozen=True, slots=True)
 class RawCall:
@@ -56,6 +74,7 @@ class RawCall:
     guarded: bool
     import_line: int | None = None  # line of the import that binds the callee (for missing modules)
     end_line: int | None = None
+    sig_guards: tuple[SigGuard, ...] = ()  # `inspect.signature` checks the call runs under, outermost first
 
     @property
     def qualname(self) -> str:
@@ -66,7 +85,7 @@ def qualname(ref: Ref) -> str:
     """`aiter.dist.parallel_state.get_tp_group().all_reduce`: how the reference reads in Python."""
     out = ref[0]
     for part in ref[1]:
-        out += part if part == CALL else f".{part}"
+        out += part if part.startswith("(") else f".{part}"
     return out
 
 
@@ -242,6 +261,11 @@ def evident_type(node: ast.expr, local_types: dict[str, str | None], env: dict[s
     return None
 
 
+def _unkeyed(ref: Ref) -> Ref:
+    """The reference with every call's key dropped (`f(K)` -> `f()`)."""
+    return ref[0], tuple(CALL if p.startswith("(") else p for p in ref[1])
+
+
 def _attr_chain(node: ast.expr, *, through_calls: bool = False) -> tuple[str, list[str]] | None:
     """`a.b.c` -> ("a", ["b", "c"]); with `through_calls`, `f(x).m` -> ("f", ["()", "m"])."""
     parts: list[str] = []
@@ -250,7 +274,9 @@ def _attr_chain(node: ast.expr, *, through_calls: bool = False) -> tuple[str, li
             parts.append(node.attr)
             node = node.value
         elif through_calls and isinstance(node, ast.Call) and not _is_getattr(node):
-            parts.append(CALL)
+            # One literal or enum-member argument is kept: it may select from a dispatch table.
+            key = table_key(node.args[0]) if len(node.args) == 1 and not node.keywords else None
+            parts.append(f"({key})" if key is not None else CALL)
             node = node.func
         else:
             break
@@ -295,6 +321,10 @@ class _Scanner:
         self.fn_dicts: list[dict[str, ast.expr]] = []  # per function: dict literals spread with `**`
         self.lines = text.split("\n")
         self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
+        self.has_sig = "signature" in text  # no guard of this kind can be in a file that never says it
+        self.sig_guards: list[SigGuard] = []  # the signature guards the statements being scanned run under
+        # per scope: names holding `inspect.signature(f)` (or what was derived from it) -> (f, plain alias)
+        self.sig_vars: list[dict[str, tuple[ast.expr, bool]]] = []
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -439,7 +469,13 @@ class _Scanner:
                 for t in targets:
                     if isinstance(t, ast.Name):
                         if b is not None:
-                            env[t.id] = NameRef(b.ref, b.guarded or guarded, b.line)
+                            ref = b.ref
+                            old = env.get(t.id)
+                            if old is not None and old.ref != ref and _unkeyed(old.ref) == _unkeyed(ref):
+                                # The same name set from `f(K1)` and `f(K2)` (the environment is not
+                                # flow-sensitive): which entry of a dispatch table is not known.
+                                ref = _unkeyed(ref)
+                            env[t.id] = NameRef(ref, b.guarded or guarded, b.line)
                         elif isinstance(value, ast.Constant) and value.value is None:
                             continue  # fallback `f = None` after a failed import
                         elif t.id in env:
@@ -482,6 +518,7 @@ class _Scanner:
                 attrs.update(ce)
         if attrs:
             self._compute_hot({ROOT, *env, *attrs})
+        self.sig_vars.append(self._learn_sig_vars(self.tree.body) if self.has_sig else {})
         self._scan_body(self.tree.body, env, {}, {}, False)
         return self.out
 
@@ -499,8 +536,152 @@ class _Scanner:
         local_types: dict[str, str | None],
         guarded: bool,
     ) -> None:
-        for st in stmts:
-            self._scan_stmt(st, env, cls_env, local_types, guarded)
+        pushed = 0
+        try:
+            for st in stmts:
+                self._scan_stmt(st, env, cls_env, local_types, guarded)
+                g = self._exit_guard(st, env, cls_env) if self.sig_vars_any(st) else None
+                if g is not None:  # the statements after it run only when it did not exit
+                    self.sig_guards.append(g)
+                    pushed += 1
+        finally:
+            del self.sig_guards[len(self.sig_guards) - pushed :]
+
+    # -- guards built on inspect.signature(...) -------------------------------------------------
+    def sig_vars_any(self, st: ast.stmt) -> bool:
+        """Could `st` be a signature guard (cheap: its text says `signature` or a name derived from it)?"""
+        if not self.has_sig:
+            return False
+        text = self._fn_text(st)
+        if "signature" in text:
+            return True
+        scope = self.sig_vars[-1] if self.sig_vars else {}
+        return any(n in text for n in scope)
+
+    def _sig_source(self, node: ast.expr) -> tuple[ast.expr, bool] | None:
+        """(f, plain) when `node` is `inspect.signature(f)[.parameters[.keys()]]` (plain) or is derived
+        from one (a name holding one, a comprehension over one...)."""
+        scope = self.sig_vars[-1] if self.sig_vars else {}
+        plain = _signature_alias(node)
+        if plain is not None:
+            return plain, True
+        if isinstance(node, ast.Name) and node.id in scope:
+            return scope[node.id]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "keys":
+            inner = self._sig_source(node.func.value)
+            if inner is not None:
+                return inner
+        for n in ast.walk(node):
+            if n is node:
+                continue
+            got = _signature_alias(n) if isinstance(n, ast.Call | ast.Attribute) else None
+            if got is not None:
+                return got, False
+            if isinstance(n, ast.Name) and n.id in scope:
+                return scope[n.id][0], False
+        return None
+
+    def _learn_sig_vars(self, body: list[ast.stmt]) -> dict[str, tuple[ast.expr, bool]]:
+        """Names a scope assigns from `inspect.signature(...)` or from such a name (in source order)."""
+        scope: dict[str, tuple[ast.expr, bool]] = {}
+        self.sig_vars.append(scope)
+        try:
+            for node in _walk_stmts_in_order(body):
+                if (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)
+                ):
+                    src = self._sig_source(node.value)
+                    if src is not None:
+                        scope[node.targets[0].id] = src
+        finally:
+            self.sig_vars.pop()
+        return scope
+
+    def _guard_of(
+        self, test: ast.expr, env: dict[str, NameRef], cls_env: dict[str, NameRef], when: bool
+    ) -> SigGuard | None:
+        src = self._sig_source(test)
+        if src is None:
+            return None
+        b = self.ref_of(src[0], env, cls_env)
+        if b is None:
+            return None  # the signature of something that is not aiter's: not about this call's layout
+        form = self._guard_form(test, b.ref, env, cls_env)
+        return SigGuard(test.lineno, self._text(test, 100), b.ref, form, when)
+
+    def _guard_form(
+        self, test: ast.expr, ref: Ref, env: dict[str, NameRef], cls_env: dict[str, NameRef]
+    ) -> GuardForm | None:
+        """The test as a plain comparison of `ref`'s parameters, or None."""
+
+        def params_of(node: ast.expr) -> bool:
+            src = self._sig_source(node)
+            if src is None or not src[1]:
+                return False
+            b = self.ref_of(src[0], env, cls_env)
+            return b is not None and b.ref == ref
+
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = self._guard_form(test.operand, ref, env, cls_env)
+            return ("not", inner) if inner is not None else None
+        if isinstance(test, ast.BoolOp):
+            parts = [self._guard_form(v, ref, env, cls_env) for v in test.values]
+            if any(p is None for p in parts):
+                return None
+            return ("and" if isinstance(test.op, ast.And) else "or", tuple(parts))
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            left, op, right = test.left, test.ops[0], test.comparators[0]
+            if (
+                isinstance(op, ast.In | ast.NotIn)
+                and isinstance(left, ast.Constant)
+                and isinstance(left.value, str)
+                and params_of(right)
+            ):
+                form: GuardForm = ("in", left.value)
+                return form if isinstance(op, ast.In) else ("not", form)
+            ops = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+            if (
+                type(op) in ops
+                and isinstance(left, ast.Call)
+                and isinstance(left.func, ast.Name)
+                and left.func.id == "len"
+                and len(left.args) == 1
+                and params_of(left.args[0])
+                and isinstance(right, ast.Constant)
+                and type(right.value) is int
+            ):
+                return ("len", ops[type(op)], right.value)
+        return None
+
+    def _exit_guard(
+        self, st: ast.stmt, env: dict[str, NameRef], cls_env: dict[str, NameRef]
+    ) -> SigGuard | None:
+        """`if <signature test>: return` / `try: <signature test> except ...: return`: what follows runs
+        only when the test passed."""
+        if isinstance(st, ast.If) and not st.orelse and _exits(st.body):
+            return self._guard_of(st.test, env, cls_env, when=False)
+        if isinstance(st, ast.Try) and any(_exits(h.body) for h in st.handlers):
+            plain = all(
+                isinstance(x, ast.Assign) and _signature_alias(x.value) is not None for x in st.body
+            )  # reading a Python function's signature does not fail: not a test of its layout
+            if plain:
+                return None
+            for x in st.body:
+                for node in ast.walk(x):
+                    if isinstance(node, ast.expr):
+                        src = self._sig_source(node)
+                        if src is not None:
+                            b = self.ref_of(src[0], env, cls_env)
+                            if b is not None:
+                                return SigGuard(x.lineno, self._text_stmt(x), b.ref, None, True)
+                        break
+        return None
+
+    def _text_stmt(self, st: ast.stmt) -> str:
+        line = self.lines[st.lineno - 1].strip() if st.lineno - 1 < len(self.lines) else ""
+        return line if len(line) <= 100 else line[:97] + "..."
 
     def _scan_stmt(
         self,
@@ -529,6 +710,17 @@ class _Scanner:
                 else:
                     self._scan_stmt(sub, env, {}, {}, guarded)
             return
+        if isinstance(st, ast.If) and self.sig_vars_any(st):
+            g_if = self._guard_of(st.test, env, cls_env, when=True)
+            if g_if is not None:
+                self._scan_expr(st.test, env, cls_env, local_types, guarded)
+                for body, when in ((st.body, True), (st.orelse, False)):
+                    self.sig_guards.append(dataclasses.replace(g_if, when=when))
+                    try:
+                        self._scan_body(body, env, cls_env, local_types, guarded)
+                    finally:
+                        self.sig_guards.pop()
+                return
         if isinstance(st, ast.Try | ast.TryStar):
             g = guarded or any(_handler_catches_import(h) for h in st.handlers)
             self._scan_body(st.body, env, cls_env, local_types, g)
@@ -579,6 +771,9 @@ class _Scanner:
                             if b is not None:
                                 b = NameRef(b.ref, True, b.line)
                         if b is not None:
+                            old = out.get(t.attr)
+                            if old is not None and old.ref != b.ref and _unkeyed(old.ref) == _unkeyed(b.ref):
+                                b = NameRef(_unkeyed(b.ref), b.guarded, b.line)  # set from two table keys
                             out[t.attr] = b
         return out
 
@@ -670,11 +865,16 @@ class _Scanner:
                 env.pop(name, None)
         self.fn_hot.append(self._function_hot(fn, {ROOT, *env, *cls_env}))
         self.fn_dicts.append(self._dict_literals(fn) if _may_spread_a_local_dict(self._fn_text(fn)) else {})
+        # A nested function sees the enclosing scope's names (the guards it runs under are inherited).
+        outer_vars = self.sig_vars[-1] if self.sig_vars else {}
+        learned = self._learn_sig_vars(fn.body) if self.has_sig and "signature" in self._fn_text(fn) else {}
+        self.sig_vars.append({**outer_vars, **learned})
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
             self.fn_hot.pop()
             self.fn_dicts.pop()
+            self.sig_vars.pop()
 
     def _fn_text(self, fn: ast.AST) -> str:
         lo = getattr(fn, "lineno", 1)
@@ -815,6 +1015,7 @@ class _Scanner:
                 star_kwargs=star_kwargs,
                 guarded=guarded or b.guarded or name in self.guard_names,
                 import_line=b.line,
+                sig_guards=tuple(self.sig_guards),
             )
         )
 
@@ -944,6 +1145,44 @@ def _may_call(body: bytes, bound: set[bytes]) -> bool:
 def worth_scanning(data: bytes) -> bool:
     """Can this file call aiter or register an op? (Most of ATOM cannot: skipped unread.)"""
     return b"aiter" in data or b"_op(" in data or b"torch_compile_guard" in data
+
+
+def _signature_alias(node: ast.expr) -> ast.expr | None:
+    """f, when `node` is `inspect.signature(f)` or `inspect.signature(f).parameters` (or `signature(f)`)."""
+    if isinstance(node, ast.Attribute) and node.attr == "parameters":
+        node = node.value
+    if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords):
+        return None
+    f = node.func
+    named = (isinstance(f, ast.Attribute) and f.attr == "signature" and isinstance(f.value, ast.Name)) or (
+        isinstance(f, ast.Name) and f.id == "signature"
+    )
+    if not named:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "unwrap":
+        arg = arg.args[0] if arg.args else arg  # inspect.signature(inspect.unwrap(f))
+    return arg
+
+
+def _exits(body: list[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], ast.Return | ast.Raise)
+
+
+def _walk_stmts_in_order(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Statements in source order, into compound statements but not into nested definitions."""
+    for st in body:
+        yield st
+        if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            sub = getattr(st, name, None)
+            if isinstance(sub, list):
+                for x in sub:
+                    if isinstance(x, ast.ExceptHandler):
+                        yield from _walk_stmts_in_order(x.body)
+                    elif isinstance(x, ast.stmt):
+                        yield from _walk_stmts_in_order([x])
 
 
 def scan_file(data: bytes, path: str) -> FileCalls:

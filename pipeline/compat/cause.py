@@ -10,12 +10,20 @@ commit after it in the file's history is the cause.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pipeline.compat.aiterapi import ModSummary, Signature, sig_from_def, summarize_module
+from pipeline.compat.aiterapi import (
+    TORCH_OPS,
+    ModSummary,
+    Signature,
+    op_signature,
+    sig_from_def,
+    summarize_module,
+)
 from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
 from pipeline.compat.pysource import SummaryCache, _header_end, module_of
@@ -149,6 +157,14 @@ class History:
     def sig_at(self, path: str, blob: str | None, name: str) -> Signature | None:
         if blob is None:
             return None
+        if name.startswith(TORCH_OPS + "."):  # an op: the def it is registered from, as registered
+            op = name[len(TORCH_OPS) + 1 :]
+            summ = self.summary(path, blob)
+            reg = summ.registered.get(op)
+            found = summ.find_sig(".".join(reg) if reg else op)
+            if found is None:
+                return None
+            return op_signature(op, found if found.op else dataclasses.replace(found, op="custom_op"))
         if "." in name:  # a method (`C().m`, `C.m`): read from the module summary
             return self.summary(path, blob).find_sig(name)
         key = f"sig:{blob}:{name}"

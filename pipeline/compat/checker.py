@@ -33,6 +33,7 @@ from pipeline.compat.calls import (
     STAR_ONLY,
     FileCalls,
     RawCall,
+    SigGuard,
     atom_ops,
     scan_file,
     unchecked_reason,
@@ -49,6 +50,11 @@ from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 ATOM_PREFIX = "atom"
 AITER_PREFIX = "aiter"
 ROOT_INIT = "aiter/__init__.py"
+# A call with one of these problems raises TypeError whenever it runs, whatever the annotations.
+BINDING_ERRORS = frozenset(
+    {"too-many-positional", "missing-argument", "unexpected-keyword", "duplicate-argument",
+     "positional-only-as-keyword"}
+)  # fmt: skip
 MAX_VERSIONS = 400  # of one file's history read for the signatures a call may have been written for
 
 
@@ -107,13 +113,15 @@ def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
     return sha
 
 
-def scan_atom_stream(atom: GitRepo, atom_sha: str, caches: Caches) -> Iterator[tuple[int, FileCalls]]:
+def scan_atom_stream(
+    atom: GitRepo, atom_sha: str, caches: Caches, tree: Tree | None = None
+) -> Iterator[tuple[int, FileCalls]]:
     """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
 
     A cold check parses a hundred files in the run's worker processes; the checker binds
     each file's calls while the workers parse the next ones (two cores: neither waits).
     """
-    tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
+    tree = tree or Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     results = None
@@ -209,7 +217,10 @@ class Checker:
         self.caches = caches
         self.tip = tip
         self.explicit_baseline = explicit_baseline
-        self._scan: Iterator[tuple[int, FileCalls]] | None = scan_atom_stream(atom, atom_sha, caches)
+        self.atom_tree = Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
+        self._scan: Iterator[tuple[int, FileCalls]] | None = scan_atom_stream(
+            atom, atom_sha, caches, self.atom_tree
+        )
         self._scanned: dict[int, FileCalls] = {}
         self.atom_ops: dict[str, str] = {}
         self.op_names: frozenset[str] = frozenset()
@@ -248,20 +259,52 @@ class Checker:
     # -- when the call was written -------------------------------------------
     def written_time(self, call: RawCall) -> int | None:
         """Committer time of the last change to the call's lines (`git blame` of just those lines)."""
+        got = self.written_by(call)
+        return got[0] if got is not None else None
+
+    def written_by(self, call: RawCall) -> tuple[int, str] | None:
+        """(committer time, ATOM commit) of the last change to the call's lines (`git blame`)."""
         lo, hi = call.line, call.end_line or call.line
-        key = f"blame:{self.atom_sha}:{call.path}:{lo}-{hi}"
+        # Keyed by the file's content, not the ATOM commit: a file the next night's commits did not
+        # touch blames the same (a nightly check then runs no blame for it).
+        blob = self.atom_tree.blobs.get(call.path)
+        key = f"blame-by:{call.path}:{blob or self.atom_sha}:{lo}-{hi}"
         if key in self.caches.facts.data:
-            got: int | None = self.caches.facts.data[key]
-            return got
+            cached: tuple[int, str] | None = self.caches.facts.data[key]
+            return cached
         try:
             out = self.atom.git("blame", "--porcelain", "-L", f"{lo},{hi}", self.atom_sha, "--", call.path)
         except SourceError:
             out = ""
-        stamps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("committer-time ")]
-        got = max(stamps) if stamps else None
+        got: tuple[int, str] | None = None
+        sha = ""
+        for line in out.splitlines():
+            word = line.split(" ", 1)[0]
+            if len(word) == 40 and all(c in "0123456789abcdef" for c in word):
+                sha = word
+            elif line.startswith("committer-time ") and (got is None or int(line.split()[1]) > got[0]):
+                got = (int(line.split()[1]), sha)
         self.caches.facts.data[key] = got
         self.caches.facts.dirty = True
         return got
+
+    def _written_after(self, call: RawCall, cause: Cause | None, fit: Fit) -> str:
+        """When the call entered ATOM after the change it does not fit: say so (it was written for the
+        older layout, copied from older code or from another project)."""
+        if (
+            cause is None
+            or cause.old_sig is None
+            or layout(fit.cand.sig) == layout(cause.new_sig or fit.cand.sig)
+        ):
+            return ""
+        by = self.written_by(call)
+        if by is None or by[0] <= cause.commit.date.timestamp():
+            return ""
+        day = datetime.fromtimestamp(by[0], tz=UTC).strftime("%Y-%m-%d")
+        return (
+            f". The call, added in ATOM {by[1][:10]} on {day}, fits aiter's signature before "
+            f"{cause.commit.short}: it was written after that change, for the older layout"
+        )
 
     def call_baseline(self, call: RawCall) -> str | None:
         """aiter as of the date the call's lines were last changed (or the explicit baseline)."""
@@ -377,7 +420,7 @@ class Checker:
             if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
                 unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY)))
                 return 0
-            f = self._check_call(call, t.sig, aiter_sha, causes)
+            f = self.check_guarded(idx, call, t.sig, aiter_sha, causes)
             if f is not None:
                 findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
             return 1
@@ -386,11 +429,42 @@ class Checker:
             return 1
         if t.kind in ("module", "foreign"):
             return 0  # a module, or a value of a type that is not aiter's: not a call of aiter
+        if call.ref[0] == TORCH_OPS and call.ref[1] and call.ref[1][0] in self.atom_ops:
+            return 0  # an op ATOM registers in the `aiter` namespace itself: not a call of aiter
         reason = unchecked_reason(call, t, self.atom_ops)
         unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, reason)))
         return 0
 
     # -- one call ------------------------------------------------------------
+    def check_guarded(
+        self, idx: ApiIndex, call: RawCall, sig: Signature, aiter_sha: str, with_causes: bool
+    ) -> Finding | None:
+        """`_check_call`, under the `inspect.signature` guards the call runs under: a finding under a
+        guard that cannot hold at the pin is a note (the call is not reached); under one the check
+        cannot evaluate, an error is a warning naming the guard."""
+        f = self._check_call(call, sig, aiter_sha, with_causes)
+        if f is None or not call.sig_guards:
+            return f
+        unknown: SigGuard | None = None
+        for g in call.sig_guards:
+            holds = guard_holds(g, idx)
+            if holds is False:
+                return dataclasses.replace(
+                    f, severity="note", kind="unreachable-at-pin",
+                    message=f"`{call.qualname}` is not reached at aiter {aiter_sha[:10]}: it runs only when "
+                    f"`{g.text}` (line {g.line}) is {'true' if g.when else 'false'}, which cannot hold at "
+                    f"this pin ({_params_phrase(g, idx)}). Had it run: {f.message}",
+                )  # fmt: skip
+            if holds is None and unknown is None:
+                unknown = g
+        if unknown is not None and f.severity == "error":
+            return dataclasses.replace(
+                f, severity="warning",
+                message=f"{f.message}. The call runs only under the signature guard `{unknown.text}` "
+                f"(line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
+            )  # fmt: skip
+        return f
+
     def _sig_at(self, aiter_sha: str | None, call: RawCall) -> Signature | None:
         if aiter_sha is None:
             return None
@@ -429,13 +503,16 @@ class Checker:
         return rev, vs, start
 
     def _history(self, aiter_sha: str, sig: Signature, born: int) -> list[Candidate]:
-        """Runs of one layout in the history of the callee's file, newest first, back to `born`.
+        """Runs of one layout in the history of the callee's file, newest first, however old.
 
         Versions newer than the pin count too (an ATOM written ahead of the pin);
-        older ones stop where the function was not defined in this file.
+        older ones stop where the function was not defined in this file. A call can
+        enter ATOM after a change and still be written for the older layout (copied
+        from older code), so the history does not stop at the ATOM file's creation
+        (`born` only dates the candidates).
         """
         rev, vs, start = self._versions(aiter_sha, sig.path)
-        key = (rev, sig.path, sig.name, born, start)
+        key = (rev, sig.path, sig.name, 0, start)
         runs = self._runs.get(key)
         if runs is None:
             runs = []
@@ -455,17 +532,11 @@ class Checker:
                     until = runs[-1].since if runs else None
                     runs.append(Candidate(v.commit.sha, s, t, until, "history"))
                 prev = s
-                if t < born and i >= start:
-                    break  # in effect when the ATOM file was created
             self._runs[key] = runs
         return runs
 
     def candidates(self, call: RawCall, aiter_sha: str, sig: Signature) -> list[Candidate]:
-        """The distinct signatures the callee has had: its file's history, and where it resolved before.
-
-        The history is read back to the version in effect when the ATOM file was
-        created: no call in it was written for an older one.
-        """
+        """The distinct signatures the callee has had: its file's history, and where it resolved before."""
         born = self.file_added(call.path) or 0
         runs = self._history(aiter_sha, sig, born)
         out = list(runs)
@@ -590,13 +661,24 @@ class Checker:
             details = tuple(p.message for p in b.problems)
             before = problem_keys(fit.binding)
             new = [p for p in b.problems if p.key not in before]
+            unbound = [p for p in b.problems if p.kind in BINDING_ERRORS]
             if not fit.clean and not new:
                 same = "; ".join(p.message for p in fit.binding.problems)
-                return Finding(
-                    call.path, call.line, call.col, call.qualname, "warning", b.problems[0].kind,
+                msg = (
                     head + "; ".join(details) + f". Pre-existing: the call fails the same way ({same}) with "
-                    f"aiter {base[:10]}, the signature it was written for, so no aiter pin fixes it "
-                    "(an ATOM bug, probably on a path not run).",
+                    f"aiter {base[:10]}, the signature it was written for, so no aiter pin fixes it"
+                )
+                if unbound:  # a TypeError whenever the line runs: on the model's path it crashes the model
+                    msg += (
+                        ". It cannot bind at this pin (a TypeError whenever it runs): an error that gates "
+                        "the model when on its path; it needs a patch of ATOM or a waiver with a reason"
+                    )
+                    sev = "error"
+                else:
+                    msg += " (an evident type clash, not a failure to bind): a warning"
+                    sev = "warning"
+                return Finding(
+                    call.path, call.line, call.col, call.qualname, sev, b.problems[0].kind, msg + ".",
                     details, None, defined_at, preexisting=True, written_against=base,
                 )  # fmt: skip
             kind = new[0].kind
@@ -613,14 +695,23 @@ class Checker:
             if cause is not None and cause.shifted:
                 kind = "positional-shift"
             msg = head + (cause.sentence() if cause is not None else "; ".join(p.message for p in new))
+            msg += self._written_after(call, cause, fit)
             if not fit.clean:
                 was = "; ".join(p.message for p in fit.binding.problems)
                 msg += (
                     f". New at this pin: the call was already broken with aiter {base[:10]}, the signature "
                     f"it was written for ({was}), but not this way"
                 )
+            if with_causes and cause is None:
+                msg += _no_cause(sig, aiter_sha)
             severity = "error"
-            if all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
+            # Written for another layout (an older one fits cleanly): the clash is where the shift shows.
+            other_layout = (
+                fit.clean and layout(base_sig) != layout(sig) and bool(shifted_args(base_sig, sig, call))
+            )
+            if other_layout:
+                kind = "positional-shift"
+            if not unbound and all(p.kind == "type-mismatch" for p in new) and kind == "type-mismatch":
                 if not sig.compiled:
                     severity = "warning"
                     msg += (
@@ -663,10 +754,10 @@ class Checker:
             f"parameters than under aiter {base[:10]} (the signature it was written for): "
         )
         if cause is not None:
-            msg += cause.sentence()
+            msg += cause.sentence() + self._written_after(call, cause, fit)
         else:
             change, effect = explain(base_sig, sig, call, sig.name)
-            msg += f"{change}: {effect}"
+            msg += f"{change}: {effect}" + (_no_cause(sig, aiter_sha) if with_causes else "")
         return Finding(
             call.path, call.line, call.col, call.qualname, "error", "positional-shift", msg,
             tuple(shifted), _cause_info(cause), defined_at, written_against=base,
@@ -765,11 +856,14 @@ class Checker:
             )
         cause_info: CauseInfo | None = None
         name = call.ref[1][-1] if call.ref[1] else ""
-        if with_causes and what == "function" and t.module and name:
+        if with_causes and what in ("function", "method") and t.module and name:
             idx = self.index(aiter_sha)
-            # Where it used to live: the module looked up, or its file under a baseline.
+            # Where it used to live: the module looked up (the class's file for a method), or its file
+            # under a baseline.
             paths: list[tuple[str, str]] = []
-            if t.module in idx.mods:
+            if what == "method" and t.cls is not None:
+                paths.append((t.cls.path, f"{t.cls.name}().{name}"))  # (only whether it exists is read)
+            elif t.module in idx.mods:
                 paths.append((idx.mods[t.module], name))
             for base in (self.date_baseline, self.call_baseline(call)):
                 old = self._sig_at(base, call)
@@ -796,6 +890,18 @@ class Checker:
             if cause_info is None and not call.guarded:
                 cause_info, extra = self._added_later(call, aiter_sha, name)
                 msg += extra
+            if cause_info is None and what == "function":
+                cause_info, extra = self._last_defined(aiter_sha, name)
+                written = self.written_time(call) if cause_info is not None else None
+                if cause_info and written is not None and written > cause_info.commit.date.timestamp():
+                    extra += " (before the call's lines were written: they were written for an older aiter)"
+                msg += extra
+            if cause_info is None and not call.guarded:
+                msg += (
+                    f". No cause named: no first-parent aiter commit up to {aiter_sha[:10]} removed a "
+                    f"definition of `{name}`{f' from {paths[0][0]}' if paths else ''} (it may never have "
+                    "existed under this name, or was only ever defined in a C++ extension)"
+                )
         if with_causes and what == "module" and t.module:
             base = t.module.replace(".", "/")
             deleted = self._deleted_by(aiter_sha, [f"{base}.py", f"{base}/__init__.py"])
@@ -806,6 +912,35 @@ class Checker:
                 )
                 msg += f'. Cause: {base}.py removed or moved by aiter {c.short} ({_day(c)}, "{c.subject}")'
         return Finding(call.path, call.line, call.col, call.qualname, sev, kind, msg, (), cause_info, None)
+
+    def _last_defined(self, aiter_sha: str, name: str) -> tuple[CauseInfo | None, str]:
+        """The newest first-parent commit that removed `def name(` from an aiter file (git's pickaxe:
+        the name existed at an older aiter than any the call could be dated by)."""
+        key = f"pickaxe:{aiter_sha}:{name}"
+        got = self.caches.facts.data.get(key)
+        if got is None:
+            out = self.aiter.git(
+                "log", "-1", "--first-parent", "-m", f"-Sdef {name}(", "--format=%x01%H", "--name-only",
+                aiter_sha, "--", AITER_PREFIX + "/",
+            ).strip()  # fmt: skip
+            got = out.lstrip("\x01")
+            self.caches.facts.data[key] = got
+            self.caches.facts.dirty = True
+        if not got:
+            return None, ""
+        sha, *paths = got.split()
+        parent = self.hist.parent(sha)
+        if parent is None:
+            return None, ""
+        gone = [p for p in paths if self._sig_in_file(parent, p, name) is not None]
+        if not gone or any(self._sig_in_file(sha, p, name) is not None for p in gone):
+            return None, ""  # that commit added or kept it: not a removal
+        c = self.aiter.commit_info(sha)
+        to = self._moved_to(sha, name, gone[0])
+        change = f"`{name}` moved from {gone[0]} to {to}" if to else f"`{name}` removed from {gone[0]}"
+        return CauseInfo(c, parent, change, "this call now fails with AttributeError/ImportError"), (
+            f'. Cause: {change} by aiter {c.short} ({_day(c)}, "{c.subject}")'
+        )
 
     def _moved_to(self, sha: str, name: str, old_path: str) -> str | None:
         """Another file that commit `sha` made define `name` (the function moved there), if any."""
@@ -852,6 +987,52 @@ class Checker:
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
             f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
+
+
+def guard_holds(g: SigGuard, idx: ApiIndex) -> bool | None:
+    """Whether the code under `g` runs at this aiter (None: the check cannot tell)."""
+    if g.form is None:
+        return None
+    t = idx.resolve_ref(g.ref)
+    if t.kind not in ("func", "class") or t.sig is None:
+        return None
+    names = [p.name for p in t.sig.params]
+
+    def ev(form: tuple[object, ...]) -> bool | None:
+        op = form[0]
+        if op == "in":
+            return form[1] in names
+        if op == "len":
+            n, want = len(names), form[2]
+            assert isinstance(want, int)
+            cmp = {"==": n == want, "!=": n != want, "<": n < want, "<=": n <= want, ">": n > want}
+            return cmp.get(str(form[1]), n >= want)
+        if op == "not":
+            inner = ev(form[1])  # type: ignore[arg-type]
+            return None if inner is None else not inner
+        parts = [ev(x) for x in form[1]]  # type: ignore[attr-defined]
+        if any(x is None for x in parts):
+            return None
+        return all(parts) if op == "and" else any(parts)
+
+    got = ev(g.form)
+    return None if got is None else got == g.when
+
+
+def _params_phrase(g: SigGuard, idx: ApiIndex) -> str:
+    t = idx.resolve_ref(g.ref)
+    if t.sig is None:
+        return "its signature is not known"
+    params = ", ".join(p.show() for p in t.sig.params)
+    return f"`{t.sig.name}` has parameters ({params}) at {t.sig.path}:{t.sig.line}"
+
+
+def _no_cause(sig: Signature, aiter_sha: str) -> str:
+    """Why an error names no commit."""
+    return (
+        f". No cause named: no version of `{sig.name}` in the first-parent history of {sig.path} up to "
+        f"aiter {aiter_sha[:10]}, nor where the call resolved before, takes this call as it was written"
+    )
 
 
 def _cause_info(c: Cause | None) -> CauseInfo | None:

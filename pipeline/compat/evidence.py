@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.compat.aiterapi import Signature
-from pipeline.compat.bind import Binding, bind
+from pipeline.compat.bind import Binding, annotation_types, bind
 from pipeline.compat.calls import Arg, RawCall
 
 _NAME = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*)$")
@@ -41,17 +41,25 @@ class Agreement:
 
 
 def agreement(call: RawCall, sig: Signature, b: Binding) -> Agreement:
+    """Names first (`self.block_size` on `block_size`); else a literal's kind: `True` on a `bool`
+    parameter agrees, on an `int` or `float` one (which accepts it silently) it disagrees."""
     names = {p.name.lstrip("_") for p in sig.params if p.kind in ("posonly", "pos", "kwonly")}
     agree = 0
     disagree: list[int] = []
     for i, (a, p) in enumerate(zip(call.args, b.positional, strict=True), 1):
-        n = arg_name(a)
-        if n is None or p is None:
+        if p is None:
             continue
-        if n == p.name.lstrip("_"):
+        n = arg_name(a)
+        if n is not None and n == p.name.lstrip("_"):
             agree += 1
-        elif n in names:
+        elif n is not None and n in names:
             disagree.append(i)
+        elif a.etype == "bool" and p.kind != "vararg":
+            kinds = annotation_types(p.annotation)
+            if kinds is not None and "bool" in kinds:
+                agree += 1
+            elif kinds is not None and kinds & {"int", "float"}:
+                disagree.append(i)
     return Agreement(agree, tuple(disagree))
 
 

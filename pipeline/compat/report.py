@@ -22,6 +22,7 @@ KINDS: dict[str, str] = {
     "missing-function": "The aiter function does not exist at the pinned commit.",
     "missing-module": "The aiter module does not exist at the pinned commit.",
     "unparseable-file": "A source file that does not parse.",
+    "unreachable-at-pin": "A call under an inspect.signature guard that cannot hold at the pinned aiter.",
 }
 
 
@@ -51,7 +52,7 @@ class Finding:
     line: int
     col: int
     function: str  # aiter qualified name as called, e.g. aiter.fused_qknorm_idxrqknorm
-    severity: str  # error / warning
+    severity: str  # error / warning / note (a call its own signature guard keeps from running at the pin)
     kind: str
     message: str
     details: tuple[str, ...] = ()
@@ -118,7 +119,8 @@ class Counts:
     and JSON reports, the stage line and the run's records all print.
 
     An *error* is an error-severity finding after the model's gate (these stop a build); a
-    *warning* is every other finding, off-path and waived ones included; *off path* and *waived*
+    *warning* is every other finding, off-path and waived ones included, but notes (calls their own
+    `inspect.signature` guard keeps from running at the pin), which are counted apart; *off path* and *waived*
     say how many of the check's errors the gate turned into warnings (each finding once: one
     waiver that matches two call sites waives two).
     """
@@ -128,6 +130,7 @@ class Counts:
     off_path: int = 0
     waived: int = 0
     unparseable: int = 0
+    notes: int = 0  # calls their own `inspect.signature` guard keeps from running at this pin
 
     @classmethod
     def of(cls, report: CheckReport, raw: CheckReport | None = None) -> Counts:
@@ -142,12 +145,14 @@ class Counts:
                         off_path += 1
                     else:  # reach leaves an on-path error an error: only a waiver turned it
                         waived += 1
+        notes = sum(1 for f in report.findings if f.severity == "note")
         return cls(
             errors=len(report.errors),
-            warnings=len(report.findings) - len(report.errors),
+            warnings=len(report.findings) - len(report.errors) - notes,
             off_path=off_path,
             waived=waived,
             unparseable=len(report.unparseable),
+            notes=notes,
         )
 
     def summary(self) -> str:
@@ -157,8 +162,10 @@ class Counts:
             for n, why in ((self.off_path, "off the model's path"), (self.waived, "waived by the recipe"))
             if n
         ]
-        return f"{self.errors} error(s), {self.warnings} warning(s)" + (
-            f" ({', '.join(turned)})" if turned else ""
+        return (
+            f"{self.errors} error(s), {self.warnings} warning(s)"
+            + (f" ({', '.join(turned)})" if turned else "")
+            + (f", {self.notes} note(s) (not reached at this pin)" if self.notes else "")
         )
 
     def to_json(self) -> dict[str, int]:
@@ -168,6 +175,7 @@ class Counts:
             "off_path": self.off_path,
             "waived": self.waived,
             "unparseable_files": self.unparseable,
+            "notes": self.notes,
         }
 
 
@@ -269,7 +277,7 @@ class CheckReport:
             res: dict[str, Any] = {
                 "ruleId": f.kind,
                 "ruleIndex": rule_index.get(f.kind, 0),
-                "level": "error" if f.severity == "error" else "warning",
+                "level": f.severity if f.severity in ("error", "note") else "warning",
                 "message": {"text": text},
                 "locations": [
                     {

@@ -91,10 +91,11 @@ def search_compatible(
         checker = variants.checker_for(head)
         at_head = check(checker, head)
         examined = 1
-        if at_head.ok:
+        if pin_fits(at_head):
             return SearchResult(
                 aiter.commit_info(head), None, at_head, examined, at_head,
-                explanation=f"ATOM {atom_sha[:10]} is compatible with the aiter head {head[:10]}.",
+                explanation=f"ATOM {atom_sha[:10]} is compatible with the aiter head {head[:10]}."
+                + _unfixable(at_head),
                 seconds=time.perf_counter() - t0,
             )  # fmt: skip
         head_idx = checker.index(head)
@@ -128,7 +129,7 @@ def search_compatible(
             gone = lacking(report) or gone
             names = ", ".join(sorted({f"`{f.function}`" for f in gone}))
             others = sorted(
-                {f"`{f.function}` ({f.path}:{f.line})" for f in report.errors}
+                {f"`{f.function}` ({f.path}:{f.line})" for f in _pin_errors(report)}
                 - {f"`{f.function}` ({f.path}:{f.line})" for f in gone}
             )
             also = f"; it also breaks {', '.join(others[:5])}" if others else ""
@@ -138,7 +139,8 @@ def search_compatible(
                 f"{variants.phrase}: going back from the head, every commit keeps at least one "
                 "breaking call "
                 f"until {cand.short} ({cand.iso_date}), which lacks {names} that ATOM calls "
-                f"(older aiter commits lack them too){also}.",
+                f"(older aiter commits lack them too){also}."
+                + _unfixable(report).replace(", this one included", ""),
             )  # fmt: skip
 
         for cand in candidates[:max_commits]:
@@ -170,14 +172,15 @@ def search_compatible(
                     rest = unchanged.log(cand.sha, relevant)
                     idx = candidates.index(cand)
                     candidates[idx + 1 :] = [c for c in rest if c.sha != cand.sha]
-            if report.ok:
+            if pin_fits(report):
                 final = check(checker, cand.sha)  # with causes, for the record
                 return SearchResult(
                     cand, newer, at_head, examined, final,
                     explanation=(
                         f"newest aiter compatible with ATOM {atom_sha[:10]}: {cand.short} "
                         f"({cand.iso_date}); first breaking: {newer.short} ({newer.subject})"
-                    ),
+                    )
+                    + _unfixable(final),
                     seconds=time.perf_counter() - t0,
                 )  # fmt: skip
             gone = lacking(report)
@@ -430,8 +433,30 @@ class _Unchanged:
         return commits[lo]
 
 
+def pin_fits(report: CheckReport) -> bool:
+    """No error another aiter pin could fix (a call that fails to bind under the signature it was
+    written for fails at every pin: the search does not walk history for it)."""
+    return not _pin_errors(report)
+
+
+def _pin_errors(report: CheckReport) -> list[Finding]:
+    return [f for f in report.errors if not f.preexisting]
+
+
+def _unfixable(report: CheckReport) -> str:
+    left = [f for f in report.errors if f.preexisting]
+    if not left:
+        return ""
+    sites = ", ".join(f"`{f.function}` ({f.path}:{f.line})" for f in left[:5])
+    return (
+        f" {len(left)} call(s) fail to bind at every aiter, this one included: {sites}; no aiter pin "
+        "fixes them (the search did not walk history for them): each needs a patch of ATOM or a "
+        "waiver with a reason."
+    )
+
+
 def _sites(report: CheckReport) -> set[tuple[str, int, int]]:
-    return {(f.path, f.line, f.col) for f in report.errors}
+    return {(f.path, f.line, f.col) for f in _pin_errors(report)}
 
 
 def _quick(
@@ -463,7 +488,7 @@ def _quick(
             elif (call.path, call.line, call.col) in suspects and t.kind in ("func", "class") and t.sig:
                 if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
                     continue
-                f = checker._check_call(call, t.sig, sha, False)
+                f = checker.check_guarded(idx, call, t.sig, sha, False)
                 if f is not None:
                     findings.append(f)
     report = CheckReport(
@@ -473,11 +498,11 @@ def _quick(
     )  # fmt: skip
     if adjust is not None:
         report = adjust(report)
-    return None if report.ok else report
+    return None if pin_fits(report) else report
 
 
 def _none(at_head: CheckReport, examined: int, last: CheckReport, t0: float, why: str) -> SearchResult:
-    blocking = [f for f in last.errors]
+    blocking = _pin_errors(last)
     return SearchResult(None, None, at_head, examined, None, blocking, why, seconds=time.perf_counter() - t0)
 
 

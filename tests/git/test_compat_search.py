@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.compat import search_compatible
+from pipeline.compat.search import pin_fits
 from pipeline.gitw import GitRepo
 from pipeline.patchq import PatchSeries
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
@@ -25,8 +26,23 @@ def test_newest_compatible_and_first_breaking(fx: CompatRepos) -> None:
     assert r.first_breaking is not None and r.first_breaking.sha == fx.a["A2"]
     # Only commits touching the files the check reads: A4 (head), A3, A2, A1c; never the README commit.
     assert r.commits_examined == 4
-    assert not r.report_at_head.ok
-    assert r.report_at_newest is not None and r.report_at_newest.ok
+    assert not pin_fits(r.report_at_head)
+    assert r.report_at_newest is not None and pin_fits(r.report_at_newest)
+    # T1's rmsnorm call fails to bind at every aiter: an error no pin fixes, named, not walked for.
+    (bug,) = r.report_at_newest.errors
+    assert (bug.function, bug.preexisting) == ("aiter.rmsnorm", True)
+    assert "`aiter.rmsnorm` (atom/models/styles.py:" in r.explanation
+    assert "each needs a patch of ATOM or a waiver with a reason" in r.explanation
+
+
+def test_a_call_no_aiter_binds_is_not_searched_for(fx: CompatRepos) -> None:
+    # At A1c T1's one error is its rmsnorm call, which fails to bind under every signature rmsnorm has
+    # had: no older aiter fixes it, so the head is the answer and the walk stops there, naming it.
+    r = search_compatible(GitRepo(fx.atom), fx.t["T1"], GitRepo(fx.aiter), fx.a["A1c"])
+    assert r.newest_compatible is not None and r.newest_compatible.sha == fx.a["A1c"]
+    assert r.commits_examined == 1 and r.first_breaking is None
+    assert [(f.function, f.preexisting) for f in r.report_at_head.errors] == [("aiter.rmsnorm", True)]
+    assert "no aiter pin fixes them (the search did not walk history for them)" in r.explanation
 
 
 def test_compatible_head_is_the_answer(fx: CompatRepos) -> None:
@@ -84,7 +100,7 @@ def test_search_runs_on_the_patched_tree(fx: CompatRepos, tmp_path: Path) -> Non
     assert plain.newest_compatible is not None and plain.newest_compatible.sha == fx.a["A1c"]
     patched = search_compatible(atom, fx.t["T1"], aiter, fx.a["A2"], patches=PatchSeries.load(series))
     assert patched.newest_compatible is not None and patched.newest_compatible.sha == fx.a["A2"]
-    assert patched.report_at_head.ok and patched.report_at_head.atom_sha != fx.t["T1"]
+    assert pin_fits(patched.report_at_head) and patched.report_at_head.atom_sha != fx.t["T1"]
     # At A3 the patch still applies, but gemm's removed `scale` breaks other calls: A2 stays the answer.
     later = search_compatible(atom, fx.t["T1"], aiter, fx.a["A3"], patches=PatchSeries.load(series))
     assert later.newest_compatible is not None and later.newest_compatible.sha == fx.a["A2"]

@@ -359,3 +359,41 @@ def test_the_body_test_agrees_with_the_regex_it_replaced_on_generated_bodies() -
     bound = {n.encode() for n in names}
     disagree = [b for b in bodies if _may_call(b, bound) != bool(oracle.search(b))]
     assert disagree == []
+
+
+def test_signature_guards_are_recorded_with_their_plain_form() -> None:
+    calls = calls_of(
+        """
+        import inspect
+
+        import aiter
+        from aiter import f, g
+
+        params = inspect.signature(f).parameters
+        if "z" in params:
+            f(1, 2, 3)
+        else:
+            f(1, 2)
+        if not len(inspect.signature(aiter.g).parameters) >= 2 or "y" in inspect.signature(g).parameters:
+            g(1)
+        if inspect.signature(len).parameters:
+            g(2)  # a guard on a function that is not aiter's says nothing of aiter's layout
+
+
+        def install():
+            try:
+                at = list(inspect.signature(f).parameters).index("k")
+            except ValueError:
+                return
+            f(at)
+        """
+    )
+    by_line = {c.line: c.sig_guards for c in calls}
+    (g1,) = by_line[8]
+    assert (g1.ref, g1.form, g1.when, g1.line) == (("aiter", ("f",)), ("in", "z"), True, 7)
+    assert [(g.form, g.when) for g in by_line[10]] == [(("in", "z"), False)]
+    (g3,) = by_line[12]
+    assert g3.form == ("or", (("not", ("len", ">=", 2)), ("in", "y")))  # the same function, both parts
+    assert by_line[14] == ()
+    (g4,) = by_line[22]
+    assert g4.form is None and g4.text.startswith("at = list(inspect.signature(f)") and g4.line == 19

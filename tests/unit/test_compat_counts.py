@@ -38,6 +38,7 @@ def test_each_excused_error_is_counted_once_by_what_excused_it() -> None:
         "off_path": 1,
         "waived": 2,
         "unparseable_files": 0,
+        "notes": 0,
     }
 
 
