@@ -3,7 +3,8 @@
 The flow, each step refusing with its own message before anything is changed:
 
 1. the smoke verdict is loaded and must be bound to this image, recipe and lock
-   (`check_binding`): passed, same image ID, the image's labels carry the
+   (`check_binding`): passed as derived from its checks (every gate its recipe
+   requires, passed; never its top-level `passed`), same image ID, the image's labels carry the
    verdict's lock/recipe/inputs digests, the recipe and lock files on disk are
    the ones the verdict was made with;
 2. the immutable tag (`settings.tag.tag_template`) and the moving tags are
@@ -50,10 +51,11 @@ from pipeline.oci.registry import (
     parse_image_ref,
     tag_problem,
 )
+from pipeline.recipes.recipe import load_recipe
 from pipeline.release.moving_tags import MoveOutcome, Mover, current
 from pipeline.release.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
 from pipeline.retry import GaveUp, with_retries
-from pipeline.smoke.verdict import Verdict, VerdictFile, read_verdict
+from pipeline.smoke.verdict import Verdict, VerdictFile, derive, read_verdict, required_gates
 
 TEMPLATE_FIELDS = ("model", "date", "atom7", "aiter7", "patchset", "inputs7")
 RERUN = "Re-run `pipeline smoke` for this image (it writes a fresh verdict), then `pipeline tag` again."
@@ -77,8 +79,12 @@ def read_tag_verdict(path: Path) -> VerdictFile:
         raise TagError(f"refusing to tag: {e.message}", hint=e.hint or RERUN) from None
 
 
-def check_passed(vf: VerdictFile, image: str) -> None:
-    """Refuse a verdict that did not pass (needs no engine: checked first)."""
+def check_passed(vf: VerdictFile, image: str, recipe_path: Path | None = None) -> Path:
+    """Refuse a verdict that did not pass, or that says it passed when its checks do not; the recipe.
+
+    Needs no engine (checked first). The result is derived from the checks against the gates
+    of the recipe the verdict is bound to (its sha256), never read from `passed`/`status`.
+    """
     where = f"the smoke verdict {vf.path}"
     verdict = vf.verdict
     if verdict.status != "passed" or not verdict.passed:
@@ -92,6 +98,41 @@ def check_passed(vf: VerdictFile, image: str) -> None:
             + (f" ({verdict.reason})." if verdict.reason else "."),
             hint="Only a passed smoke test can tag an image. Fix the failure and run `pipeline smoke` again.",
         )
+    recipe = bound_recipe(vf, image, recipe_path)
+    try:
+        required = required_gates(load_recipe(recipe), verdict.options)
+    except ValueError as e:
+        raise TagError(f"refusing to tag {image}: {where} disagrees with itself: {e}.", hint=RERUN) from None
+    derived = derive(verdict, required)
+    if not derived.passed:
+        raise TagError(
+            f"refusing to tag {image}: {where} disagrees with itself: it says passed, but "
+            + "; ".join(derived.problems)
+            + f" (the recipe {recipe} requires {', '.join(required)}).",
+            hint="A verdict passes only when every gate its recipe requires passed. " + RERUN,
+        )
+    return recipe
+
+
+def bound_recipe(vf: VerdictFile, image: str, recipe_path: Path | None) -> Path:
+    """The recipe file the verdict was made with (its sha256 now is the verdict's): stale otherwise."""
+    verdict = vf.verdict
+    recipe = recipe_path or (Path(verdict.recipe.path) if verdict.recipe.path else None)
+    if recipe is None:
+        raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
+    if not recipe.is_file():
+        raise UsageError(
+            f"recipe file {recipe} does not exist.",
+            hint="Pass --recipe with the recipe the image was smoke-tested with.",
+        )
+    recipe_sha = sha256_file(recipe)
+    if recipe_sha != verdict.recipe.sha256:
+        raise TagError(
+            f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
+            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe.sha256)}.",
+            hint=RERUN,
+        )
+    return recipe
 
 
 @dataclass(frozen=True)
@@ -117,7 +158,7 @@ def check_binding(
     """Refuse a failed, foreign, unproven or stale verdict, each with its own message."""
     where = f"the smoke verdict {vf.path}"
     verdict = vf.verdict
-    check_passed(vf, image)
+    recipe = check_passed(vf, image, recipe_path)
     if info is None:
         raise TagError(
             f"refusing to tag: the image {image} does not exist in the Docker engine.",
@@ -151,22 +192,6 @@ def check_binding(
                 f"{where} ({_short(expected)}): the verdict does not belong to this image's build.",
                 hint=RERUN,
             )
-    # recipe: the file on disk now must be the one the smoke test used
-    recipe = recipe_path or (Path(verdict.recipe.path) if verdict.recipe.path else None)
-    if recipe is None:
-        raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
-    if not recipe.is_file():
-        raise UsageError(
-            f"recipe file {recipe} does not exist.",
-            hint="Pass --recipe with the recipe the image was smoke-tested with.",
-        )
-    recipe_sha = sha256_file(recipe)
-    if recipe_sha != verdict.recipe.sha256:
-        raise TagError(
-            f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
-            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe.sha256)}.",
-            hint=RERUN,
-        )
     # lock: the lock file now must be the one the image was built from
     if lock_path is None:
         model = lbl.get(labels.MODEL)

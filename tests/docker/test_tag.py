@@ -155,6 +155,21 @@ def test_refusals_push_nothing(
     err = capsys.readouterr().err
     assert "the smoke test failed" in err and "0.41" in err
 
+    # a verdict that says passed while its gsm8k gate failed, and one with no checks (issue 26.1)
+    checks = [
+        {**c, "passed": False, "status": "failed", "message": "accuracy 0.41 < 0.908"}
+        if c["name"] == "gsm8k"
+        else c
+        for c in good["checks"]
+    ]
+    world.write_verdict(**{**good, "checks": checks})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    err = capsys.readouterr().err
+    assert "disagrees with itself" in err and "check 'gsm8k' failed: accuracy 0.41" in err
+    world.write_verdict(**{**good, "checks": []})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    assert "the recipe's gate(s) 'server-ready', 'chat'" in capsys.readouterr().err
+
     # a verdict for another image (the base image)
     base = engine.image(base_image)
     assert base is not None

@@ -31,7 +31,16 @@ from pipeline.release.tag import (
     tag_verified,
 )
 from tests.fixtures.registry_fake import PASSWORD, USER, FakeRegistry, fake_session
-from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_lock, make_world
+from tests.fixtures.tag_world import (
+    AITER_SHA,
+    ATOM_SHA,
+    GATES,
+    MODEL,
+    World,
+    make_lock,
+    make_world,
+    passed_check,
+)
 
 REG = "127.0.0.1:5000"
 REPO = "rocm/atom-dev"
@@ -148,7 +157,7 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
         {"name": "0001-minimax-m3-split-kv-cache.patch", "sha256": "5" * 64, "status": "applied"}
     ]
     assert pred["recipe"]["sha256"] == world.verdict()["recipe"]["sha256"]
-    assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
+    assert [c["name"] for c in pred["smoke"]["checks"]] == list(GATES)
     assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
     assert pred["tool"]["version"] and pred["times"]["verified"]
     # no build attestations given to this run: said, not left out
@@ -282,6 +291,74 @@ def test_failed_verdict_refused(world: World, fake: FakeRegistry, status: str, w
 def test_passed_flag_false_refused_even_if_status_says_passed(world: World, fake: FakeRegistry) -> None:
     world.write_verdict(passed=False)
     assert "is inconsistent: status 'passed' but passed=False" in _refused(world, fake)
+
+
+# ------------------------------------------------------------------ the result is derived (issue 26.1)
+
+
+def _with_check(world: World, name: str, **fields: Any) -> list[dict[str, Any]]:
+    return [{**c, **fields} if c["name"] == name else c for c in world.verdict()["checks"]]
+
+
+def test_a_verdict_whose_gate_failed_but_says_passed_is_refused(world: World, fake: FakeRegistry) -> None:
+    """The issue's repro: gsm8k failed, the top level left at passed: true. It used to tag."""
+    world.write_verdict(
+        checks=_with_check(world, "gsm8k", passed=False, status="failed", message="accuracy 0.41 < 0.908")
+    )
+    msg = _refused(world, fake)
+    assert "disagrees with itself" in msg and "it says passed" in msg
+    assert "check 'gsm8k' failed: accuracy 0.41 < 0.908" in msg
+
+
+def test_a_verdict_with_no_checks_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=[])
+    msg = _refused(world, fake)
+    assert "disagrees with itself" in msg
+    assert "the recipe's gate(s) 'server-ready', 'chat', 'gsm8k', 'serving-benchmark[c16]'" in msg
+
+
+def test_a_check_whose_passed_and_status_disagree_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=_with_check(world, "chat", status="failed"))
+    assert "check 'chat' says passed=true but status 'failed'" in _refused(world, fake)
+
+
+def test_a_missing_benchmark_row_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(
+        checks=[c for c in world.verdict()["checks"] if c["name"] != "serving-benchmark[c64]"]
+    )
+    assert "the recipe's gate(s) 'serving-benchmark[c64]' are missing" in _refused(world, fake)
+
+
+def test_a_check_the_recipe_has_not_or_a_check_twice_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=[*world.verdict()["checks"], passed_check("gsm8k-easy")])
+    assert "check(s) 'gsm8k-easy' are not gates of its recipe" in _refused(world, fake)
+    world.write_verdict(checks=[*world.verdict()["checks"][:-1], passed_check("chat")])
+    assert "check 'chat' appears 2 times" in _refused(world, fake)
+
+
+def test_a_quick_verdict_needs_the_quick_gates(world: World, fake: FakeRegistry) -> None:
+    """`--quick` runs the quick benchmark rows: the gates are planned with the recorded options."""
+    quick = {**world.verdict()["options"], "quick": True}
+    world.write_verdict(options=quick)  # still holds c64: a row a quick run never has
+    assert "'serving-benchmark[c64]' are not gates of its recipe" in _refused(world, fake)
+    world.write_verdict(options={**quick, "quick": "yes"})
+    assert "options.quick is 'yes'" in _refused(world, fake)
+    world.write_verdict(
+        options=quick, checks=[passed_check(n) for n in GATES if n != "serving-benchmark[c64]"]
+    )
+    result = _run(world, _engine(world, fake), fake)
+    assert result.moved == [f"{MODEL}-verified"]
+
+
+def test_cli_self_contradicting_verdict_refused_before_the_engine(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(world.root)
+    world.write_verdict(checks=[])
+    assert main(_argv(world)) == ExitCode.TAG  # the engine (not set up here) was never reached
+    assert "disagrees with itself" in capsys.readouterr().err
 
 
 def test_verdict_without_server_evidence_refused(world: World, fake: FakeRegistry) -> None:
