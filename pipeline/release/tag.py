@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import shlex
 import shutil
 import subprocess
 import time
@@ -454,7 +455,13 @@ def tag_verified(
         log.detail(f"pushing {local_ref}")
         return _push(engine, target.name, immutable, auth, log, sleep)
 
-    mover = Mover(client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None)
+    rerun = _rerun_command(
+        image, verdict_path, binding, target, "latest" in moving and "latest" not in settings.tag.moving_tags,
+        allow_older,
+    )  # fmt: skip
+    mover = Mover(
+        client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None, rerun=rerun
+    )
     record_dir = verdict_path.parent
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
@@ -562,6 +569,18 @@ def tag_verified(
         attested=attested,
         state=outcome.state,
     )
+
+
+def _rerun_command(
+    image: str, verdict: Path, binding: BoundVerdict, target: ImageRef, latest: bool, allow_older: bool
+) -> str:
+    """The `pipeline tag` command that finishes this run's move (tagging is idempotent)."""
+    argv = ["pipeline", "tag", "--image", image, "--verdict", str(verdict), "--lock", str(binding.lock_path)]
+    argv += ["--recipe", str(binding.recipe_path), "--registry", target.registry]
+    argv += ["--repository", target.repository]
+    argv += ["--push-latest"] if latest else []
+    argv += ["--allow-older"] if allow_older else []
+    return shlex.join(argv)
 
 
 def _repush(push: Callable[[], str], digest: str) -> None:

@@ -266,6 +266,60 @@ def test_failure_on_second_moving_tag_restores_the_first(
     assert f"rolled back: {MODEL}-verified" in str(e.value)
 
 
+def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
+    world: World, fake: FakeRegistry
+) -> None:
+    """Issue 26 §4: `_rollback` rebuilt RegistryUnavailable with type(err) and crashed (exit 1)."""
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    fake.refuse[("PUT", "latest")] = 500
+    with pytest.raises(InfraError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert e.value.exit_code == ExitCode.INFRA and type(e.value) is InfraError
+    assert fake.tags[REPO][f"{MODEL}-verified"] == old and "latest" not in fake.tags[REPO]
+    assert f"rolled back: {MODEL}-verified restored" in str(e.value)
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "rolled back" and record["moving_tags"] == []
+
+
+def test_a_new_moving_tag_is_deleted_on_rollback(world: World, fake: FakeRegistry) -> None:
+    """Issue 26 §4: a first --push-latest, 401 on `latest`: `verified` did not exist before and stayed
+    on the new digest while the record said rolled back. A registry that deletes tags: deleted."""
+    fake.refuse[("PUT", "latest")] = 401
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert set(fake.tags[REPO]) == {EXPECTED_IMMUTABLE}  # verified deleted again, latest never made
+    assert ("DELETE", f"/v2/{REPO}/manifests/{MODEL}-verified") in [m[:2] for m in fake.log]
+    assert f"{MODEL}-verified deleted (it did not exist before)" in str(e.value)
+    assert "nothing was moved" not in f"{e.value} {e.value.hint}"
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "rolled back" and record["moving_tags"] == []
+
+
+def test_a_registry_that_cannot_delete_a_tag_leaves_a_split_said_plainly(
+    world: World, fake: FakeRegistry
+) -> None:
+    fake.tag_deletes = False  # distribution 2.x
+    fake.refuse[("PUT", "latest")] = 401
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    digest = fake.tags[REPO][EXPECTED_IMMUTABLE]
+    assert fake.tags[REPO][f"{MODEL}-verified"] == digest and "latest" not in fake.tags[REPO]
+    text = str(e.value)
+    assert f"SPLIT: {MODEL}-verified still point(s) at {digest} while latest do not" in text
+    assert "the registry would not delete" in text and "DIGEST_INVALID" in text
+    assert "nothing was moved" not in f"{text} {e.value.hint}"
+    hint = e.value.hint or ""
+    assert f"pipeline tag --image atom:test --verdict {world.verdict_path}" in hint
+    assert "--push-latest" in hint and f"--repository {REPO}" in hint
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "split" and record["moving_tags"] == [f"{MODEL}-verified"]
+    assert "SPLIT" in record["moving_note"]
+    # the repair the message names: once the cause is gone, the same command finishes the move
+    fake.refuse.clear()
+    again = _run(world, _engine(world, fake), fake, push_latest=True)
+    assert again.moved == [f"{MODEL}-verified", "latest"] and fake.tags[REPO]["latest"] == digest
+
+
 # ------------------------------------------------------------------ refusals (nothing pushed)
 
 
