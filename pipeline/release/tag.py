@@ -28,6 +28,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -54,7 +55,13 @@ from pipeline.oci.registry import (
 )
 from pipeline.recipes.recipe import load_recipe
 from pipeline.release.moving_tags import MoveOutcome, Mover, current
-from pipeline.release.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
+from pipeline.release.record import (
+    PREDICATE_TYPE,
+    RecordInputs,
+    build_statement,
+    keep_earlier_attempt,
+    write_record,
+)
 from pipeline.retry import GaveUp, with_retries
 from pipeline.smoke.verdict import Verdict, VerdictFile, derive, read_verdict, required_gates
 
@@ -429,7 +436,12 @@ def tag_verified(
         log.mask(creds.password)
         log.detail(f"registry credentials: {creds}")
     if client is None:
-        client = RegistryClient(target.registry, credentials=creds, on_retry=lambda m: log.warn(m))
+        client = RegistryClient(
+            target.registry,
+            credentials=creds,
+            on_retry=lambda m: log.warn(m),
+            timeout=min(REQUEST_TIMEOUT, float(settings.tag.push_timeout_s)),
+        )
     repo = target.repository
 
     lock_file = _tag_lock_path(settings.cache_dir, target)
@@ -453,7 +465,7 @@ def tag_verified(
             made_local_tag = True
         engine.tag(img.id, target.name, immutable)
         log.detail(f"pushing {local_ref}")
-        return _push(engine, target.name, immutable, auth, log, sleep)
+        return _push(engine, target.name, immutable, auth, log, sleep, settings.tag.push_timeout_s)
 
     rerun = _rerun_command(
         image, verdict_path, binding, target, "latest" in moving and "latest" not in settings.tag.moving_tags,
@@ -480,7 +492,14 @@ def tag_verified(
             digest, pushed = existing, False
             log.detail(f"{local_ref} already holds this image ({existing}); not pushed again")
         else:
-            digest = push_immutable()
+            try:
+                digest = push_immutable()
+            except InfraError as e:  # the state, read back as after any failure: what the registry holds
+                raise InfraError(
+                    f"{e.message} Read back: {_read_state(client, repo, [immutable, *moving])}.",
+                    hint=e.hint,
+                    evidence=e.evidence,
+                ) from e
             pushed = True
             # 2. read it back from the registry API: that, not the push stream, is what we tag
             readback = client.manifest_digest(repo, immutable)
@@ -535,7 +554,11 @@ def tag_verified(
             )
 
         # 3. record (and attestation) before any moving tag points at the image: it says what is
-        #    true then (verified, no moving tag moved yet) and is rewritten with what happened
+        #    true then (verified, no moving tag moved yet) and is rewritten with what happened;
+        #    an earlier attempt's record is kept, never replaced
+        kept = keep_earlier_attempt(record_dir)
+        if kept is not None:
+            log.detail(f"the earlier attempt's record is kept in {kept}")
         record_path, predicate_path = record(
             [], "pending", "the moving tags are moved after this record", first=True
         )
@@ -590,6 +613,11 @@ def _repush(push: Callable[[], str], digest: str) -> None:
 
 
 PUSH_ATTEMPTS = 3
+REQUEST_TIMEOUT = 30.0  # one registry API request, at most (less when [tag] push_timeout_s is smaller)
+
+
+class PushTimeout(InfraError):
+    """The engine's push did not finish within [tag] push_timeout_s."""
 
 
 def _push(
@@ -599,26 +627,42 @@ def _push(
     auth_config: Mapping[str, str] | None,
     log: Logger,
     sleep: Callable[[float], None],
+    timeout: float,
 ) -> str:
-    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away.
+    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away,
+    every attempt together within `timeout` seconds.
 
     A refusal (TagError: denied, bad credentials) is not retried; pushing the same
-    image again is harmless, so a transient failure is.
+    image again is harmless, so a transient failure is, while time is left.
     """
+    deadline = time.monotonic() + timeout
 
     def warn(n: int, tries: int, wait: float, err: BaseException) -> None:
         text = err.message if isinstance(err, PipelineError) else str(err)
         log.warn(f"push of {repo}:{tag} failed ({text}); retrying in {wait:.0f}s")
 
+    def attempt() -> str:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
+        return _bounded_push(engine, repo, tag, auth_config, left, timeout)
+
     try:
         return with_retries(
-            lambda: engine.push(repo, tag, auth_config=auth_config),
+            attempt,
             retries=PUSH_ATTEMPTS - 1,
-            transient=lambda e: isinstance(e, InfraError),
+            transient=lambda e: isinstance(e, InfraError) and not isinstance(e, PushTimeout),
             backoff=1.0,
             on_retry=warn,
             sleep=sleep,
         )
+    except PushTimeout as e:
+        raise PushTimeout(
+            f"{e.message} ([tag] push_timeout_s, PIPELINE_PUSH_TIMEOUT_S); gave up, the moving tags were "
+            "not touched. The engine may still finish that push: the next `pipeline tag` finds it.",
+            hint="Check the registry (stalled, overloaded, unreachable?) and run `pipeline tag` again; "
+            "raise [tag] push_timeout_s for a slow link.",
+        ) from None
     except GaveUp as gave_up:
         err = gave_up.error
         assert isinstance(err, InfraError)
@@ -627,6 +671,44 @@ def _push(
             hint=err.hint,
             evidence=err.evidence,
         ) from err
+
+
+def _bounded_push(
+    engine: EngineAPI,
+    repo: str,
+    tag: str,
+    auth_config: Mapping[str, str] | None,
+    seconds: float,
+    timeout: float,
+) -> str:
+    """One `engine.push`, given up after `seconds` (the engine's stream has no deadline of its own)."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["digest"] = engine.push(repo, tag, auth_config=auth_config)
+        except BaseException as e:  # handed to the caller's thread below
+            done["error"] = e
+
+    worker = threading.Thread(target=run, name=f"push {repo}:{tag}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
+    if "error" in done:
+        raise done["error"]
+    return str(done["digest"])
+
+
+def _read_state(client: RegistryClient, repository: str, tags: Sequence[str]) -> str:
+    """Where each tag points now, one request each (no retries: the registry just failed us)."""
+    retries, client.retries = client.retries, 0
+    try:
+        return ", ".join(f"{t} → {current(client, repository, t)[0] or 'absent'}" for t in tags)
+    except PipelineError as e:
+        return f"unknown, the registry did not answer that either ({e.message})"
+    finally:
+        client.retries = retries
 
 
 def _attest(

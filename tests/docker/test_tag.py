@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 import urllib.error
@@ -132,6 +133,9 @@ def test_tag_pushes_by_digest_and_pulls_back(
     assert main(_tag_args(world, image, registry, repo, "--json")) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["digest"] == digest and again["pushed"] is False
+    # ... and the first run's record is kept, not replaced (issue 26 §4)
+    kept = world.verdict_path.parent / "tag-attempts" / "1" / "record.json"
+    assert json.loads(kept.read_text()) == record
 
 
 def test_refusals_push_nothing(
@@ -668,3 +672,61 @@ def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repair
     monkeypatch.setenv("PIPELINE_REGISTRY_PASSWORD", password)
     assert main(shlex.split(rerun)[1:]) == 0
     assert client.manifest_digest(repo, "latest") == digest == client.manifest_digest(repo, verified)
+
+
+def test_a_registry_stall_during_the_push_is_given_up_after_push_timeout_s(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry stops answering (SIGSTOP) as the immutable push starts: `pipeline tag` used to
+    wait as long as the stall lasted. Now it gives up after [tag] push_timeout_s, reads the state
+    back, exits 11 and leaves the moving tag where it was; the same command finishes later."""
+    repo = f"{REPO_PREFIX}/stall-{docker_cleanup.case_id}"
+    verified = f"{MODEL}-verified"
+    client = RegistryClient(registry.host)
+    world_a = make_world(tmp_path / "a", image_id="")
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
+    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
+    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    real_push = Engine.push
+    stalled: list[int] = []
+
+    def stall_then_push(self: Engine, *a: Any, **kw: Any) -> str:
+        if not stalled:
+            stalled.append(registry.process.pid)
+            os.kill(registry.process.pid, signal.SIGSTOP)
+        return real_push(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "push", stall_then_push)
+    monkeypatch.setenv("PIPELINE_PUSH_TIMEOUT_S", "4")
+    start = time.monotonic()
+    try:
+        code = main(_tag_args(world_b, image_b, registry, repo))
+    finally:
+        if stalled:
+            os.kill(stalled[0], signal.SIGCONT)
+    err = capsys.readouterr().err
+    print(
+        f"FAULT | registry stalled (SIGSTOP) during the immutable push, push_timeout_s=4 | exit {code} | "
+        f"moving tag untouched | {time.monotonic() - start:.2f} s"
+    )
+    assert stalled and code == ExitCode.INFRA, err
+    assert "did not finish within 4 s" in err and "Read back:" in err
+    assert "the moving tags were not touched" in err
+    assert client.manifest_digest(repo, verified) == first.digest
+    assert not (world_b.verdict_path.parent / "record.json").exists()
+    # the registry answers again: the same command finishes the release
+    monkeypatch.setattr(Engine, "push", real_push)
+    monkeypatch.delenv("PIPELINE_PUSH_TIMEOUT_S")
+    capsys.readouterr()
+    assert main(_tag_args(world_b, image_b, registry, repo, "--json")) == 0
+    digest_b = json.loads(capsys.readouterr().out)["digest"]
+    assert digest_b != first.digest and client.manifest_digest(repo, verified) == digest_b

@@ -320,6 +320,58 @@ def test_a_registry_that_cannot_delete_a_tag_leaves_a_split_said_plainly(
     assert again.moved == [f"{MODEL}-verified", "latest"] and fake.tags[REPO]["latest"] == digest
 
 
+def test_every_attempt_keeps_its_record(world: World, fake: FakeRegistry) -> None:
+    """Issue 26 §4: a failed attempt rewrote record.json and the release's record was gone."""
+    released = _run(world, _engine(world, fake), fake)
+    first = json.loads(released.record_path.read_text())
+    first_predicate = (world.verdict_path.parent / "predicate.json").read_text()
+    fake.refuse[("PUT", "latest")] = 500  # the next attempt fails while moving `latest`
+    with pytest.raises(InfraError):
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    run_dir = world.verdict_path.parent
+    assert json.loads((run_dir / "record.json").read_text())["predicate"]["image"]["moving_state"] == (
+        "rolled back"
+    )
+    kept = run_dir / "tag-attempts" / "1"
+    assert json.loads((kept / "record.json").read_text()) == first
+    assert first["predicate"]["image"]["moving_state"] == "moved"
+    assert (kept / "predicate.json").read_text() == first_predicate
+    fake.refuse.clear()
+    _run(world, _engine(world, fake), fake, push_latest=True)
+    assert sorted(p.name for p in (run_dir / "tag-attempts").iterdir()) == ["1", "2"]
+    second = json.loads((run_dir / "tag-attempts" / "2" / "record.json").read_text())
+    assert second["predicate"]["image"]["moving_state"] == "rolled back"
+
+
+def test_a_push_that_stalls_is_given_up_after_push_timeout_s_and_the_state_read_back(
+    world: World, fake: FakeRegistry
+) -> None:
+    """Issue 26 §4: a registry stall held `pipeline tag` as long as it lasted."""
+    import threading
+
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
+    release = threading.Event()
+    real_push = engine.push
+
+    def stalled(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        release.wait(60)  # the registry stopped answering
+        return real_push(repo, tag, auth_config)
+
+    engine.push = stalled  # type: ignore[method-assign]
+    try:
+        with pytest.raises(InfraError) as e:
+            _run(world, engine, fake, push_timeout_s=1)
+    finally:
+        release.set()
+    text = str(e.value)
+    assert e.value.exit_code == ExitCode.INFRA and "did not finish within 1 s" in text
+    assert "push_timeout_s" in text and "the moving tags were not touched" in text
+    assert f"Read back: {EXPECTED_IMMUTABLE} → absent, {MODEL}-verified → {old}" in text
+    assert fake.tags[REPO][f"{MODEL}-verified"] == old
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
 # ------------------------------------------------------------------ refusals (nothing pushed)
 
 
