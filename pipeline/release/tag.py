@@ -37,7 +37,7 @@ from typing import Any
 
 from pipeline import labels
 from pipeline.config import Settings
-from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
+from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError, sentence
 from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.image.provenance import record_attestations
 from pipeline.lock import Lock, default_lock_path
@@ -496,7 +496,7 @@ def tag_verified(
                 digest = push_immutable()
             except InfraError as e:  # the state, read back as after any failure: what the registry holds
                 raise InfraError(
-                    f"{e.message} Read back: {_read_state(client, repo, [immutable, *moving])}.",
+                    f"{sentence(e.message)} Read back: {_read_state(client, repo, [immutable, *moving])}.",
                     hint=e.hint,
                     evidence=e.evidence,
                 ) from e
