@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,6 +37,9 @@ JUNIT_FILE = "junit.xml"
 
 Status = Literal["passed", "failed", "no-hardware", "error"]
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
+
+
+Recheck = Callable[["CheckResult"], str]  # why a passed check's figures do not bear it out ("": they do)
 
 
 class _Model(BaseModel):
@@ -203,14 +206,21 @@ def _plan_options(options: Mapping[str, Any]) -> _PlanOptions:
     return _PlanOptions(quick, limit, tuple(rows) or None, None if tolerance is None else float(tolerance))
 
 
-def required_gates(recipe: Recipe, options: Mapping[str, Any]) -> list[str]:
-    """The checks a smoke run of `recipe` with these (recorded) options has: readiness, then the plan.
+def required_gates(recipe: Recipe, options: Mapping[str, Any]) -> dict[str, Recheck]:
+    """The checks a smoke run of `recipe` with these (recorded) options has, in order (readiness,
+    then the plan), each with how its figures are read against the recipe (`SmokeCheck.recheck`).
 
     ValueError when the options are not what a smoke run records.
     """
     from pipeline.smoke.checks import plan  # it imports this module
 
-    return [READY_CHECK, *(item.name for item in plan(recipe, _plan_options(options)))]
+    gates: dict[str, Recheck] = {READY_CHECK: _no_figures}
+    gates.update((item.name, item.recheck) for item in plan(recipe, _plan_options(options)))
+    return gates
+
+
+def _no_figures(result: CheckResult) -> str:
+    return ""
 
 
 @dataclass(frozen=True)
@@ -225,8 +235,10 @@ class Derived:
         return "passed" if self.passed else "failed"
 
 
-def derive(verdict: Verdict, required: Sequence[str]) -> Derived:
-    """Passed only when every required gate is there once and passed, and nothing else is."""
+def derive(verdict: Verdict, required: Sequence[str] | Mapping[str, Recheck]) -> Derived:
+    """Passed only when every required gate is there once and passed, its figures bearing out the
+    pass (each gate's recheck, when `required` maps names to them), and nothing else is there."""
+    recheck = required if isinstance(required, Mapping) else {}
     problems: list[str] = []
     seen: dict[str, int] = {}
     for check in verdict.checks:
@@ -238,6 +250,8 @@ def derive(verdict: Verdict, required: Sequence[str]) -> Derived:
         elif not check.passed:
             why = f": {check.message[:200]}" if check.message else ""
             problems.append(f"check '{check.name}' {check.status}{why}")
+        elif check.name in recheck and (against := recheck[check.name](check)):
+            problems.append(f"check '{check.name}' says passed but {against}")
     problems += [f"check '{name}' appears {n} times" for name, n in seen.items() if n > 1]
     missing = [name for name in required if name not in seen]
     if missing:

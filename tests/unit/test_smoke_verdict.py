@@ -94,7 +94,7 @@ def test_load_verdict_missing_file(tmp_path: Path) -> None:
 def _gates(**options: object) -> list[str]:
     from tests.unit.test_smoke_runner import RECIPE_PATH
 
-    return required_gates(load_recipe(RECIPE_PATH), options)
+    return list(required_gates(load_recipe(RECIPE_PATH), options))
 
 
 def test_required_gates_follow_the_recipe_and_the_recorded_options() -> None:
@@ -141,4 +141,41 @@ def test_derive_names_every_disagreement() -> None:
     ]
     assert derive(verdict("passed", []), required).problems == [
         "the recipe's gate(s) 'server-ready', 'chat', 'gsm8k' are missing"
+    ]
+
+
+def test_a_passed_check_is_read_by_its_figures_against_the_recipe() -> None:
+    """A check edited to `passed` whose figures the recipe's limits fail still disagrees."""
+    from tests.unit.test_smoke_runner import RECIPE_PATH
+
+    gates = required_gates(load_recipe(RECIPE_PATH), {})
+    gsm8k = CheckResult.ok("gsm8k", "edited", figures={"value": 0.41, "samples": 60})
+    assert gates["gsm8k"](gsm8k).startswith(
+        "its exact_match,flexible-extract 0.41 over 60 documents is below"
+    )
+    assert (
+        gates["gsm8k"](CheckResult.ok("gsm8k", "no figures"))
+        == "it records no value over a number of documents"
+    )
+    bench = {"output_throughput": 100.0, "mean_ttft_ms": 95.0, "mean_tpot_ms": 5.0, "completed": 19}
+    problems = gates["serving-benchmark[c4]"](CheckResult.ok("serving-benchmark[c4]", "x", figures=bench))
+    assert problems == (
+        "19 of 20 requests completed; output 100.0 tok/s is below 300.0 - 50%; "
+        "mean TTFT 95.0 ms is above 60.0 + 50%"
+    )
+    assert (
+        gates["chat"](CheckResult.ok("chat", "x", figures={"http_status": 500}))
+        == "it records HTTP 500, not 200"
+    )
+    v = verdict(
+        "passed",
+        [
+            CheckResult.ok("server-ready", "up"),
+            CheckResult.ok("chat", "x", figures={"http_status": 200}),
+            gsm8k,
+        ],
+    )
+    assert derive(v, {k: gates[k] for k in ("server-ready", "chat", "gsm8k")}).problems == [
+        "check 'gsm8k' says passed but its exact_match,flexible-extract 0.41 over 60 documents is below "
+        "the recipe's bound 0.8396"  # 0.9363 - 3 * sqrt(0.0067^2 + 0.9363 * 0.0637 / 60)
     ]

@@ -423,6 +423,14 @@ def test_a_verdict_with_no_checks_is_refused(world: World, fake: FakeRegistry) -
     assert "the recipe's gate(s) 'server-ready', 'chat', 'gsm8k', 'serving-benchmark[c16]'" in msg
 
 
+def test_a_passed_gate_whose_figures_fail_the_recipe_is_refused(world: World, fake: FakeRegistry) -> None:
+    """The gsm8k check edited to passed, its value left at 0.41: the figures decide, not the flag."""
+    world.write_verdict(checks=_with_check(world, "gsm8k", figures={"value": 0.41, "samples": 1319}))
+    msg = _refused(world, fake)
+    assert "check 'gsm8k' says passed but its exact_match,flexible-extract 0.41 over 1319 documents" in msg
+    assert "below the recipe's bound 0.9078" in msg
+
+
 def test_a_check_whose_passed_and_status_disagree_is_refused(world: World, fake: FakeRegistry) -> None:
     world.write_verdict(checks=_with_check(world, "chat", status="failed"))
     assert "check 'chat' says passed=true but status 'failed'" in _refused(world, fake)
