@@ -126,6 +126,9 @@ class TagSettings(_Section):
     moving_tags: list[str]
     push_latest: bool
     cosign: bool
+    # the longest `pipeline tag` waits on the registry: the push of the immutable tag (every attempt
+    # together), and each registry request (then the state is read back and the run stops, exit 11)
+    push_timeout_s: int = Field(ge=1)
 
 
 class Settings(_Section):

@@ -92,9 +92,9 @@ def command(
         docker_host=docker_host,
     )
     ctx = app.context("tag")
-    # a missing or failed verdict is refused before reaching for the engine or the registry
+    # a missing, failed or self-contradicting verdict is refused before the engine or registry is asked
     with app.log.stage("verdict", str(verdict_path)):
-        check_passed(read_tag_verdict(verdict_path), image)
+        check_passed(read_tag_verdict(verdict_path), image, recipe_path)
     inputs = tag.Inputs(
         image=image,
         verdict=verdict_path,

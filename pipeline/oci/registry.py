@@ -14,6 +14,7 @@ What the pipeline needs from a registry and nothing more:
     client.manifest_digest(ref.repository, "MiniMax-M3-verified")   # "sha256:..." or None
     body, media_type, digest = client.get_manifest(ref.repository, digest)
     client.put_manifest(ref.repository, "latest", body, media_type)  # move a tag, no layer re-push
+    client.delete_tag(ref.repository, "latest")                      # None, or why the registry would not
     resolve_digest("rocm/pytorch:rocm7.2.4...")                      # None when no registry answers
 
 Authentication follows the registry's challenge: ``WWW-Authenticate: Basic``
@@ -341,6 +342,26 @@ class RegistryClient:
         if stored != digest:
             raise RegistryError(f"{self._show(repository, tag)} was stored as {stored}, not {digest}.")
         return stored
+
+    def delete_tag(self, repository: str, tag: str) -> str | None:
+        """Remove ``tag`` alone (``DELETE /v2/<repo>/manifests/<tag>``, OCI distribution 1.1); None when
+        gone, else why not: distribution 2.x answers 400 (DIGEST_INVALID), others 405 or UNSUPPORTED.
+
+        Never by digest: that would delete the manifest, and with it every tag pointing at it.
+        """
+        validate_tag(tag)
+        what = self._show(repository, tag)
+        resp = self._request(
+            "DELETE",
+            f"/v2/{repository}/manifests/{tag}",
+            scope=_scope(repository, "delete"),
+            ok=(200, 202, 204, 400, 403, 404, 405),
+            what=f"delete the tag {what}",
+        )
+        if resp.status_code in (200, 202, 204, 404):
+            return None
+        detail = _error_detail(resp)
+        return f"HTTP {resp.status_code}{f' {detail}' if detail else ''}"
 
     def get_blob(self, repository: str, digest: str) -> bytes:
         """A blob (e.g. an image config) by digest, checked against that digest."""

@@ -12,9 +12,11 @@ The registry is the arbiter, so this holds across machines (a file lock covers o
   since the decision, the decision is made again against what it holds now.
 - **Read back.** After the moves every tag is read again. After any failure the state of all
   moving tags is read back (waiting for the registry to return, bounded), then either finished
-  (every tag at the new digest) or rolled back (every tag where it was), and the outcome says
-  which. A manifest the registry answers HTTP 500 for (a revision link left empty by a push
-  killed halfway) is repaired by pushing the immutable ref again, which rewrites it.
+  (every tag at the new digest) or rolled back (every tag where it was; one that did not exist
+  is deleted), and the outcome says which. Where the registry will not delete a tag alone
+  (distribution 2.x), the outcome is **split**, said plainly, with the command that repairs it.
+  A manifest the registry answers HTTP 500 for (a revision link left empty by a push killed
+  halfway) is repaired by pushing the immutable ref again, which rewrites it.
 
 What remains racy: the v2 API has no compare-and-swap on a tag. Between our re-read and our
 PUT another machine can PUT an older or newer manifest; the read-back after the moves catches
@@ -37,7 +39,7 @@ from pipeline.log import Logger
 from pipeline.oci.registry import RegistryClient, RegistryError, RegistryUnavailable
 from pipeline.retry import GaveUp, with_retries
 
-MoveState = Literal["moved", "finished", "rolled back", "yielded", "unknown", "not moved"]
+MoveState = Literal["moved", "finished", "rolled back", "split", "yielded", "unknown", "not moved"]
 READBACK_RETRIES = 4  # after a failure: about 15 s of waiting for the registry to come back
 
 
@@ -97,6 +99,8 @@ class Mover:
     allow_older: bool
     log: Logger
     repair: Callable[[], None]  # push the immutable ref again (fixes a broken revision link)
+    rerun: str = ""  # the `pipeline tag` command that finishes the move (said when tags are split)
+    tags: list[str] = field(default_factory=list)  # the moving tags of this run
 
     # ------------------------------------------------------------------ forward only
 
@@ -137,6 +141,7 @@ class Mover:
     # ------------------------------------------------------------------ moving
 
     def move(self, tags: Sequence[str]) -> MoveOutcome:
+        self.tags = list(tags)
         body, media_type, got = self.client.get_manifest(self.repository, self.digest)
         if got != self.digest:
             err = TagError(
@@ -266,8 +271,15 @@ class Mover:
     def _rollback(
         self, moved: Sequence[str], previous: dict[str, str | None], err: PipelineError, why: str
     ) -> MoveOutcome:
+        """Put every tag we moved back where it was; a tag that did not exist before is deleted.
+
+        Where the registry will not delete a tag (distribution 2.x cannot delete a tag alone), or a
+        restore fails, the tags are split: said so in the outcome, with the command that repairs it.
+        """
         restored: list[str] = []
+        removed: list[str] = []
         left: dict[str, str | None] = {}
+        problems: list[str] = []
         for tag in moved:
             before = previous.get(tag)
             try:
@@ -276,26 +288,58 @@ class Mover:
                 now = self.digest  # cannot tell: try to restore it
             if now != self.digest:
                 continue  # our PUT never landed (or someone moved it since): nothing of ours to undo
-            if before is None:
-                left[tag] = self.digest  # the registry API cannot delete a tag alone
-                continue
             try:
-                self.client.tag_digest(self.repository, before, tag)
-                restored.append(tag)
+                if before is None:
+                    refused = self.client.delete_tag(self.repository, tag)
+                    if refused is None and current(self.client, self.repository, tag)[0] is None:
+                        removed.append(tag)
+                        continue
+                    problems.append(f"the registry would not delete {tag} ({refused or 'it is still there'})")
+                else:
+                    self.client.tag_digest(self.repository, before, tag)
+                    restored.append(tag)
+                    continue
             except PipelineError as e:
-                self.log.warn(f"could not restore {self.name}:{tag} to {before}: {e.message}")
-                left[tag] = self.digest
-        note = f"{why}; rolled back: {', '.join(restored) or 'nothing to restore'}"
+                problems.append(f"could not put {tag} back: {e.message}")
+            left[tag] = self.digest
+        undone = [f"{t} restored" for t in restored] + [
+            f"{t} deleted (it did not exist before)" for t in removed
+        ]
+        note = f"{why}; rolled back: {', '.join(undone) or 'nothing of ours to undo'}"
+        state: MoveState = "rolled back"
+        hint = (
+            _without_claims(err.hint)
+            or "Run `pipeline tag` again once the registry is healthy; it is idempotent."
+        )
         if left:
-            note += f"; could not restore (check by hand): {', '.join(left)}"
-        cls = type(err) if isinstance(err, InfraError | TagError) else TagError
+            state = "split"
+            elsewhere = [t for t in self.tags or previous if t not in left]
+            note += (
+                f"; SPLIT: {', '.join(left)} still point(s) at {self.digest}"
+                + (f" while {', '.join(elsewhere)} do not" if elsewhere else "")
+                + f" ({'; '.join(problems)})"
+            )
+            hint = (
+                "Repair it: fix the cause above, then run "
+                + (f"`{self.rerun}`" if self.rerun else "the same `pipeline tag` command")
+                + " again, which moves every moving tag to this verified image; or delete "
+                + ", ".join(left)
+                + " in the registry by hand."
+            )
+            self.log.warn(note)
+        cls = InfraError if isinstance(err, InfraError) else TagError  # the exit code; not its own fields
         return MoveOutcome(
-            list(left), "rolled back", note,
+            list(left), state, note,
             cls(
                 f"moving the tags of {self.name} to {self.digest} failed: {err.message} {note[0].upper()}"
                 f"{note[1:]}. The immutable tag and the record are in place.",
-                hint=err.hint or "Run `pipeline tag` again once the registry is healthy; it is idempotent.",
+                hint=hint,
                 evidence=err.evidence,
             ),
             left,
         )  # fmt: skip
+
+
+def _without_claims(hint: str | None) -> str:
+    """A registry error's hint, less its claim that nothing was moved (here, something may have been)."""
+    return (hint or "").replace("; nothing was moved.", ".").replace(" Nothing was moved.", "")

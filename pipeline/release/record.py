@@ -17,7 +17,9 @@ statement of its inputs (pipeline.image.provenance) once its subject is checked 
 Written atomically as `record.json` next to the verdict, twice: before any moving tag
 moves (``moving_state: pending``, no moving tag; the predicate alone, `predicate.json`,
 is what `cosign attest --predicate` takes then) and after, with what happened to the
-moving tags, never what was planned. Nothing
+moving tags, never what was planned. An earlier attempt's record and predicate are kept,
+moved to `tag-attempts/<n>/` (1 the oldest) before a new attempt writes its own, so a
+failed attempt never replaces a release's record. Nothing
 from the environment goes in: no credentials, and URLs lose any user-info.
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.errors import DiskError, disk_error
 from pipeline.fsutil import atomic_write_json
 from pipeline.image.provenance import record_attestations
 from pipeline.lock import Lock
@@ -38,6 +41,7 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://atom-image-pipeline.dev/verification/v1"
 RECORD_NAME = "record.json"
 PREDICATE_NAME = "predicate.json"
+ATTEMPTS_DIR = "tag-attempts"
 
 _USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 
@@ -149,3 +153,32 @@ def write_record(
         atomic_write_json(predicate, statement["predicate"])
     atomic_write_json(record, statement)
     return record, predicate
+
+
+def keep_earlier_attempt(directory: Path) -> Path | None:
+    """Move an earlier attempt's `record.json` and `predicate.json` to `tag-attempts/<n>/`; where.
+
+    None when there was none. DiskError (exit 14) when they cannot be moved: nothing is written then.
+    """
+    found = [p for p in (directory / RECORD_NAME, directory / PREDICATE_NAME) if p.exists()]
+    if not found:
+        return None
+    try:
+        n = (
+            1 + sum(1 for _ in (directory / ATTEMPTS_DIR).glob("*"))
+            if (directory / ATTEMPTS_DIR).is_dir()
+            else 1
+        )
+        while True:
+            aside = directory / ATTEMPTS_DIR / str(n)
+            try:
+                aside.mkdir(parents=True)
+                break
+            except FileExistsError:
+                n += 1
+        for p in found:
+            p.rename(aside / p.name)
+    except OSError as e:
+        err = disk_error(e, "move aside") or DiskError(f"cannot keep the earlier record in {directory}: {e}.")
+        raise err from None
+    return aside

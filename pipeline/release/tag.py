@@ -3,7 +3,8 @@
 The flow, each step refusing with its own message before anything is changed:
 
 1. the smoke verdict is loaded and must be bound to this image, recipe and lock
-   (`check_binding`): passed, same image ID, the image's labels carry the
+   (`check_binding`): passed as derived from its checks (every gate its recipe
+   requires, passed; never its top-level `passed`), same image ID, the image's labels carry the
    verdict's lock/recipe/inputs digests, the recipe and lock files on disk are
    the ones the verdict was made with;
 2. the immutable tag (`settings.tag.tag_template`) and the moving tags are
@@ -24,8 +25,10 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +37,7 @@ from typing import Any
 
 from pipeline import labels
 from pipeline.config import Settings
-from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError
+from pipeline.errors import ConfigError, InfraError, PipelineError, TagError, UsageError, sentence
 from pipeline.fsutil import acquire_lock, sha256_file
 from pipeline.image.provenance import record_attestations
 from pipeline.lock import Lock, default_lock_path
@@ -50,10 +53,17 @@ from pipeline.oci.registry import (
     parse_image_ref,
     tag_problem,
 )
+from pipeline.recipes.recipe import load_recipe
 from pipeline.release.moving_tags import MoveOutcome, Mover, current
-from pipeline.release.record import PREDICATE_TYPE, RecordInputs, build_statement, write_record
+from pipeline.release.record import (
+    PREDICATE_TYPE,
+    RecordInputs,
+    build_statement,
+    keep_earlier_attempt,
+    write_record,
+)
 from pipeline.retry import GaveUp, with_retries
-from pipeline.smoke.verdict import Verdict, VerdictFile, read_verdict
+from pipeline.smoke.verdict import Verdict, VerdictFile, derive, read_verdict, required_gates
 
 TEMPLATE_FIELDS = ("model", "date", "atom7", "aiter7", "patchset", "inputs7")
 RERUN = "Re-run `pipeline smoke` for this image (it writes a fresh verdict), then `pipeline tag` again."
@@ -77,8 +87,12 @@ def read_tag_verdict(path: Path) -> VerdictFile:
         raise TagError(f"refusing to tag: {e.message}", hint=e.hint or RERUN) from None
 
 
-def check_passed(vf: VerdictFile, image: str) -> None:
-    """Refuse a verdict that did not pass (needs no engine: checked first)."""
+def check_passed(vf: VerdictFile, image: str, recipe_path: Path | None = None) -> Path:
+    """Refuse a verdict that did not pass, or that says it passed when its checks do not; the recipe.
+
+    Needs no engine (checked first). The result is derived from the checks against the gates
+    of the recipe the verdict is bound to (its sha256), never read from `passed`/`status`.
+    """
     where = f"the smoke verdict {vf.path}"
     verdict = vf.verdict
     if verdict.status != "passed" or not verdict.passed:
@@ -92,6 +106,41 @@ def check_passed(vf: VerdictFile, image: str) -> None:
             + (f" ({verdict.reason})." if verdict.reason else "."),
             hint="Only a passed smoke test can tag an image. Fix the failure and run `pipeline smoke` again.",
         )
+    recipe = bound_recipe(vf, image, recipe_path)
+    try:
+        required = required_gates(load_recipe(recipe), verdict.options)
+    except ValueError as e:
+        raise TagError(f"refusing to tag {image}: {where} disagrees with itself: {e}.", hint=RERUN) from None
+    derived = derive(verdict, required)
+    if not derived.passed:
+        raise TagError(
+            f"refusing to tag {image}: {where} disagrees with itself: it says passed, but "
+            + "; ".join(derived.problems)
+            + f" (the recipe {recipe} requires {', '.join(required)}).",
+            hint="A verdict passes only when every gate its recipe requires passed. " + RERUN,
+        )
+    return recipe
+
+
+def bound_recipe(vf: VerdictFile, image: str, recipe_path: Path | None) -> Path:
+    """The recipe file the verdict was made with (its sha256 now is the verdict's): stale otherwise."""
+    verdict = vf.verdict
+    recipe = recipe_path or (Path(verdict.recipe.path) if verdict.recipe.path else None)
+    if recipe is None:
+        raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
+    if not recipe.is_file():
+        raise UsageError(
+            f"recipe file {recipe} does not exist.",
+            hint="Pass --recipe with the recipe the image was smoke-tested with.",
+        )
+    recipe_sha = sha256_file(recipe)
+    if recipe_sha != verdict.recipe.sha256:
+        raise TagError(
+            f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
+            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe.sha256)}.",
+            hint=RERUN,
+        )
+    return recipe
 
 
 @dataclass(frozen=True)
@@ -117,7 +166,7 @@ def check_binding(
     """Refuse a failed, foreign, unproven or stale verdict, each with its own message."""
     where = f"the smoke verdict {vf.path}"
     verdict = vf.verdict
-    check_passed(vf, image)
+    recipe = check_passed(vf, image, recipe_path)
     if info is None:
         raise TagError(
             f"refusing to tag: the image {image} does not exist in the Docker engine.",
@@ -151,22 +200,6 @@ def check_binding(
                 f"{where} ({_short(expected)}): the verdict does not belong to this image's build.",
                 hint=RERUN,
             )
-    # recipe: the file on disk now must be the one the smoke test used
-    recipe = recipe_path or (Path(verdict.recipe.path) if verdict.recipe.path else None)
-    if recipe is None:
-        raise UsageError("the verdict names no recipe file; pass --recipe FILE.")
-    if not recipe.is_file():
-        raise UsageError(
-            f"recipe file {recipe} does not exist.",
-            hint="Pass --recipe with the recipe the image was smoke-tested with.",
-        )
-    recipe_sha = sha256_file(recipe)
-    if recipe_sha != verdict.recipe.sha256:
-        raise TagError(
-            f"refusing to tag {image}: the recipe {recipe} changed since the smoke test (stale verdict): "
-            f"it is now {_short(recipe_sha)}, the verdict was made with {_short(verdict.recipe.sha256)}.",
-            hint=RERUN,
-        )
     # lock: the lock file now must be the one the image was built from
     if lock_path is None:
         model = lbl.get(labels.MODEL)
@@ -403,7 +436,12 @@ def tag_verified(
         log.mask(creds.password)
         log.detail(f"registry credentials: {creds}")
     if client is None:
-        client = RegistryClient(target.registry, credentials=creds, on_retry=lambda m: log.warn(m))
+        client = RegistryClient(
+            target.registry,
+            credentials=creds,
+            on_retry=lambda m: log.warn(m),
+            timeout=min(REQUEST_TIMEOUT, float(settings.tag.push_timeout_s)),
+        )
     repo = target.repository
 
     lock_file = _tag_lock_path(settings.cache_dir, target)
@@ -427,9 +465,15 @@ def tag_verified(
             made_local_tag = True
         engine.tag(img.id, target.name, immutable)
         log.detail(f"pushing {local_ref}")
-        return _push(engine, target.name, immutable, auth, log, sleep)
+        return _push(engine, target.name, immutable, auth, log, sleep, settings.tag.push_timeout_s)
 
-    mover = Mover(client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None)
+    rerun = _rerun_command(
+        image, verdict_path, binding, target, "latest" in moving and "latest" not in settings.tag.moving_tags,
+        allow_older,
+    )  # fmt: skip
+    mover = Mover(
+        client, target.name, repo, "", our_created, allow_older, log, repair=lambda: None, rerun=rerun
+    )
     record_dir = verdict_path.parent
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
@@ -448,7 +492,14 @@ def tag_verified(
             digest, pushed = existing, False
             log.detail(f"{local_ref} already holds this image ({existing}); not pushed again")
         else:
-            digest = push_immutable()
+            try:
+                digest = push_immutable()
+            except InfraError as e:  # the state, read back as after any failure: what the registry holds
+                raise InfraError(
+                    f"{sentence(e.message)} Read back: {_read_state(client, repo, [immutable, *moving])}.",
+                    hint=e.hint,
+                    evidence=e.evidence,
+                ) from e
             pushed = True
             # 2. read it back from the registry API: that, not the push stream, is what we tag
             readback = client.manifest_digest(repo, immutable)
@@ -503,7 +554,11 @@ def tag_verified(
             )
 
         # 3. record (and attestation) before any moving tag points at the image: it says what is
-        #    true then (verified, no moving tag moved yet) and is rewritten with what happened
+        #    true then (verified, no moving tag moved yet) and is rewritten with what happened;
+        #    an earlier attempt's record is kept, never replaced
+        kept = keep_earlier_attempt(record_dir)
+        if kept is not None:
+            log.detail(f"the earlier attempt's record is kept in {kept}")
         record_path, predicate_path = record(
             [], "pending", "the moving tags are moved after this record", first=True
         )
@@ -539,6 +594,18 @@ def tag_verified(
     )
 
 
+def _rerun_command(
+    image: str, verdict: Path, binding: BoundVerdict, target: ImageRef, latest: bool, allow_older: bool
+) -> str:
+    """The `pipeline tag` command that finishes this run's move (tagging is idempotent)."""
+    argv = ["pipeline", "tag", "--image", image, "--verdict", str(verdict), "--lock", str(binding.lock_path)]
+    argv += ["--recipe", str(binding.recipe_path), "--registry", target.registry]
+    argv += ["--repository", target.repository]
+    argv += ["--push-latest"] if latest else []
+    argv += ["--allow-older"] if allow_older else []
+    return shlex.join(argv)
+
+
 def _repush(push: Callable[[], str], digest: str) -> None:
     got = push()
     if got != digest:
@@ -546,6 +613,11 @@ def _repush(push: Callable[[], str], digest: str) -> None:
 
 
 PUSH_ATTEMPTS = 3
+REQUEST_TIMEOUT = 30.0  # one registry API request, at most (less when [tag] push_timeout_s is smaller)
+
+
+class PushTimeout(InfraError):
+    """The engine's push did not finish within [tag] push_timeout_s."""
 
 
 def _push(
@@ -555,26 +627,42 @@ def _push(
     auth_config: Mapping[str, str] | None,
     log: Logger,
     sleep: Callable[[float], None],
+    timeout: float,
 ) -> str:
-    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away.
+    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away,
+    every attempt together within `timeout` seconds.
 
     A refusal (TagError: denied, bad credentials) is not retried; pushing the same
-    image again is harmless, so a transient failure is.
+    image again is harmless, so a transient failure is, while time is left.
     """
+    deadline = time.monotonic() + timeout
 
     def warn(n: int, tries: int, wait: float, err: BaseException) -> None:
         text = err.message if isinstance(err, PipelineError) else str(err)
         log.warn(f"push of {repo}:{tag} failed ({text}); retrying in {wait:.0f}s")
 
+    def attempt() -> str:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
+        return _bounded_push(engine, repo, tag, auth_config, left, timeout)
+
     try:
         return with_retries(
-            lambda: engine.push(repo, tag, auth_config=auth_config),
+            attempt,
             retries=PUSH_ATTEMPTS - 1,
-            transient=lambda e: isinstance(e, InfraError),
+            transient=lambda e: isinstance(e, InfraError) and not isinstance(e, PushTimeout),
             backoff=1.0,
             on_retry=warn,
             sleep=sleep,
         )
+    except PushTimeout as e:
+        raise PushTimeout(
+            f"{e.message} ([tag] push_timeout_s, PIPELINE_PUSH_TIMEOUT_S); gave up, the moving tags were "
+            "not touched. The engine may still finish that push: the next `pipeline tag` finds it.",
+            hint="Check the registry (stalled, overloaded, unreachable?) and run `pipeline tag` again; "
+            "raise [tag] push_timeout_s for a slow link.",
+        ) from None
     except GaveUp as gave_up:
         err = gave_up.error
         assert isinstance(err, InfraError)
@@ -583,6 +671,44 @@ def _push(
             hint=err.hint,
             evidence=err.evidence,
         ) from err
+
+
+def _bounded_push(
+    engine: EngineAPI,
+    repo: str,
+    tag: str,
+    auth_config: Mapping[str, str] | None,
+    seconds: float,
+    timeout: float,
+) -> str:
+    """One `engine.push`, given up after `seconds` (the engine's stream has no deadline of its own)."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["digest"] = engine.push(repo, tag, auth_config=auth_config)
+        except BaseException as e:  # handed to the caller's thread below
+            done["error"] = e
+
+    worker = threading.Thread(target=run, name=f"push {repo}:{tag}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
+    if "error" in done:
+        raise done["error"]
+    return str(done["digest"])
+
+
+def _read_state(client: RegistryClient, repository: str, tags: Sequence[str]) -> str:
+    """Where each tag points now, one request each (no retries: the registry just failed us)."""
+    retries, client.retries = client.retries, 0
+    try:
+        return ", ".join(f"{t} → {current(client, repository, t)[0] or 'absent'}" for t in tags)
+    except PipelineError as e:
+        return f"unknown, the registry did not answer that either ({e.message})"
+    finally:
+        client.retries = retries
 
 
 def _attest(

@@ -334,6 +334,10 @@ class SmokeCheck(Protocol):
 
     def run(self, ctx: CheckContext) -> CheckResult: ...
 
+    def recheck(self, result: CheckResult) -> str:
+        """Why `result`'s figures do not bear out its pass ("" when they do): what `pipeline tag`
+        reads a verdict's passed check by, against the recipe's limits, never the check's own."""
+
 
 @dataclass(frozen=True)
 class ChatGate:
@@ -348,6 +352,10 @@ class ChatGate:
     @property
     def counts(self) -> None:
         return None
+
+    def recheck(self, result: CheckResult) -> str:
+        status = result.figures.get("http_status")
+        return "" if status == 200 else f"it records HTTP {status!r}, not 200"
 
     def run(self, ctx: CheckContext) -> CheckResult:
         check = self.check
@@ -408,6 +416,17 @@ class Gsm8kGate:
         chat = any("chat-completions" in a for a in self.check.command)
         path = "/v1/chat/completions" if chat else "/v1/completions"
         return path, self.limit or self.check.reference.samples
+
+    def recheck(self, result: CheckResult) -> str:
+        value, n = _num(result.figures.get("value")), result.figures.get("samples")
+        if value is None or type(n) is not int or n < 1:
+            return "it records no value over a number of documents"
+        lower, _ = gsm8k_lower_bound(self.check, n)
+        if value < round(lower, 4):  # the figure is rounded as the bound is: rounding keeps >=
+            return (
+                f"its {self.check.metric} {value} over {n} documents is below the recipe's bound {lower:.4f}"
+            )
+        return ""
 
     def run(self, ctx: CheckContext) -> CheckResult:
         check, limit = self.check, self.limit
@@ -476,6 +495,27 @@ class BenchmarkGate:
     @property
     def name(self) -> str:
         return f"{self.check.name}[c{self.concurrency}]"
+
+    def recheck(self, result: CheckResult) -> str:
+        row, t, f = self.check.row(self.concurrency), self.tolerance, result.figures
+        got = {k: _num(f.get(k)) for k in BENCH_KEYS}
+        if row is None or None in got.values():
+            return f"it records no {', '.join(k for k, v in got.items() if v is None) or 'reference row'}"
+        num_prompts = self.concurrency * self.check.num_prompts_per_concurrency
+        problems = []
+        completed = f.get("completed")
+        if type(completed) is not int or completed < num_prompts:
+            problems.append(f"{completed} of {num_prompts} requests completed")
+        # figures and limits rounded alike (to 0.01): rounding keeps >= and <=
+        if (got["output_throughput"] or 0) < round(row.output_throughput * (1 - t), 2):
+            problems.append(
+                f"output {got['output_throughput']} tok/s is below {row.output_throughput} - {t:.0%}"
+            )
+        if (got["mean_ttft_ms"] or 0) > round(row.mean_ttft_ms * (1 + t), 2):
+            problems.append(f"mean TTFT {got['mean_ttft_ms']} ms is above {row.mean_ttft_ms} + {t:.0%}")
+        if (got["mean_tpot_ms"] or 0) > round(row.mean_tpot_ms * (1 + t), 2):
+            problems.append(f"mean TPOT {got['mean_tpot_ms']} ms is above {row.mean_tpot_ms} + {t:.0%}")
+        return "; ".join(problems)
 
     @property
     def counts(self) -> tuple[str, int]:

@@ -61,10 +61,17 @@ from pipeline.smoke.preflight import (
 from pipeline.smoke.reports import write_reports
 from pipeline.smoke.rundir import prepare_run_dir
 from pipeline.smoke.running import STOP_PATH, RunningScore, watch_source
-from pipeline.smoke.verdict import CheckResult, RecipeRef, ServerEvidence, Status, TestedImage, Verdict
+from pipeline.smoke.verdict import (
+    READY_CHECK,
+    CheckResult,
+    RecipeRef,
+    ServerEvidence,
+    Status,
+    TestedImage,
+    Verdict,
+)
 
 SMOKE_LABEL = "org.atom-image-pipeline.smoke.run"
-READY_CHECK = "server-ready"
 STREAM_END_GRACE_S = 5.0  # a stopped container's exit status shows well within this
 
 

@@ -5,28 +5,41 @@ Written atomically as ``verdict.json`` in the run directory (``summary.md`` and
 the tag stage reads it with `read_verdict` and tags only an image whose verdict
 passed, whose ID/digest match, and whose `server` evidence proves the answers came
 from a container of that very image.
+
+Whether a verdict passed is derived from its checks (`derive`), never read from its
+top-level `passed`/`status`: every gate its recipe requires (`required_gates`) must be
+there, once, and passed, each check's own `passed` and `status` must agree, and a
+verdict whose top level says otherwise disagrees with itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.fsutil import read_text
 
+if TYPE_CHECKING:
+    from pipeline.recipes.recipe import Recipe
+
 VERDICT_SCHEMA = "atom-image-pipeline/smoke-verdict/v1"
+READY_CHECK = "server-ready"  # the first check of every run: the server became ready
 VERDICT_FILE = "verdict.json"
 SUMMARY_FILE = "summary.md"
 JUNIT_FILE = "junit.xml"
 
 Status = Literal["passed", "failed", "no-hardware", "error"]
 CheckStatus = Literal["passed", "failed", "skipped", "error"]
+
+
+Recheck = Callable[["CheckResult"], str]  # why a passed check's figures do not bear it out ("": they do)
 
 
 class _Model(BaseModel):
@@ -161,3 +174,89 @@ def read_verdict(path: Path, *, error: type[PipelineError] = ConfigError, hint: 
 def load_verdict(path: Path) -> Verdict:
     """Read a `verdict.json` (or the run directory holding one); ConfigError when it is not one."""
     return read_verdict(path).verdict
+
+
+# --------------------------------------------------------------------------- derived result
+
+
+@dataclass(frozen=True)
+class _PlanOptions:
+    """The plan options a verdict records (`options`), as `pipeline.smoke.checks.plan` takes them."""
+
+    quick: bool
+    gsm8k_limit: int | None
+    bench_concurrencies: tuple[int, ...] | None
+    bench_tolerance: float | None
+
+
+def _plan_options(options: Mapping[str, Any]) -> _PlanOptions:
+    """ValueError when the recorded options are not what a smoke run writes."""
+    quick = options.get("quick", False)
+    limit = options.get("gsm8k_limit")
+    rows = options.get("bench_concurrencies") or []
+    tolerance = options.get("bench_tolerance")
+    if not isinstance(quick, bool):
+        raise ValueError(f"options.quick is {quick!r}, not true or false")
+    if limit is not None and not (type(limit) is int and limit >= 1):
+        raise ValueError(f"options.gsm8k_limit is {limit!r}, not a positive whole number")
+    if not isinstance(rows, list) or not all(type(c) is int and c >= 1 for c in rows):
+        raise ValueError(f"options.bench_concurrencies is {rows!r}, not a list of positive whole numbers")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int | float)):
+        raise ValueError(f"options.bench_tolerance is {tolerance!r}, not a number")
+    return _PlanOptions(quick, limit, tuple(rows) or None, None if tolerance is None else float(tolerance))
+
+
+def required_gates(recipe: Recipe, options: Mapping[str, Any]) -> dict[str, Recheck]:
+    """The checks a smoke run of `recipe` with these (recorded) options has, in order (readiness,
+    then the plan), each with how its figures are read against the recipe (`SmokeCheck.recheck`).
+
+    ValueError when the options are not what a smoke run records.
+    """
+    from pipeline.smoke.checks import plan  # it imports this module
+
+    gates: dict[str, Recheck] = {READY_CHECK: _no_figures}
+    gates.update((item.name, item.recheck) for item in plan(recipe, _plan_options(options)))
+    return gates
+
+
+def _no_figures(result: CheckResult) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A verdict's result as its checks and its recipe's gates make it."""
+
+    passed: bool
+    problems: list[str]  # why it did not pass, or how it contradicts itself: one clause each
+
+    @property
+    def status(self) -> Status:
+        return "passed" if self.passed else "failed"
+
+
+def derive(verdict: Verdict, required: Sequence[str] | Mapping[str, Recheck]) -> Derived:
+    """Passed only when every required gate is there once and passed, its figures bearing out the
+    pass (each gate's recheck, when `required` maps names to them), and nothing else is there."""
+    recheck = required if isinstance(required, Mapping) else {}
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for check in verdict.checks:
+        seen[check.name] = seen.get(check.name, 0) + 1
+        if check.passed != (check.status == "passed"):
+            problems.append(
+                f"check '{check.name}' says passed={str(check.passed).lower()} but status '{check.status}'"
+            )
+        elif not check.passed:
+            why = f": {check.message[:200]}" if check.message else ""
+            problems.append(f"check '{check.name}' {check.status}{why}")
+        elif check.name in recheck and (against := recheck[check.name](check)):
+            problems.append(f"check '{check.name}' says passed but {against}")
+    problems += [f"check '{name}' appears {n} times" for name, n in seen.items() if n > 1]
+    missing = [name for name in required if name not in seen]
+    if missing:
+        problems.append(f"the recipe's gate(s) {', '.join(repr(m) for m in missing)} are missing")
+    unknown = [name for name in seen if name not in required]
+    if unknown:
+        problems.append(f"check(s) {', '.join(repr(u) for u in unknown)} are not gates of its recipe")
+    return Derived(not problems, problems)

@@ -6,6 +6,8 @@ import base64
 import io
 import json
 import os
+import shlex
+import signal
 import subprocess
 import time
 import urllib.error
@@ -18,10 +20,10 @@ from typing import Any
 import pytest
 
 from pipeline.cli import main
-from pipeline.errors import ExitCode, InfraError
+from pipeline.errors import ExitCode, InfraError, TagError
 from pipeline.log import Logger
 from pipeline.oci.engine import Engine
-from pipeline.oci.registry import RegistryClient
+from pipeline.oci.registry import Credentials, RegistryClient
 from pipeline.release.tag import tag_verified
 from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_world
 
@@ -131,6 +133,9 @@ def test_tag_pushes_by_digest_and_pulls_back(
     assert main(_tag_args(world, image, registry, repo, "--json")) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["digest"] == digest and again["pushed"] is False
+    # ... and the first run's record is kept, not replaced (issue 26 §4)
+    kept = world.verdict_path.parent / "tag-attempts" / "1" / "record.json"
+    assert json.loads(kept.read_text()) == record
 
 
 def test_refusals_push_nothing(
@@ -154,6 +159,21 @@ def test_refusals_push_nothing(
     assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
     err = capsys.readouterr().err
     assert "the smoke test failed" in err and "0.41" in err
+
+    # a verdict that says passed while its gsm8k gate failed, and one with no checks (issue 26.1)
+    checks = [
+        {**c, "passed": False, "status": "failed", "message": "accuracy 0.41 < 0.908"}
+        if c["name"] == "gsm8k"
+        else c
+        for c in good["checks"]
+    ]
+    world.write_verdict(**{**good, "checks": checks})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    err = capsys.readouterr().err
+    assert "disagrees with itself" in err and "check 'gsm8k' failed: accuracy 0.41" in err
+    world.write_verdict(**{**good, "checks": []})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    assert "the recipe's gate(s) 'server-ready', 'chat'" in capsys.readouterr().err
 
     # a verdict for another image (the base image)
     base = engine.image(base_image)
@@ -388,6 +408,7 @@ def _tag_run(
     repo: str,
     *,
     push_latest: bool = True,
+    env: dict[str, str] | None = None,
     **kw: Any,
 ) -> Any:
     return tag_verified(
@@ -399,7 +420,7 @@ def _tag_run(
         settings=world.settings(registry=registry.host, repository=repo, push_latest=push_latest),
         registry=None,
         log=Logger(stream=io.StringIO()),
-        env={},
+        env=env or {},
         **kw,
     )
 
@@ -542,3 +563,170 @@ def _head_status(registry: Registry, repo: str, tag: str) -> int:
             return int(r.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
+
+
+# ---------------------------------------------------------------------------- moving tags (issue 26 §4)
+
+
+def _moving_state(world: World) -> dict[str, Any]:
+    image: dict[str, Any] = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"][
+        "image"
+    ]
+    return image
+
+
+def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The rollback rebuilt RegistryUnavailable with type(err) and crashed: exit 1, record `pending`."""
+    repo = f"{REPO_PREFIX}/put500-{docker_cleanup.case_id}"
+    verified = f"{MODEL}-verified"
+    client = RegistryClient(registry.host)
+    world_a = make_world(tmp_path / "a", image_id="")
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
+    # a file where distribution keeps the tag's directory: every PUT and HEAD of `latest` is HTTP 500
+    tags_dir = registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/tags"
+    (tags_dir / "latest").write_text("")
+    assert _head_status(registry, repo, "latest") == 500
+    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
+    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    start = time.monotonic()
+    code = main(_tag_args(world_b, image_b, registry, repo, "--push-latest"))
+    err = capsys.readouterr().err
+    print(
+        f"FAULT | persistent HTTP 500 on one moving PUT | exit {code}, rolled back | "
+        f"{verified} restored | {time.monotonic() - start:.2f} s"
+    )
+    assert code == ExitCode.INFRA, err
+    assert f"rolled back: {verified} restored" in err and "internal error" not in err
+    assert client.manifest_digest(repo, verified) == first.digest
+    assert _moving_state(world_b)["moving_state"] == "rolled back"
+    assert _moving_state(world_b)["moving_tags"] == []
+
+
+def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repaired_by_the_command_it_names(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    auth_registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first --push-latest; the real registry answers 401 to the PUT of `latest` (the credentials
+    are wrong for that one request). `verified` did not exist before and distribution 2.8 cannot
+    delete a tag alone: the record and the message said `rolled back`, "nothing was moved"."""
+    assert auth_registry.username is not None and auth_registry.password is not None
+    user, password = auth_registry.username, auth_registry.password
+    env = {"PIPELINE_REGISTRY_USER": user, "PIPELINE_REGISTRY_PASSWORD": password}
+    repo = f"{REPO_PREFIX}/split-{docker_cleanup.case_id}"
+    verified = f"{MODEL}-verified"
+    client = RegistryClient(auth_registry.host, credentials=(user, password))
+    world = make_world(tmp_path / "w", image_id="")
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    real_put = RegistryClient.put_manifest
+
+    def wrong_password_for_latest(self: RegistryClient, repo_: str, tag: str, *a: Any, **kw: Any) -> str:
+        if tag != "latest":
+            return real_put(self, repo_, tag, *a, **kw)
+        good, self._credentials = self._credentials, Credentials(user, "wrong-" + password)
+        try:
+            return real_put(self, repo_, tag, *a, **kw)
+        finally:
+            self._credentials = good
+
+    monkeypatch.setattr(RegistryClient, "put_manifest", wrong_password_for_latest)
+    start = time.monotonic()
+    with pytest.raises(TagError) as e:
+        _tag_run(engine, world, image, auth_registry, repo, env=env)
+    print(
+        f"FAULT | HTTP 401 on the second moving PUT, the first tag new (distribution 2.8: no tag delete) | "
+        f"exit {e.value.exit_code}, split stated | {verified} on the new digest | "
+        f"{time.monotonic() - start:.2f} s"
+    )
+    monkeypatch.setattr(RegistryClient, "put_manifest", real_put)
+    assert e.value.exit_code == ExitCode.TAG
+    immutable = _immutable(world)
+    digest = client.manifest_digest(repo, immutable)
+    assert digest is not None and client.manifest_digest(repo, verified) == digest
+    assert client.manifest_digest(repo, "latest") is None
+    text, hint = str(e.value), e.value.hint or ""
+    assert f"SPLIT: {verified} still point(s) at {digest} while latest do not" in text
+    assert "the registry would not delete" in text and "nothing was moved" not in text + hint
+    assert "--push-latest" in hint  # latest is one of the tags it finishes
+    rerun = hint[hint.index("`") + 1 : hint.rindex("`")]
+    assert rerun.startswith(f"pipeline tag --image {image} --verdict {world.verdict_path}")
+    state = _moving_state(world)
+    assert state["moving_state"] == "split" and state["moving_tags"] == [verified]
+    assert "SPLIT" in state["moving_note"]
+    # the repair the message names: the same command, once the cause is gone, finishes the move
+    monkeypatch.setenv("PIPELINE_REGISTRY_USER", user)
+    monkeypatch.setenv("PIPELINE_REGISTRY_PASSWORD", password)
+    assert main(shlex.split(rerun)[1:]) == 0
+    assert client.manifest_digest(repo, "latest") == digest == client.manifest_digest(repo, verified)
+
+
+def test_a_registry_stall_during_the_push_is_given_up_after_push_timeout_s(
+    engine: Engine,
+    base_image: str,
+    docker_cleanup: DockerCleanup,
+    registry: Registry,
+    tmp_path: Path,
+    cli_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry stops answering (SIGSTOP) as the immutable push starts: `pipeline tag` used to
+    wait as long as the stall lasted. Now it gives up after [tag] push_timeout_s, reads the state
+    back, exits 11 and leaves the moving tag where it was; the same command finishes later."""
+    repo = f"{REPO_PREFIX}/stall-{docker_cleanup.case_id}"
+    verified = f"{MODEL}-verified"
+    client = RegistryClient(registry.host)
+    world_a = make_world(tmp_path / "a", image_id="")
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
+    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
+    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    real_push = Engine.push
+    stalled: list[int] = []
+
+    def stall_then_push(self: Engine, *a: Any, **kw: Any) -> str:
+        if not stalled:
+            stalled.append(registry.process.pid)
+            os.kill(registry.process.pid, signal.SIGSTOP)
+        return real_push(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "push", stall_then_push)
+    monkeypatch.setenv("PIPELINE_PUSH_TIMEOUT_S", "4")
+    start = time.monotonic()
+    try:
+        code = main(_tag_args(world_b, image_b, registry, repo))
+    finally:
+        if stalled:
+            os.kill(stalled[0], signal.SIGCONT)
+    err = capsys.readouterr().err
+    print(
+        f"FAULT | registry stalled (SIGSTOP) during the immutable push, push_timeout_s=4 | exit {code} | "
+        f"moving tag untouched | {time.monotonic() - start:.2f} s"
+    )
+    assert stalled and code == ExitCode.INFRA, err
+    assert "did not finish within 4 s" in err and "Read back:" in err
+    assert "the moving tags were not touched" in err
+    assert client.manifest_digest(repo, verified) == first.digest
+    assert not (world_b.verdict_path.parent / "record.json").exists()
+    # the registry answers again: the same command finishes the release
+    monkeypatch.setattr(Engine, "push", real_push)
+    monkeypatch.delenv("PIPELINE_PUSH_TIMEOUT_S")
+    capsys.readouterr()
+    assert main(_tag_args(world_b, image_b, registry, repo, "--json")) == 0
+    digest_b = json.loads(capsys.readouterr().out)["digest"]
+    assert digest_b != first.digest and client.manifest_digest(repo, verified) == digest_b

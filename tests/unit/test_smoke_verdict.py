@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError
+from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke import VERDICT_SCHEMA, CheckResult, Verdict, load_verdict
 from pipeline.smoke.reports import write_reports
-from pipeline.smoke.verdict import RecipeRef, TestedImage
+from pipeline.smoke.verdict import Derived, RecipeRef, TestedImage, derive, required_gates
 
 SEED_LINE = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
 
@@ -85,3 +86,96 @@ def test_load_verdict_rejects_bad_files(tmp_path: Path, mutate, expect: str) -> 
 def test_load_verdict_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Run `pipeline smoke`"):
         load_verdict(tmp_path)
+
+
+# ------------------------------------------------------------------ the result, derived from the checks
+
+
+def _gates(**options: object) -> list[str]:
+    from tests.unit.test_smoke_runner import RECIPE_PATH
+
+    return list(required_gates(load_recipe(RECIPE_PATH), options))
+
+
+def test_required_gates_follow_the_recipe_and_the_recorded_options() -> None:
+    assert _gates() == ["server-ready", "chat", "gsm8k", "serving-benchmark[c4]"]
+    assert _gates(bench_concurrencies=[4, 8]) == [
+        *_gates()[:3],
+        "serving-benchmark[c4]",
+        "serving-benchmark[c8]",
+    ]
+    for bad in ({"quick": 1}, {"gsm8k_limit": 0}, {"bench_concurrencies": ["4"]}, {"bench_tolerance": "x"}):
+        with pytest.raises(ValueError, match="options"):
+            _gates(**bad)
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "passed"), [(None, True), (0.5, False)], ids=["healthy", "gsm8k below its bound"]
+)
+def test_what_the_smoke_runner_writes_derives_to_what_it_says(
+    tmp_path: Path, accuracy: float | None, passed: bool
+) -> None:
+    """The tag stage re-derives the result: a runner's own verdict must agree with itself, both ways."""
+    from tests.unit.test_smoke_runner import FakeContainer, smoke
+
+    container = FakeContainer(["ready"]) if accuracy is None else FakeContainer(["ready"], accuracy=accuracy)
+    written, _ = smoke(tmp_path, container, quick=True)
+    v = load_verdict(tmp_path / "run")
+    assert v.passed is written.passed is passed
+    derived = derive(v, required_gates(load_recipe(Path(v.recipe.path)), v.options))
+    assert derived.passed is passed and derived.status == v.status
+    if not passed:
+        assert any(p.startswith("check 'gsm8k' failed:") for p in derived.problems), derived.problems
+
+
+def test_derive_names_every_disagreement() -> None:
+    required = ["server-ready", "chat", "gsm8k"]
+    ok = [CheckResult.ok(n, "fine") for n in required]
+    assert derive(verdict("passed", ok), required) == Derived(True, [])
+    lying = [ok[0], CheckResult(name="chat", passed=True, status="failed"), ok[0]]
+    problems = derive(verdict("passed", lying), required).problems
+    assert problems == [
+        "check 'chat' says passed=true but status 'failed'",
+        "check 'server-ready' appears 2 times",
+        "the recipe's gate(s) 'gsm8k' are missing",
+    ]
+    assert derive(verdict("passed", []), required).problems == [
+        "the recipe's gate(s) 'server-ready', 'chat', 'gsm8k' are missing"
+    ]
+
+
+def test_a_passed_check_is_read_by_its_figures_against_the_recipe() -> None:
+    """A check edited to `passed` whose figures the recipe's limits fail still disagrees."""
+    from tests.unit.test_smoke_runner import RECIPE_PATH
+
+    gates = required_gates(load_recipe(RECIPE_PATH), {})
+    gsm8k = CheckResult.ok("gsm8k", "edited", figures={"value": 0.41, "samples": 60})
+    assert gates["gsm8k"](gsm8k).startswith(
+        "its exact_match,flexible-extract 0.41 over 60 documents is below"
+    )
+    assert (
+        gates["gsm8k"](CheckResult.ok("gsm8k", "no figures"))
+        == "it records no value over a number of documents"
+    )
+    bench = {"output_throughput": 100.0, "mean_ttft_ms": 95.0, "mean_tpot_ms": 5.0, "completed": 19}
+    problems = gates["serving-benchmark[c4]"](CheckResult.ok("serving-benchmark[c4]", "x", figures=bench))
+    assert problems == (
+        "19 of 20 requests completed; output 100.0 tok/s is below 300.0 - 50%; "
+        "mean TTFT 95.0 ms is above 60.0 + 50%"
+    )
+    assert (
+        gates["chat"](CheckResult.ok("chat", "x", figures={"http_status": 500}))
+        == "it records HTTP 500, not 200"
+    )
+    v = verdict(
+        "passed",
+        [
+            CheckResult.ok("server-ready", "up"),
+            CheckResult.ok("chat", "x", figures={"http_status": 200}),
+            gsm8k,
+        ],
+    )
+    assert derive(v, {k: gates[k] for k in ("server-ready", "chat", "gsm8k")}).problems == [
+        "check 'gsm8k' says passed but its exact_match,flexible-extract 0.41 over 60 documents is below "
+        "the recipe's bound 0.8396"  # 0.9363 - 3 * sqrt(0.0067^2 + 0.9363 * 0.0637 / 60)
+    ]

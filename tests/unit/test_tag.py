@@ -31,7 +31,16 @@ from pipeline.release.tag import (
     tag_verified,
 )
 from tests.fixtures.registry_fake import PASSWORD, USER, FakeRegistry, fake_session
-from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_lock, make_world
+from tests.fixtures.tag_world import (
+    AITER_SHA,
+    ATOM_SHA,
+    GATES,
+    MODEL,
+    World,
+    make_lock,
+    make_world,
+    passed_check,
+)
 
 REG = "127.0.0.1:5000"
 REPO = "rocm/atom-dev"
@@ -148,7 +157,7 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
         {"name": "0001-minimax-m3-split-kv-cache.patch", "sha256": "5" * 64, "status": "applied"}
     ]
     assert pred["recipe"]["sha256"] == world.verdict()["recipe"]["sha256"]
-    assert pred["smoke"]["checks"][0]["figures"] == {"accuracy": 0.93}
+    assert [c["name"] for c in pred["smoke"]["checks"]] == list(GATES)
     assert pred["image"]["immutable_tag"] == EXPECTED_IMMUTABLE
     assert pred["tool"]["version"] and pred["times"]["verified"]
     # no build attestations given to this run: said, not left out
@@ -257,6 +266,112 @@ def test_failure_on_second_moving_tag_restores_the_first(
     assert f"rolled back: {MODEL}-verified" in str(e.value)
 
 
+def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
+    world: World, fake: FakeRegistry
+) -> None:
+    """Issue 26 §4: `_rollback` rebuilt RegistryUnavailable with type(err) and crashed (exit 1)."""
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    fake.refuse[("PUT", "latest")] = 500
+    with pytest.raises(InfraError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert e.value.exit_code == ExitCode.INFRA and type(e.value) is InfraError
+    assert fake.tags[REPO][f"{MODEL}-verified"] == old and "latest" not in fake.tags[REPO]
+    assert f"rolled back: {MODEL}-verified restored" in str(e.value)
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "rolled back" and record["moving_tags"] == []
+
+
+def test_a_new_moving_tag_is_deleted_on_rollback(world: World, fake: FakeRegistry) -> None:
+    """Issue 26 §4: a first --push-latest, 401 on `latest`: `verified` did not exist before and stayed
+    on the new digest while the record said rolled back. A registry that deletes tags: deleted."""
+    fake.refuse[("PUT", "latest")] = 401
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    assert set(fake.tags[REPO]) == {EXPECTED_IMMUTABLE}  # verified deleted again, latest never made
+    assert ("DELETE", f"/v2/{REPO}/manifests/{MODEL}-verified") in [m[:2] for m in fake.log]
+    assert f"{MODEL}-verified deleted (it did not exist before)" in str(e.value)
+    assert "nothing was moved" not in f"{e.value} {e.value.hint}"
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "rolled back" and record["moving_tags"] == []
+
+
+def test_a_registry_that_cannot_delete_a_tag_leaves_a_split_said_plainly(
+    world: World, fake: FakeRegistry
+) -> None:
+    fake.tag_deletes = False  # distribution 2.x
+    fake.refuse[("PUT", "latest")] = 401
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    digest = fake.tags[REPO][EXPECTED_IMMUTABLE]
+    assert fake.tags[REPO][f"{MODEL}-verified"] == digest and "latest" not in fake.tags[REPO]
+    text = str(e.value)
+    assert f"SPLIT: {MODEL}-verified still point(s) at {digest} while latest do not" in text
+    assert "the registry would not delete" in text and "DIGEST_INVALID" in text
+    assert "nothing was moved" not in f"{text} {e.value.hint}"
+    hint = e.value.hint or ""
+    assert f"pipeline tag --image atom:test --verdict {world.verdict_path}" in hint
+    assert "--push-latest" in hint and f"--repository {REPO}" in hint
+    record = json.loads((world.verdict_path.parent / "record.json").read_text())["predicate"]["image"]
+    assert record["moving_state"] == "split" and record["moving_tags"] == [f"{MODEL}-verified"]
+    assert "SPLIT" in record["moving_note"]
+    # the repair the message names: once the cause is gone, the same command finishes the move
+    fake.refuse.clear()
+    again = _run(world, _engine(world, fake), fake, push_latest=True)
+    assert again.moved == [f"{MODEL}-verified", "latest"] and fake.tags[REPO]["latest"] == digest
+
+
+def test_every_attempt_keeps_its_record(world: World, fake: FakeRegistry) -> None:
+    """Issue 26 §4: a failed attempt rewrote record.json and the release's record was gone."""
+    released = _run(world, _engine(world, fake), fake)
+    first = json.loads(released.record_path.read_text())
+    first_predicate = (world.verdict_path.parent / "predicate.json").read_text()
+    fake.refuse[("PUT", "latest")] = 500  # the next attempt fails while moving `latest`
+    with pytest.raises(InfraError):
+        _run(world, _engine(world, fake), fake, push_latest=True)
+    run_dir = world.verdict_path.parent
+    assert json.loads((run_dir / "record.json").read_text())["predicate"]["image"]["moving_state"] == (
+        "rolled back"
+    )
+    kept = run_dir / "tag-attempts" / "1"
+    assert json.loads((kept / "record.json").read_text()) == first
+    assert first["predicate"]["image"]["moving_state"] == "moved"
+    assert (kept / "predicate.json").read_text() == first_predicate
+    fake.refuse.clear()
+    _run(world, _engine(world, fake), fake, push_latest=True)
+    assert sorted(p.name for p in (run_dir / "tag-attempts").iterdir()) == ["1", "2"]
+    second = json.loads((run_dir / "tag-attempts" / "2" / "record.json").read_text())
+    assert second["predicate"]["image"]["moving_state"] == "rolled back"
+
+
+def test_a_push_that_stalls_is_given_up_after_push_timeout_s_and_the_state_read_back(
+    world: World, fake: FakeRegistry
+) -> None:
+    """Issue 26 §4: a registry stall held `pipeline tag` as long as it lasted."""
+    import threading
+
+    old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
+    release = threading.Event()
+    real_push = engine.push
+
+    def stalled(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+        release.wait(60)  # the registry stopped answering
+        return real_push(repo, tag, auth_config)
+
+    engine.push = stalled  # type: ignore[method-assign]
+    try:
+        with pytest.raises(InfraError) as e:
+            _run(world, engine, fake, push_timeout_s=1)
+    finally:
+        release.set()
+    text = str(e.value)
+    assert e.value.exit_code == ExitCode.INFRA and "did not finish within 1 s" in text
+    assert "push_timeout_s" in text and "the moving tags were not touched" in text
+    assert f"Read back: {EXPECTED_IMMUTABLE} → absent, {MODEL}-verified → {old}" in text
+    assert fake.tags[REPO][f"{MODEL}-verified"] == old
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
 # ------------------------------------------------------------------ refusals (nothing pushed)
 
 
@@ -282,6 +397,82 @@ def test_failed_verdict_refused(world: World, fake: FakeRegistry, status: str, w
 def test_passed_flag_false_refused_even_if_status_says_passed(world: World, fake: FakeRegistry) -> None:
     world.write_verdict(passed=False)
     assert "is inconsistent: status 'passed' but passed=False" in _refused(world, fake)
+
+
+# ------------------------------------------------------------------ the result is derived (issue 26.1)
+
+
+def _with_check(world: World, name: str, **fields: Any) -> list[dict[str, Any]]:
+    return [{**c, **fields} if c["name"] == name else c for c in world.verdict()["checks"]]
+
+
+def test_a_verdict_whose_gate_failed_but_says_passed_is_refused(world: World, fake: FakeRegistry) -> None:
+    """The issue's repro: gsm8k failed, the top level left at passed: true. It used to tag."""
+    world.write_verdict(
+        checks=_with_check(world, "gsm8k", passed=False, status="failed", message="accuracy 0.41 < 0.908")
+    )
+    msg = _refused(world, fake)
+    assert "disagrees with itself" in msg and "it says passed" in msg
+    assert "check 'gsm8k' failed: accuracy 0.41 < 0.908" in msg
+
+
+def test_a_verdict_with_no_checks_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=[])
+    msg = _refused(world, fake)
+    assert "disagrees with itself" in msg
+    assert "the recipe's gate(s) 'server-ready', 'chat', 'gsm8k', 'serving-benchmark[c16]'" in msg
+
+
+def test_a_passed_gate_whose_figures_fail_the_recipe_is_refused(world: World, fake: FakeRegistry) -> None:
+    """The gsm8k check edited to passed, its value left at 0.41: the figures decide, not the flag."""
+    world.write_verdict(checks=_with_check(world, "gsm8k", figures={"value": 0.41, "samples": 1319}))
+    msg = _refused(world, fake)
+    assert "check 'gsm8k' says passed but its exact_match,flexible-extract 0.41 over 1319 documents" in msg
+    assert "below the recipe's bound 0.9078" in msg
+
+
+def test_a_check_whose_passed_and_status_disagree_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=_with_check(world, "chat", status="failed"))
+    assert "check 'chat' says passed=true but status 'failed'" in _refused(world, fake)
+
+
+def test_a_missing_benchmark_row_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(
+        checks=[c for c in world.verdict()["checks"] if c["name"] != "serving-benchmark[c64]"]
+    )
+    assert "the recipe's gate(s) 'serving-benchmark[c64]' are missing" in _refused(world, fake)
+
+
+def test_a_check_the_recipe_has_not_or_a_check_twice_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(checks=[*world.verdict()["checks"], passed_check("gsm8k-easy")])
+    assert "check(s) 'gsm8k-easy' are not gates of its recipe" in _refused(world, fake)
+    world.write_verdict(checks=[*world.verdict()["checks"][:-1], passed_check("chat")])
+    assert "check 'chat' appears 2 times" in _refused(world, fake)
+
+
+def test_a_quick_verdict_needs_the_quick_gates(world: World, fake: FakeRegistry) -> None:
+    """`--quick` runs the quick benchmark rows: the gates are planned with the recorded options."""
+    quick = {**world.verdict()["options"], "quick": True}
+    world.write_verdict(options=quick)  # still holds c64: a row a quick run never has
+    assert "'serving-benchmark[c64]' are not gates of its recipe" in _refused(world, fake)
+    world.write_verdict(options={**quick, "quick": "yes"})
+    assert "options.quick is 'yes'" in _refused(world, fake)
+    world.write_verdict(
+        options=quick, checks=[passed_check(n) for n in GATES if n != "serving-benchmark[c64]"]
+    )
+    result = _run(world, _engine(world, fake), fake)
+    assert result.moved == [f"{MODEL}-verified"]
+
+
+def test_cli_self_contradicting_verdict_refused_before_the_engine(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(world.root)
+    world.write_verdict(checks=[])
+    assert main(_argv(world)) == ExitCode.TAG  # the engine (not set up here) was never reached
+    assert "disagrees with itself" in capsys.readouterr().err
 
 
 def test_verdict_without_server_evidence_refused(world: World, fake: FakeRegistry) -> None:
