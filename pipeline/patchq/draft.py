@@ -176,7 +176,8 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
 def rewrite_source(source: str, rewrites: Sequence[CallRewrite]) -> str:
     """`source` with each planned call rewritten; everything else byte for byte as it was."""
     import libcst as cst
-    from libcst.metadata import MetadataWrapper, PositionProvider
+    from libcst.metadata.position_provider import PositionProvider
+    from libcst.metadata.wrapper import MetadataWrapper
 
     module = cst.parse_module(source)
     wrapper = MetadataWrapper(module)
@@ -193,7 +194,7 @@ def rewrite_source(source: str, rewrites: Sequence[CallRewrite]) -> str:
             if r is None:
                 return updated
             done.add(key)
-            return updated.with_changes(args=_new_args(updated.args, r))
+            return updated.with_changes(args=_new_args(updated.args, r, updated.whitespace_before_args))
 
     out = wrapper.visit(_Rewriter())
     missing = [f"{line}: `{display}(`" for line, display in todo if (line, display) not in done]
@@ -213,7 +214,9 @@ def _kw(arg: cst.Arg, name: str) -> cst.Arg:
     )
 
 
-def _new_args(args: Sequence[cst.Arg], r: CallRewrite) -> list[cst.Arg]:
+def _new_args(
+    args: Sequence[cst.Arg], r: CallRewrite, opening: cst.BaseParenthesizableWhitespace
+) -> list[cst.Arg]:
     import libcst as cst
 
     positional = [a for a in args if a.keyword is None and not a.star]
@@ -242,6 +245,8 @@ def _new_args(args: Sequence[cst.Arg], r: CallRewrite) -> list[cst.Arg]:
         at = next((j for j, (a, _) in enumerate(out) if a.star == "**"), len(out))
         out.insert(at, (_kw(placeholder, name), False))
     sep: cst.Comma | cst.MaybeSentinel = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if isinstance(opening, cst.ParenthesizedWhitespace):  # `f(\n    x,\n)`: one argument per line
+        sep = cst.Comma(whitespace_after=opening)
     if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
         sep = args[-2].comma  # the call's own separator (a newline and its indent, when one per line)
     last = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
@@ -457,7 +462,7 @@ def draft_fixes(
         name = f"{number:04d}-draft-{slug(function.rsplit('.', 1)[-1])}.patch"
         number += 1
         finding0 = items[0][0]
-        notes = tuple(dict.fromkeys(n for _, rw in items for n in rw.notes))
+        notes = tuple(f"{f.path}:{f.line}: {n}" for f, rw in items for n in rw.notes)
         text = _patch_text(
             items, function, cause, finding0, notes, placeholders, diffs,
             atom_sha=atom_sha, aiter_sha=aiter_sha, range_start=range_start, command=command, date=date,

@@ -1,0 +1,112 @@
+"""`pipeline patch draft` on the compat fixture (ATOM T1 × aiter A2..A4), and `patch apply` refusing
+a draft that still holds a placeholder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.errors import ExitCode
+from pipeline.gitw import GitRepo
+from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
+from pipeline.patchq.draft import PLACEHOLDER, is_draft, placeholders_in
+from pipeline.patchq.model import PatchSeries
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> CompatRepos:
+    return build_compat_repos(tmp_path_factory.mktemp("draft"))
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    return ["--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter), "--patches-dir", str(tmp_path / "p")]
+
+
+def draft(env: list[str], fx: CompatRepos, aiter: str, *more: str) -> int:
+    return main(["patch", "draft", *env, "--atom", fx.t["T1"], "--aiter", fx.a[aiter], *more])
+
+
+def test_one_draft_that_makes_the_tree_clean(
+    env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert draft(env, fx, "A2") == 0
+    out = capsys.readouterr().out
+    (patch,) = PatchSeries.load(tmp_path / "p")
+    assert patch.name == "0001-draft-fused-qk.patch" and is_draft(patch)
+    assert patch.field("X-Aiter-After") == fx.a["A2"][:12]
+    assert patch.atom_range.start == fx.t["T1"][:12] and patch.atom_range.end is None
+    assert f"pipeline patch draft --atom {fx.t['T1']} --aiter {fx.a['A2']}" in patch.body
+    assert "`kv_cache` is now `kv_cache_k` (same slot)" in patch.body
+    assert placeholders_in(patch) == []
+    assert "the check of the drafted tree: 0 error(s)" in out
+    # what git applies: the series with the draft applies to the pin
+    assert main(["patch", "check", *env, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == 0
+    assert "0001-draft-fused-qk.patch: applies" in capsys.readouterr().out
+
+
+def test_every_mechanical_fix_drafted_and_the_rest_named(
+    env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert draft(env, fx, "A4", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [x["function"].rsplit(".", 1)[-1] for x in d["drafts"]] == [
+        "fused_qk", "gemm", "scale_op", "reduce_v1", "make_required", "kwonly_later",
+    ]  # fmt: skip
+    assert {x["kind"] for x in d["not_mechanical"]} == {"missing-function", "missing-module"}
+    # the drafted tree fails only where no draft was possible; the placeholder binds as a keyword
+    left = {(e["path"], e["line"]) for e in d["drafted_check"]["errors"]}
+    assert left == {(x["path"], x["line"]) for x in d["not_mechanical"]}
+    (todo,) = d["drafted_check"]["placeholders"]
+    assert f"fm.make_required(p, flag={PLACEHOLDER})" in todo
+    series = PatchSeries.load(tmp_path / "p")
+    assert len(series) == 6 and all(is_draft(p) for p in series)
+    assert main(["patch", "check", *env, "--atom", fx.t["T1"], "--aiter", fx.a["A4"]]) == 0
+
+
+def test_apply_refuses_a_draft_with_a_placeholder_until_it_is_filled(
+    env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert draft(env, fx, "A4") == 0
+    capsys.readouterr()
+    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
+
+    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
+        c = repo.commit_info(sha)
+        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
+
+    lock = tmp_path / "m.toml"
+    lock.write_text(
+        Lock(
+            model="m",
+            sources=Sources(atom=pin(atom, fx.atom, fx.t["T1"]), aiter=pin(aiter, fx.aiter, fx.a["A4"])),
+            base_image=BaseImagePin(ref="rocm/pytorch:x"),
+        ).to_toml()
+    )
+    refs = atom.git("for-each-ref")
+    apply = ["patch", "apply", *env, "--lock", str(lock), "--workdir", str(tmp_path / "w")]
+    assert main(apply) == ExitCode.PATCH
+    err = capsys.readouterr().err
+    assert "0005-draft-make-required.patch is a draft with 1 placeholder(s)" in err
+    assert f"atom/models/gemm.py:19 `fm.make_required(p, flag={PLACEHOLDER})`" in err
+    assert atom.git("for-each-ref") == refs and "patches" not in lock.read_text()  # nothing done
+    # a person writes the value (in the draft, and in the next one's context lines): the series applies
+    for path in (tmp_path / "p").glob("*.patch"):
+        path.write_text(path.read_text().replace(f"flag={PLACEHOLDER}", "flag=True"))
+    assert main(apply) == 0
+
+
+def test_dry_run_writes_nothing(
+    env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert draft(env, fx, "A3", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "(dry run) aiter.scale_op" in out and "+        return so(y, factor=2.0), z" in out
+    assert not (tmp_path / "p").exists()
+    assert main(["patch", "draft", *env, "--atom", fx.t["T1"]]) == ExitCode.USAGE
