@@ -93,6 +93,7 @@ def command() -> None:
     pipeline patch import --repo WT           the series as commits on a branch, to edit
     pipeline patch export --repo WT           those commits back into patch files + series
     pipeline patch new --repo WT              one commit appended as the next patch
+    pipeline patch draft                      draft the fix of each mechanical break (Status: draft)
     """
 
 
