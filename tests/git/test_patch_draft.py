@@ -110,3 +110,42 @@ def test_dry_run_writes_nothing(
     assert "(dry run) aiter.scale_op" in out and "+        return so(y, factor=2.0), z" in out
     assert not (tmp_path / "p").exists()
     assert main(["patch", "draft", *env, "--atom", fx.t["T1"]]) == ExitCode.USAGE
+
+
+def test_the_rebuild_summary_says_whether_a_draft_exists_for_a_blocked_pair(
+    env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.config import load_settings
+    from pipeline.rebuild import draft_note
+    from pipeline.sources.mirrors import open_mirror
+
+    settings = load_settings(
+        env={"PIPELINE_CACHE_DIR": str(tmp_path / "cache"), "PIPELINE_PATCHES_DIR": str(tmp_path / "p")},
+        cwd=tmp_path,
+    )
+    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
+    for url in (fx.atom, fx.aiter):
+        open_mirror(settings, str(url), fetch=True)  # what `pin` leaves behind
+
+    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
+        c = repo.commit_info(sha)
+        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
+
+    def lock(a: str) -> Lock:
+        return Lock(
+            model="m",
+            sources=Sources(atom=pin(atom, fx.atom, fx.t["T1"]), aiter=pin(aiter, fx.aiter, fx.a[a])),
+            base_image=BaseImagePin(ref="rocm/pytorch:x"),
+        )
+
+    assert draft_note(settings, lock("A4")).startswith("no draft fix in the series: `pipeline patch draft")
+    assert draft(env, fx, "A4") == 0
+    capsys.readouterr()
+    note = draft_note(settings, lock("A4"))
+    assert note.startswith("draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch, ")
+    assert "0005-draft-make-required.patch (1 placeholder(s) to fill)" in note
+    # at A2 only the fused_qk draft is needed (the others wait for A3/A4 by their X-Aiter-After)
+    assert (
+        draft_note(settings, lock("A2"))
+        == "draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch"
+    )
