@@ -174,7 +174,61 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
 
 
 def rewrite_source(source: str, rewrites: Sequence[CallRewrite]) -> str:
-    """`source` with each planned call rewritten; everything else byte for byte as it was."""
+    """`source` with each planned call rewritten; everything else byte for byte as it was.
+
+    Only the statements holding the calls go through libcst (a pure-Python parser, seconds for a
+    model file of a thousand lines): each is cut out, dedented, rewritten and put back. A statement
+    that cannot be cut out that way (a line of a multi-line string less indented) is rewritten
+    within the whole module.
+    """
+    lines = source.splitlines(keepends=True)
+    spans = _statement_spans(source, rewrites)
+    if spans is None:
+        return _rewrite_module(source, rewrites)
+    for lo, hi in sorted(spans, reverse=True):  # from the bottom: the spans above keep their lines
+        mine = [r for r in rewrites if lo <= r.line <= hi]
+        chunk = lines[lo - 1 : hi]
+        indent = chunk[0][: len(chunk[0]) - len(chunk[0].lstrip(" \t"))]
+        if not all((line.startswith(indent) and line.strip(" \t") != "\n") or line == "\n" for line in chunk):
+            return _rewrite_module(source, rewrites)
+        text = "".join(line[len(indent) :] if line != "\n" else line for line in chunk)
+        shifted = [dataclasses.replace(r, line=r.line - lo + 1) for r in mine]
+        out = _rewrite_module(text, shifted)
+        lines[lo - 1 : hi] = [
+            indent + line if line != "\n" else line for line in out.splitlines(keepends=True)
+        ]
+    return "".join(lines)
+
+
+def _statement_spans(source: str, rewrites: Sequence[CallRewrite]) -> list[tuple[int, int]] | None:
+    """(first, last) line of the innermost statement holding each call, overlapping ones merged;
+    None when a call's statement is not one (several statements on its line)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+    found: list[tuple[int, int]] = []
+    for r in rewrites:
+        holding = [n for n in stmts if n.lineno <= r.line <= (n.end_lineno or n.lineno)]
+        if not holding:
+            return None
+        span = min(((n.lineno, n.end_lineno or n.lineno) for n in holding), key=lambda s: s[1] - s[0])
+        if sum((n.lineno, n.end_lineno or n.lineno) == span for n in holding) > 1:
+            return None  # `a; b` on one line: not one statement to cut out
+        found.append(span)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(found):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _rewrite_module(source: str, rewrites: Sequence[CallRewrite]) -> str:
     import libcst as cst
     from libcst.metadata.position_provider import PositionProvider
     from libcst.metadata.wrapper import MetadataWrapper

@@ -201,3 +201,15 @@ def test_placeholders_are_found_in_a_patch_by_their_line(tmp_path: object) -> No
 
     patch = Patch.parse(text.encode(), path=Path("0001-draft.patch"))
     assert placeholders_in(patch) == [f"atom/m.py:4 `aiter.needs(x, flag={PLACEHOLDER}, mode={PLACEHOLDER})`"]
+
+
+def test_a_statement_with_a_string_less_indented_than_itself_is_rewritten_in_the_whole_module() -> None:
+    src = "import aiter\n\n\nclass A:\n    def f(self):\n" + (
+        '        aiter.scale_op("""\nleft\n""", scale=2.0)\n'
+    )
+    assert draft(src) == src.replace("scale=2.0", "factor=2.0")
+    # and in a block, two calls in nested statements: one span, both rewritten
+    block = "import aiter\nif aiter.scale_op(x, scale=1):\n" + (
+        "    aiter.scale_op(\n        y,\n        scale=2,\n    )\n"
+    )
+    assert draft(block) == block.replace("scale=", "factor=")
