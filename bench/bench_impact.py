@@ -39,7 +39,8 @@ r = run_check(atom, a, aiter, b, cache_dir=Path(cache))
 t = time.perf_counter()
 d = draft_fixes(atom, r.atom_sha, aiter, r.aiter_sha, r.findings, range_start=r.atom_sha,
                 command="bench", date=datetime.now(UTC), cache_dir=Path(cache))
-print(json.dumps({"s": time.perf_counter() - t, "drafts": len(d.drafts), "sites": sum(len(x.sites) for x in d.drafts)}))
+s = time.perf_counter() - t
+print(json.dumps({"s": s, "drafts": len(d.drafts), "sites": sum(len(x.sites) for x in d.drafts)}))
 """
 
 
@@ -82,9 +83,8 @@ def main() -> int:
             warm.append(s)
         sites = [f"{s['path']}:{s['line']}" for f in report["functions"] for s in f["sites"]]
         defs = [f"{f['definition']['path']}:{f['definition']['line']}" for f in report["functions"]]
-        print(
-            f"impact aiter {a.base}..{a.head} × ATOM {a.atom} ({MODEL}): {', '.join(sites)} in {', '.join(defs)}"
-        )
+        print(f"impact aiter {a.base}..{a.head} × ATOM {a.atom} ({MODEL}):")
+        print(f"    {', '.join(sites)} in {', '.join(defs)}")
         w = statistics.median(warm)
         print(f"impact, cold cache (whole command): {cold:.3f} s")
         print(f"impact, warm cache (whole command): {w:.3f} s (median of {a.runs}), target {TARGET_S} s, "
@@ -98,8 +98,9 @@ def main() -> int:
             got = json.loads(out.stdout)
             drafts.append(got["s"])
         d = statistics.median(drafts)
-        print(f"draft ({got['drafts']} draft(s), {got['sites']} call(s) rewritten, check report cached): "
-              f"{d:.3f} s (median of {a.runs}), against {TARGET_S} s (no target named), ratio {d / TARGET_S:.2f}")  # fmt: skip
+        what = f"{got['drafts']} draft(s), {got['sites']} call(s) rewritten, check report cached"
+        print(f"draft ({what}): {d:.3f} s (median of {a.runs}),")
+        print(f"    against {TARGET_S} s (the issue names no draft target), ratio {d / TARGET_S:.2f}")
         draft_cmd = [
             sys.executable, "-m", "pipeline", "patch", "draft", "--atom", a.atom, "--aiter", a.head,
             "--atom-repo", str(clone), "--aiter-repo", aiter, "--model", MODEL, "--dry-run",
@@ -110,8 +111,8 @@ def main() -> int:
         if res.returncode != 0:
             print(res.stderr)
             return 1
-        print(f"`patch draft --dry-run` (whole command, with the check of the drafted tree): first {first:.3f} s, "
-              f"again {again:.3f} s")  # fmt: skip
+        print("`patch draft --dry-run` (whole command, with the check of the drafted tree):")
+        print(f"    first {first:.3f} s, again {again:.3f} s")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0
 
