@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import libcst as cst
 
-    from pipeline.compat.aiterapi import Signature
-    from pipeline.compat.calls import RawCall
+    from pipeline.compat.aiterapi import Param, Signature
+    from pipeline.compat.calls import Arg, RawCall
     from pipeline.compat.report import Finding
     from pipeline.gitw import GitRepo
     from pipeline.patchq.model import Patch
@@ -91,6 +91,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         keep = i + 1
     keywords: list[tuple[int, str]] = []
     dropped: list[int] = []
+    retyped: list[str] = []  # parameters whose value no longer fits: placeholders
     if keep < len(call.args) and call.star_args:
         raise NotMechanical("positional arguments before a `*args` would move: their slots depend on it")
     for i in range(keep, len(call.args)):
@@ -112,31 +113,48 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         p = new_by[t]
         if p.kind not in ("pos", "kwonly"):
             raise NotMechanical(f"`{t}` is {p.kind} in `{pin.name}`: it cannot be passed by keyword")
+        why = _retyped(call.args[i], op, p)
+        if why is not None:  # the value was written for another type: a person writes the new one
+            dropped.append(i)
+            retyped.append(t)
+            notes.append(f"argument {i + 1} {why}: `{t}={PLACEHOLDER}`")
+            continue
         keywords.append((i, t))
         if t != op.name:
-            notes.append(f"`{op.name}` is now `{t}` (same slot): check `{call.args[i].text}` still means it")
+            notes.append(
+                f"`{op.show()}` is now `{p.show()}` (same slot): check `{call.args[i].text}` still means it"
+            )
     renamed: list[tuple[str, str]] = []
     dropped_kw: list[str] = []
+    old_by = {q.name: q for q in written_for.params}
     for k, a in call.kwargs:
         t = target(k)
         if t is None:
             dropped_kw.append(k)
             notes.append(f"keyword `{k}={a.text}` dropped: `{pin.name}` has no such parameter any more")
+            continue
+        why = _retyped(a, old_by[k], new_by[t]) if k in old_by else None
+        if why is not None:
+            dropped_kw.append(k)
+            retyped.append(t)
+            notes.append(f"keyword `{k}` {why}: `{t}={PLACEHOLDER}`")
         elif t != k:
             renamed.append((k, t))
-            notes.append(f"keyword `{k}` renamed to `{t}`")
+            shown, now = (old_by[k].show() if k in old_by else k), new_by[t].show()
+            notes.append(f"keyword `{shown}` renamed to `{now}`: check `{a.text}` still means it")
     used = [t for _, t in keywords] + [t for _, t in renamed] + [k for k, _ in call.kwargs if k in new_by]
     if len(used) != len(set(used)):
         raise NotMechanical("two arguments would map to the same parameter")
     kwargs = tuple((t, call.args[i]) for i, t in keywords)
     kwargs += tuple((dict(renamed).get(k, k), a) for k, a in call.kwargs if k not in dropped_kw)
     drafted = dataclasses.replace(call, args=tuple(call.args[:keep]), kwargs=kwargs)
-    placeholders: list[str] = []
+    missing: list[str] = []
     for prob in bind(drafted, pin).problems:
         if prob.kind == "missing-argument":
-            placeholders.extend(prob.key.removeprefix("missing:").split(","))
+            missing.extend(n for n in prob.key.removeprefix("missing:").split(",") if n not in retyped)
+    placeholders = retyped + missing
     back = {v: k for k, v in pm.items()}
-    for name in placeholders:
+    for name in missing:
         was = next((q for q in written_for.params if q.name in (name, back.get(name))), None)
         had = " (it had a default in the signature the call was written for)"
         notes.append(
@@ -255,6 +273,15 @@ def _rewrite_module(source: str, rewrites: Sequence[CallRewrite]) -> str:
     if missing:
         raise NotMechanical(f"call(s) not found in the source as the check saw them: {', '.join(missing)}")
     return out.code
+
+
+def _retyped(a: Arg, old: Param, new: Param) -> str | None:
+    """Why the value written for `old` cannot simply go to `new` (its type no longer fits), or None."""
+    from pipeline.compat.bind import type_ok
+
+    if a.etype is not None and type_ok(a.etype, old) and not type_ok(a.etype, new):
+        return f"`{a.text}` ({a.etype}) was written for `{old.show()}`; `{new.show()}` takes another type"
+    return None
 
 
 def _kw(arg: cst.Arg, name: str) -> cst.Arg:

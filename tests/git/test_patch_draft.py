@@ -43,7 +43,7 @@ def test_one_draft_that_makes_the_tree_clean(
     assert patch.field("X-Aiter-After") == fx.a["A2"][:12]
     assert patch.atom_range.start == fx.t["T1"][:12] and patch.atom_range.end is None
     assert f"pipeline patch draft --atom {fx.t['T1']} --aiter {fx.a['A2']}" in patch.body
-    assert "`kv_cache` is now `kv_cache_k` (same slot)" in patch.body
+    assert "`kv_cache: Tensor | None` is now `kv_cache_k: Tensor | None` (same slot)" in patch.body
     assert placeholders_in(patch) == []
     assert "the check of the drafted tree: 0 error(s)" in out
     # what git applies: the series with the draft applies to the pin

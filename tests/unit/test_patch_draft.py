@@ -33,6 +33,9 @@ def needs(x, flag=False):
 
 def inner(x, y=None):
     pass
+
+def layout_op(x, shuffle: bool = False):
+    pass
 """
 
 NEW = """
@@ -49,6 +52,9 @@ def needs(x, flag, *, mode):
     pass
 
 def inner(x, layout=None, y=None):
+    pass
+
+def layout_op(x, layout: str = "row"):
     pass
 """
 
@@ -213,3 +219,24 @@ def test_a_statement_with_a_string_less_indented_than_itself_is_rewritten_in_the
         "    aiter.scale_op(\n        y,\n        scale=2,\n    )\n"
     )
     assert draft(block) == block.replace("scale=", "factor=")
+
+
+def test_a_value_written_for_another_type_is_a_placeholder_not_carried_over() -> None:
+    # aiter e4048607a5: `scale_shuffle: bool` became `scale_layout: str = "row"` in the same slot
+    out = draft(
+        "import aiter\naiter.layout_op(x, shuffle=False)\naiter.layout_op(x, True)\naiter.layout_op(x, s)\n"
+    )
+    assert out.splitlines()[1:] == [
+        f"aiter.layout_op(x, layout={PLACEHOLDER})",
+        f"aiter.layout_op(x, layout={PLACEHOLDER})",
+        "aiter.layout_op(x, layout=s)",  # its type is not evident: carried over, with a note to check
+    ]
+    (c, _, _) = calls_in(
+        "import aiter\naiter.layout_op(x, shuffle=False)\naiter.layout_op(x, True)\naiter.layout_op(x, s)\n"
+    )
+    plan = plan_call(c, sig(OLD, "layout_op"), sig(NEW, "layout_op"))
+    assert plan.placeholders == ("layout",)
+    assert any(
+        "`False` (bool) was written for `shuffle: bool`; `layout: str` takes another type" in n
+        for n in plan.notes
+    )
