@@ -140,8 +140,8 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
             notes.append(f"keyword `{k}` {why}: `{t}={PLACEHOLDER}`")
         elif t != k:
             renamed.append((k, t))
-            shown, now = (old_by[k].show() if k in old_by else k), new_by[t].show()
-            notes.append(f"keyword `{shown}` renamed to `{now}`: check `{a.text}` still means it")
+            shown, shown_now = (old_by[k].show() if k in old_by else k), new_by[t].show()
+            notes.append(f"keyword `{shown}` renamed to `{shown_now}`: check `{a.text}` still means it")
     used = [t for _, t in keywords] + [t for _, t in renamed] + [k for k, _ in call.kwargs if k in new_by]
     if len(used) != len(set(used)):
         raise NotMechanical("two arguments would map to the same parameter")
