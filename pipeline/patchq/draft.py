@@ -9,7 +9,11 @@ was written against) to the pin's signature, never from a guess:
   an argument whose parameter is gone is dropped, with a note;
 - a keyword renamed: the new name; a keyword whose parameter is gone: dropped, with a note;
 - a required parameter no argument maps to: `name=PIPELINE_DRAFT_TODO`, a name bound nowhere,
-  so `patch apply` refuses the draft until a person writes the value (never an invented one).
+  so `patch apply` refuses the draft until a person writes the value (never an invented one);
+- a value that no longer fits is not carried over: a parameter split in two (renamed in place to
+  `kv_cache_k`, `kv_cache_v` inserted beside it) keeps the value in its slot and gets a placeholder
+  for the new part (unless the value is None); a value of a type the renamed parameter does not
+  take (`False` for `scale_layout: str`) becomes a placeholder.
 
 The source is rewritten with libcst (a concrete syntax tree: the file's formatting and comments
 stay as they are), and the draft is a DEP-3 patch (`Status: draft`) appended to the series.
@@ -60,8 +64,9 @@ class CallRewrite:
     dropped: tuple[int, ...]  # positional indices whose parameter is gone
     renamed: tuple[tuple[str, str], ...]  # keyword -> new keyword
     dropped_kw: tuple[str, ...]
-    placeholders: tuple[str, ...]  # required parameters nothing maps to
+    placeholders: tuple[str, ...]  # required parameters nothing maps to (and split or retyped ones)
     notes: tuple[str, ...]
+    after: tuple[tuple[str, str], ...] = ()  # placeholder -> the keyword it goes right after
 
 
 class NotMechanical(Exception):
@@ -152,9 +157,10 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
     for prob in bind(drafted, pin).problems:
         if prob.kind == "missing-argument":
             missing.extend(n for n in prob.key.removeprefix("missing:").split(",") if n not in retyped)
-    placeholders = retyped + missing
+    split, after = _splits(call, written_for, pin, keywords, renamed, notes)
+    placeholders = retyped + [n for n in split if n not in retyped] + [n for n in missing if n not in split]
     back = {v: k for k, v in pm.items()}
-    for name in missing:
+    for name in (n for n in missing if n not in split):
         was = next((q for q in written_for.params if q.name in (name, back.get(name))), None)
         had = " (it had a default in the signature the call was written for)"
         notes.append(
@@ -185,6 +191,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         dropped_kw=tuple(dropped_kw),
         placeholders=tuple(placeholders),
         notes=tuple(notes),
+        after=tuple(after),
     )
 
 
@@ -275,6 +282,47 @@ def _rewrite_module(source: str, rewrites: Sequence[CallRewrite]) -> str:
     return out.code
 
 
+def _splits(
+    call: RawCall,
+    old: Signature,
+    new: Signature,
+    keywords: list[tuple[int, str]],
+    renamed: list[tuple[str, str]],
+    notes: list[str],
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Parameters a renamed one was split into: `kv_cache` renamed in place to `kv_cache_k`, with
+    `kv_cache_v` inserted beside it. The value passed for the whole (unless None: nothing to split)
+    may need dividing, so each new part is a placeholder beside the renamed one, with a note."""
+    old_names = {q.name for q in old.params}
+    order = [q.name for q in new.params]
+    values = [(call.args[i], o, t) for i, t in keywords for o in [_written_name(call, old, i)] if o]
+    values += [(a, k, t) for k, t in renamed for kk, a in call.kwargs if kk == k]
+    parts: list[str] = []
+    after: list[tuple[str, str]] = []
+    for a, was, now in values:
+        if was == now or a.etype == "None" or not now.startswith(was + "_") or now not in order:
+            continue
+        j = order.index(now)
+        near = [n for n in order[max(0, j - 2) : j + 3] if n != now and n not in old_names]
+        siblings = [n for n in near if n.startswith(was + "_")]
+        if not siblings:
+            continue
+        parts += siblings
+        after += [(n, now) for n in siblings]
+        notes.append(
+            f"`{was}` was split into `{now}`, {', '.join(f'`{n}`' for n in siblings)}: `{a.text}` was the "
+            f"whole `{was}`; check what `{now}` takes and write " + ", ".join(f"`{n}`" for n in siblings)
+        )
+    return parts, after
+
+
+def _written_name(call: RawCall, old: Signature, i: int) -> str | None:
+    from pipeline.compat.bind import bind
+
+    p = bind(call, old).positional[i]
+    return p.name if p is not None else None
+
+
 def _retyped(a: Arg, old: Param, new: Param) -> str | None:
     """Why the value written for `old` cannot simply go to `new` (its type no longer fits), or None."""
     from pipeline.compat.bind import type_ok
@@ -282,6 +330,10 @@ def _retyped(a: Arg, old: Param, new: Param) -> str | None:
     if a.etype is not None and type_ok(a.etype, old) and not type_ok(a.etype, new):
         return f"`{a.text}` ({a.etype}) was written for `{old.show()}`; `{new.show()}` takes another type"
     return None
+
+
+def _keyword(arg: cst.Arg) -> str | None:
+    return arg.keyword.value if arg.keyword is not None else None
 
 
 def _kw(arg: cst.Arg, name: str) -> cst.Arg:
@@ -321,15 +373,26 @@ def _new_args(
     names_seen = {a.keyword.value for a, _ in out if a.keyword is not None}
     if set(renamed.values()) - names_seen - {by_index.get(i, "") for i in range(len(positional))}:
         raise NotMechanical("a keyword to rename is not written out in the call (a `**` dict?)")
+    anchors = dict(r.after)
     for name in r.placeholders:
         placeholder = cst.Arg(value=cst.Name(PLACEHOLDER))
         at = next((j for j, (a, _) in enumerate(out) if a.star == "**"), len(out))
+        anchor = anchors.get(name)
+        if anchor is not None:  # right after the parameter it was split from
+            at = next((j + 1 for j, (a, _) in enumerate(out) if a.keyword and a.keyword.value == anchor), at)
+            while at < len(out) and _keyword(out[at][0]) in anchors:
+                at += 1  # (after the other parts already placed)
         out.insert(at, (_kw(placeholder, name), False))
     sep: cst.Comma | cst.MaybeSentinel = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     if isinstance(opening, cst.ParenthesizedWhitespace):  # `f(\n    x,\n)`: one argument per line
         sep = cst.Comma(whitespace_after=opening)
     if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
         sep = args[-2].comma  # the call's own separator (a newline and its indent, when one per line)
+        ws = sep.whitespace_after
+        if isinstance(ws, cst.ParenthesizedWhitespace) and ws.first_line.comment is not None:
+            # (without that line's comment: it belongs to its own argument)
+            first = ws.first_line.with_changes(comment=None, whitespace=cst.SimpleWhitespace(""))
+            sep = sep.with_changes(whitespace_after=ws.with_changes(first_line=first))
     last = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
     fixed: list[cst.Arg] = []
     for j, (a, own) in enumerate(out):

@@ -33,7 +33,7 @@ def draft(env: list[str], fx: CompatRepos, aiter: str, *more: str) -> int:
     return main(["patch", "draft", *env, "--atom", fx.t["T1"], "--aiter", fx.a[aiter], *more])
 
 
-def test_one_draft_that_makes_the_tree_clean(
+def test_one_draft_clean_except_for_its_placeholder(
     env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert draft(env, fx, "A2") == 0
@@ -44,8 +44,22 @@ def test_one_draft_that_makes_the_tree_clean(
     assert patch.atom_range.start == fx.t["T1"][:12] and patch.atom_range.end is None
     assert f"pipeline patch draft --atom {fx.t['T1']} --aiter {fx.a['A2']}" in patch.body
     assert "`kv_cache: Tensor | None` is now `kv_cache_k: Tensor | None` (same slot)" in patch.body
-    assert placeholders_in(patch) == []
-    assert "the check of the drafted tree: 0 error(s)" in out
+    # the seed's shape: None passed for the whole cache needs no split; `self.kv_cache` does
+    line = 1 + next(
+        i
+        for i, t in enumerate(
+            GitRepo(fx.atom).read_blob(fx.t["T1"], "atom/models/dense.py").decode().splitlines()
+        )
+        if "a.fused_qk(qkv" in t
+    )
+    assert placeholders_in(patch) == [
+        f"atom/models/dense.py:{line} `a.fused_qk(qkv, w, eps, kv_cache_k=self.kv_cache, "
+        f"kv_cache_v={PLACEHOLDER}, index_cache=self.index_cache, block_size=blk, q_out=self.q_buf)`"
+    ]
+    assert (
+        "the check of the drafted tree: 0 error(s), 1 placeholder(s) to fill "
+        "(clean except for the placeholders)" in out
+    )
     # what git applies: the series with the draft applies to the pin
     assert main(["patch", "check", *env, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == 0
     assert "0001-draft-fused-qk.patch: applies" in capsys.readouterr().out
@@ -63,8 +77,8 @@ def test_every_mechanical_fix_drafted_and_the_rest_named(
     # the drafted tree fails only where no draft was possible; the placeholder binds as a keyword
     left = {(e["path"], e["line"]) for e in d["drafted_check"]["errors"]}
     assert left == {(x["path"], x["line"]) for x in d["not_mechanical"]}
-    (todo,) = d["drafted_check"]["placeholders"]
-    assert f"fm.make_required(p, flag={PLACEHOLDER})" in todo
+    split, required = d["drafted_check"]["placeholders"]
+    assert f"kv_cache_v={PLACEHOLDER}" in split and f"fm.make_required(p, flag={PLACEHOLDER})" in required
     series = PatchSeries.load(tmp_path / "p")
     assert len(series) == 6 and all(is_draft(p) for p in series)
     assert main(["patch", "check", *env, "--atom", fx.t["T1"], "--aiter", fx.a["A4"]]) == 0
@@ -91,6 +105,14 @@ def test_apply_refuses_a_draft_with_a_placeholder_until_it_is_filled(
     )
     refs = atom.git("for-each-ref")
     apply = ["patch", "apply", *env, "--lock", str(lock), "--workdir", str(tmp_path / "w")]
+    assert main(apply) == ExitCode.PATCH
+    err = capsys.readouterr().err
+    assert (
+        "0001-draft-fused-qk.patch is a draft with 1 placeholder(s)" in err
+        and f"kv_cache_v={PLACEHOLDER}" in err
+    )
+    for name in (tmp_path / "p").glob("0001-*.patch"):  # written: the next draft is refused, by its line
+        name.write_text(name.read_text().replace(f"kv_cache_v={PLACEHOLDER}", "kv_cache_v=v"))
     assert main(apply) == ExitCode.PATCH
     err = capsys.readouterr().err
     assert "0005-draft-make-required.patch is a draft with 1 placeholder(s)" in err
@@ -142,10 +164,12 @@ def test_the_rebuild_summary_says_whether_a_draft_exists_for_a_blocked_pair(
     assert draft(env, fx, "A4") == 0
     capsys.readouterr()
     note = draft_note(settings, lock("A4"))
-    assert note.startswith("draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch, ")
+    assert note.startswith(
+        "draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch (1 placeholder"
+    )
     assert "0005-draft-make-required.patch (1 placeholder(s) to fill)" in note
     # at A2 only the fused_qk draft is needed (the others wait for A3/A4 by their X-Aiter-After)
     assert (
         draft_note(settings, lock("A2"))
-        == "draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch"
+        == "draft fix in the series, not reviewed yet: 0001-draft-fused-qk.patch (1 placeholder(s) to fill)"
     )

@@ -104,6 +104,7 @@ def test_multi_line_call_with_comments_keeps_them_and_maps_each_argument() -> No
                 w,
                 1e-6,  # eps
                 kv_cache_k=self.kv_cache,  # kv_cache (one tensor)
+                kv_cache_v=PIPELINE_DRAFT_TODO,
                 index_cache=self.index_cache,  # index_cache
                 # the block size comes from the cache
                 block_size=self.kv_cache.shape[2],
@@ -116,10 +117,18 @@ def test_multi_line_call_with_comments_keeps_them_and_maps_each_argument() -> No
 def test_the_plan_says_what_a_person_must_review() -> None:
     (c,) = calls_in("import aiter\naiter.fused(a, b, c, kv, ic, 4, q)\n")
     plan = plan_call(c, sig(OLD, "fused"), sig(NEW, "fused"))
-    assert plan.keep == 3 and plan.placeholders == ()
+    assert plan.keep == 3
     assert [k for _, k in plan.keywords] == ["kv_cache_k", "index_cache", "block_size", "q_out"]
     assert any("`kv_cache` is now `kv_cache_k`" in n for n in plan.notes)
-    assert any("`kv_cache_v` is new" in n for n in plan.notes)
+    # `kv` was the whole kv_cache, which aiter split in two: the other half is a person's to write
+    assert plan.placeholders == ("kv_cache_v",) and plan.after == (("kv_cache_v", "kv_cache_k"),)
+    assert any(
+        "`kv_cache` was split into `kv_cache_k`, `kv_cache_v`: `kv` was the whole" in n for n in plan.notes
+    )
+    # passing None for the whole passes None for each part: nothing to split, nothing to write
+    (none,) = calls_in("import aiter\naiter.fused(a, b, c, None, ic, 4, q)\n")
+    plan = plan_call(none, sig(OLD, "fused"), sig(NEW, "fused"))
+    assert plan.placeholders == () and any("`kv_cache_v` is new" in n for n in plan.notes)
 
 
 def test_renamed_keyword_and_removed_parameter() -> None:
@@ -180,6 +189,7 @@ def test_nested_calls_both_rewritten_and_other_calls_untouched() -> None:
             w,
             g(h(1), 2),
             kv_cache_k=aiter.inner(x, y=self.y),
+            kv_cache_v=PIPELINE_DRAFT_TODO,
             index_cache=None,
             block_size=0,
             q_out=q,
