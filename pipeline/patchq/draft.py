@@ -122,7 +122,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         if why is not None:  # the value was written for another type: a person writes the new one
             dropped.append(i)
             retyped.append(t)
-            notes.append(f"argument {i + 1} {why}: `{t}={PLACEHOLDER}`")
+            notes.append(f"argument {i + 1}: {why}: `{t}={PLACEHOLDER}`")
             continue
         keywords.append((i, t))
         if t != op.name:
@@ -142,7 +142,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         if why is not None:
             dropped_kw.append(k)
             retyped.append(t)
-            notes.append(f"keyword `{k}` {why}: `{t}={PLACEHOLDER}`")
+            notes.append(f"keyword `{k}={a.text}`: {why}: `{t}={PLACEHOLDER}`")
         elif t != k:
             renamed.append((k, t))
             shown, shown_now = (old_by[k].show() if k in old_by else k), new_by[t].show()
