@@ -507,7 +507,8 @@ def draft_cmd(
         )  # fmt: skip
         drafted = None
         if result.files:
-            head = drafted_commit(atom, report.atom_sha, result.files, now)
+            # dated like its base: the same drafts make the same commit, whose check is then cached
+            head = drafted_commit(atom, report.atom_sha, result.files, atom.commit_info(report.atom_sha).date)
             # dated like the tree the findings are about: the same "written when" screens
             dated = inputs.dated_by or report.atom_sha
             drafted = run_check(atom, head, aiter, report.aiter_sha, cache_dir=cache, dated_by=dated)

@@ -705,7 +705,7 @@ def drafted_commit(atom: GitRepo, base: str, files: dict[str, str], date: dateti
             "GIT_AUTHOR_EMAIL": "atom-image-pipeline@users.noreply.github.com",
             "GIT_COMMITTER_NAME": "atom-image-pipeline",
             "GIT_COMMITTER_EMAIL": "atom-image-pipeline@users.noreply.github.com",
-            "GIT_AUTHOR_DATE": date.isoformat(),  # (the rewritten lines' blame date: written now)
+            "GIT_AUTHOR_DATE": date.isoformat(),
             "GIT_COMMITTER_DATE": date.isoformat(),
         }
         return must("commit-tree", tree, "-p", base, "-m", "pipeline patch draft (not kept)", env=stamp)
