@@ -110,10 +110,11 @@ def command(
         app.log.info(f"report written to {output}")
     else:
         click.echo(app.log.redact(text), nl=False)
-    if app.log.github:
-        for s in report.sites:
-            if s.on_path_of or not report.models:  # (the same rule as report.gates)
-                app.log.error(s.finding.message, file=s.finding.path, line=s.finding.line)
+    if app.log.github:  # annotations on the aiter side: the definitions whose change breaks ATOM
+        for d in report.definitions:
+            if report.gates(d):
+                sites = ", ".join(f"{s.finding.path}:{s.finding.line}" for s in d.sites)
+                app.log.error(f"`{d.name}` breaks ATOM calls: {sites}", file=d.path, line=d.line)
     if report.breaks_on_path:
         raise IncompatibleError(
             f"aiter {report.aiter_head[:10]} breaks ATOM calls that bind at {report.aiter_base[:10]}: "
