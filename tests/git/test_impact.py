@@ -202,3 +202,17 @@ def test_cli_default_atoms_are_main_and_every_lock(
     # main (T3) calls legacy_fn, which A2 removes; the lock's T1 calls fused_qk the A1 way
     assert by_atom == {("main", "legacy_fn"), ("lock m", "fused_qk")}
     assert code == ExitCode.INCOMPATIBLE
+
+
+def test_on_github_actions_the_annotations_are_on_the_aiter_definitions(
+    cli_env: list[str], fx: CompatRepos, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    rng = ["--aiter-base", fx.a["A1c"], "--aiter-head", fx.a["A2"], "--atom", fx.t["T1"]]
+    assert main([*cli_env, *rng]) == ExitCode.INCOMPATIBLE
+    out = capsys.readouterr()
+    line = aiter_line(fx, "A2", "aiter/ops/fused.py", "def fused_qk(")
+    assert (
+        f"::error file=aiter/ops/fused.py,line={line}::`fused_qk` breaks ATOM calls: atom/models/dense.py:"
+        in (out.out + out.err)
+    )
