@@ -67,6 +67,7 @@ class CallRewrite:
     placeholders: tuple[str, ...]  # required parameters nothing maps to (and split or retyped ones)
     notes: tuple[str, ...]
     after: tuple[tuple[str, str], ...] = ()  # placeholder -> the keyword it goes right after
+    blank: tuple[str, ...] = ()  # keywords kept in place with the placeholder as their value
 
 
 class NotMechanical(Exception):
@@ -118,13 +119,12 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         p = new_by[t]
         if p.kind not in ("pos", "kwonly"):
             raise NotMechanical(f"`{t}` is {p.kind} in `{pin.name}`: it cannot be passed by keyword")
+        keywords.append((i, t))
         why = _retyped(call.args[i], op, p)
         if why is not None:  # the value was written for another type: a person writes the new one
-            dropped.append(i)
             retyped.append(t)
             notes.append(f"argument {i + 1}: {why}: `{t}={PLACEHOLDER}`")
             continue
-        keywords.append((i, t))
         if t != op.name:
             notes.append(
                 f"`{op.show()}` is now `{p.show()}` (same slot): check `{call.args[i].text}` still means it"
@@ -140,7 +140,8 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
             continue
         why = _retyped(a, old_by[k], new_by[t]) if k in old_by else None
         if why is not None:
-            dropped_kw.append(k)
+            if t != k:
+                renamed.append((k, t))
             retyped.append(t)
             notes.append(f"keyword `{k}={a.text}`: {why}: `{t}={PLACEHOLDER}`")
         elif t != k:
@@ -168,7 +169,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
             "until a person writes the value" + (had if was is not None and was.has_default else "")
         )
     filled = dataclasses.replace(
-        drafted, kwargs=kwargs + tuple((n, Arg(PLACEHOLDER, None)) for n in placeholders)
+        drafted, kwargs=kwargs + tuple((n, Arg(PLACEHOLDER, None)) for n in placeholders if n not in retyped)
     )
     left = [p for p in bind(filled, pin).problems if p.kind != "type-mismatch"]  # (types: the check judges)
     if left:
@@ -192,6 +193,7 @@ def plan_call(call: RawCall, written_for: Signature, pin: Signature) -> CallRewr
         placeholders=tuple(placeholders),
         notes=tuple(notes),
         after=tuple(after),
+        blank=tuple(retyped),
     )
 
 
@@ -370,11 +372,14 @@ def _new_args(
             out.append((a.with_changes(keyword=cst.Name(renamed[a.keyword.value])), own))
         else:
             out.append((a, own))
+    out = [
+        (a.with_changes(value=cst.Name(PLACEHOLDER)) if _keyword(a) in r.blank else a, own) for a, own in out
+    ]
     names_seen = {a.keyword.value for a, _ in out if a.keyword is not None}
     if set(renamed.values()) - names_seen - {by_index.get(i, "") for i in range(len(positional))}:
         raise NotMechanical("a keyword to rename is not written out in the call (a `**` dict?)")
     anchors = dict(r.after)
-    for name in r.placeholders:
+    for name in (n for n in r.placeholders if n not in r.blank):
         placeholder = cst.Arg(value=cst.Name(PLACEHOLDER))
         at = next((j for j, (a, _) in enumerate(out) if a.star == "**"), len(out))
         anchor = anchors.get(name)

@@ -34,7 +34,7 @@ def needs(x, flag=False):
 def inner(x, y=None):
     pass
 
-def layout_op(x, shuffle: bool = False):
+def layout_op(x, shuffle: bool = False, out=None):
     pass
 """
 
@@ -54,7 +54,7 @@ def needs(x, flag, *, mode):
 def inner(x, layout=None, y=None):
     pass
 
-def layout_op(x, layout: str = "row"):
+def layout_op(x, layout: str = "row", out=None):
     pass
 """
 
@@ -246,6 +246,9 @@ def test_a_value_written_for_another_type_is_a_placeholder_not_carried_over() ->
     )
     plan = plan_call(c, sig(OLD, "layout_op"), sig(NEW, "layout_op"))
     assert plan.placeholders == ("layout",)
+    # in place, where the value was, with the rest of the call as it was
+    spread = "import aiter\naiter.layout_op(\n    x,\n    shuffle=False,  # plain rows\n    out=y,\n)\n"
+    assert draft(spread) == spread.replace("shuffle=False", f"layout={PLACEHOLDER}")
     assert any(
         "`False` (bool) was written for `shuffle: bool`; `layout: str` takes another type" in n
         for n in plan.notes
