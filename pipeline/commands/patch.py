@@ -519,11 +519,16 @@ def draft_cmd(
         _write_drafts(directory, series, result.drafts, atom, start, aiter, report.aiter_sha, write_series)
     placeholders = [p for d in result.drafts for p in d.placeholders]
     remaining = drafted.errors if drafted is not None else []
-    verdict = (
-        f"the check of the drafted tree: {len(remaining)} error(s)"
-        + (f", {len(placeholders)} placeholder(s) to fill" if placeholders else "")
-        + (" (clean except for the placeholders)" if placeholders and not remaining else "")
+    # errors at the calls no draft was possible for are expected: say whether anything else is left
+    skipped = {(x.path, x.line) for x in result.skipped}
+    other = [f for f in remaining if (f.path, f.line) not in skipped]
+    verdict = f"the check of the drafted tree: {len(remaining)} error(s)" + (
+        f", {len(placeholders)} placeholder(s) to fill" if placeholders else ""
     )
+    if remaining and not other:
+        verdict += " (all at the calls not drafted above)"
+    if placeholders and not other:
+        verdict += "; clean except for " + ("those and " if remaining else "") + "the placeholders"
     if as_json:
         app.emit_json(
             {

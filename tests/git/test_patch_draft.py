@@ -57,8 +57,8 @@ def test_one_draft_clean_except_for_its_placeholder(
         f"kv_cache_v={PLACEHOLDER}, index_cache=self.index_cache, block_size=blk, q_out=self.q_buf)`"
     ]
     assert (
-        "the check of the drafted tree: 0 error(s), 1 placeholder(s) to fill "
-        "(clean except for the placeholders)" in out
+        "the check of the drafted tree: 0 error(s), 1 placeholder(s) to fill; "
+        "clean except for the placeholders" in out
     )
     # what git applies: the series with the draft applies to the pin
     assert main(["patch", "check", *env, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == 0
@@ -68,6 +68,11 @@ def test_one_draft_clean_except_for_its_placeholder(
 def test_every_mechanical_fix_drafted_and_the_rest_named(
     env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    assert draft(env, fx, "A4", "--dry-run") == 0
+    assert (
+        "the check of the drafted tree: 2 error(s), 2 placeholder(s) to fill (all at the calls not drafted "
+        "above); clean except for those and the placeholders" in capsys.readouterr().out
+    )
     assert draft(env, fx, "A4", "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert [x["function"].rsplit(".", 1)[-1] for x in d["drafts"]] == [
