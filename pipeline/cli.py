@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 COMMANDS: dict[str, str] = {
     **{name: entry.help for name, entry in TABLE.items()},
     "rebuild": "The scheduled job: move the pins, rebuild what changed, report.",
+    "impact": "Which ATOM calls an aiter change (base..head) breaks, on which model's path.",
     "recipe": "Import upstream ATOM recipes (recipes/*.md) and report their drift.",
     "gc": "Remove old runs, locks nobody holds and refs/pins/* no lock file names.",
 }

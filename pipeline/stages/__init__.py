@@ -82,7 +82,7 @@ TABLE = Table(
     Entry(name, f"pipeline.stages.{name}", help)
     for name, help in (
         ("pin", "Resolve ATOM and aiter refs to full SHAs and write the lock file."),
-        ("patch", "The ATOM patch series: list, check, apply (the final lock), new/export/import."),
+        ("patch", "The ATOM patch series: list, check, apply (the final lock), new/export/import, draft."),
         ("check", "Check every ATOM call of an aiter function against aiter's signatures."),
         ("render", "Render the Dockerfile and build context from the templates."),
         ("build", "Run the whole chain for a model, or build one rendered context."),

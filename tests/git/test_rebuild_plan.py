@@ -64,6 +64,11 @@ def test_one_plan_one_pair_for_every_model(
     # Alpha was written against (the fixture's first aiter commit).
     assert data["atom"] == fx.atom_sha and data["aiter"] != fx.aiter_sha
     assert any("breaks ATOM" in n and "Alpha's path" in n for n in data["notes"])
+    # whether a fix for the break is drafted (issue 31): none in this series
+    assert (
+        "Alpha: no draft fix in the series: `pipeline patch draft --model Alpha` drafts the mechanical fixes"
+        in data["notes"]
+    )
     for model, entry in data["models"].items():
         assert entry["status"] == "ok", (model, entry)
         lock = Lock.load(out / entry["lock"])
