@@ -123,6 +123,9 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     if inputs.given_lock is not None:
         lock = Lock.load(inputs.given_lock)
         sources.mirrors_for_lock(ctx.settings, lock, fetch=not inputs.offline)  # its commits must be there
+        from pipeline.stages.verify import verify_lock
+
+        verify_lock(ctx, lock, lock_path=inputs.given_lock, lock_given=True, patches_dir=inputs.patches_dir)
         ctx.log.detail(f"using the given lock file {inputs.given_lock}")
         return Outputs(lock=lock, lock_path=inputs.out, changed=lock.save(inputs.out))
 
