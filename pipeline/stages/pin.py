@@ -72,7 +72,8 @@ class Outputs(StageData):
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     paths = ctx.settings.paths
-    released = Path(paths.locks_dir) / f"{spec.model}.toml"
+    # locks/<model>.toml as it was when the run started (the tag stage rewrites that file)
+    released = ctx.work_dir / spec.previous_lock if spec.previous_lock else None
     return Inputs(
         model=spec.model,
         atom_repo=spec.atom_repo,
@@ -82,7 +83,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         base_image=spec.base_image,
         out=ctx.work_dir / "lock.toml",
         given_lock=spec.lock_path,
-        previous=released if released.is_file() else None,
+        previous=released if released is not None and released.is_file() else None,
         offline=spec.offline,
         auto=spec.auto_aiter,
         recipe=spec.recipe_path,

@@ -55,9 +55,9 @@ EDITS = {
 @pytest.mark.parametrize("case", sorted(EDITS))
 def test_an_edited_lock_is_refused_by_check_render_and_build(
     case: str,
-    world: BuildRepos,
+    world: BuildRepos,  # noqa: F811
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     lock = _final_lock(tmp_path)
     assert main(["check", "--lock", str(lock)]) == 0  # untouched, it is consistent
@@ -84,9 +84,9 @@ def test_an_edited_lock_is_refused_by_check_render_and_build(
 
 
 def test_the_repair_command_makes_the_lock_consistent_again(
-    world: BuildRepos,
+    world: BuildRepos,  # noqa: F811
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     lock = _final_lock(tmp_path)
     good = lock.read_text()
@@ -101,9 +101,9 @@ def test_the_repair_command_makes_the_lock_consistent_again(
 
 
 def test_a_run_lock_edited_between_stages_stops_render(
-    world: BuildRepos,
+    world: BuildRepos,  # noqa: F811
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["build", "--model", MODEL, "--until", "check"]) == 0
     run = only_run(tmp_path)
