@@ -423,8 +423,10 @@ def tag_verified(
     def push_immutable() -> str:
         """Push the image as the immutable tag through a local tag this run removes again."""
         nonlocal made_local_tag
-        if not made_local_tag and engine.image(local_ref) is None:
-            made_local_tag = True
+        if not made_local_tag:
+            # absent, or this image's: ours (a run killed after its push left it; it goes too)
+            left = engine.image(local_ref)
+            made_local_tag = left is None or left.id == img.id
         engine.tag(img.id, target.name, immutable)
         log.detail(f"pushing {local_ref}")
         return _push(engine, target.name, immutable, auth, log, sleep)
