@@ -171,6 +171,7 @@ def _build_context(app: App, context_dir: Path, *, tag: str | None, nocache: boo
             {
                 "image_id": out.image,
                 "image_ref": out.ref,
+                "candidate": out.candidate,
                 "skipped": out.skipped,
                 "found_in": out.found_in,
                 "pushed": out.pushed,
