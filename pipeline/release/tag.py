@@ -436,6 +436,8 @@ def tag_verified(
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
         mover.preflight(moving)
+        # a verdict bound to a digest: that digest, in the target repository, must be this image
+        _refuse_foreign_digest(client, target, verdict.verdict.image.digest, img.id)
         # 1. immutable tag: never moved once it exists; a manifest answering HTTP 500 is repaired
         existing, broken = current(client, repo, immutable)
         if broken:
@@ -539,6 +541,22 @@ def tag_verified(
         attested=attested,
         state=outcome.state,
     )
+
+
+def _refuse_foreign_digest(client: RegistryClient, target: ImageRef, tested: str, image_id: str) -> None:
+    """Refuse, before anything is pushed, a verdict whose digest the target does not hold as this image."""
+    if not tested:
+        return
+    try:
+        holds = _holds_image(client, target, tested, image_id)
+    except PipelineError:
+        holds = False
+    if not holds:
+        raise TagError(
+            f"refusing to tag: the verdict was made for {target.name}@{tested}, which the registry does not "
+            f"hold as image {_short(image_id)} (foreign verdict); nothing was pushed or moved.",
+            hint=RERUN,
+        )
 
 
 def _repush(push: Callable[[], str], digest: str) -> None:

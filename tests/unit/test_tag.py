@@ -634,10 +634,12 @@ def test_verdict_bound_to_another_digest_moves_nothing(world: World, fake: FakeR
     good = world.verdict()
     world.write_verdict(image={**good["image"], "digest": "sha256:" + "d" * 64})
     before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
     with pytest.raises(TagError, match="foreign verdict"):
-        _run(world, _engine(world, fake), fake)
+        _run(world, engine, fake)
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
     assert not (world.verdict_path.parent / "record.json").exists()
+    assert engine.pushed == []  # refused before the immutable tag was pushed
 
 
 def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: FakeRegistry) -> None:
