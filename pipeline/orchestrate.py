@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pipeline.errors import PipelineError, UsageError
 from pipeline.runs import RunDir, StageState, Status
 from pipeline.stages import TABLE, Table
-from pipeline.stages.base import Context, StageData, Upstream, inputs_record
+from pipeline.stages.base import Context, StageData, Upstream, inputs_record, local, portable
 from pipeline.stages.spec import HOST_LOCAL, BuildSpec
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
         if name not in spec.stages:
             # Outputs of stages outside the range come from earlier records of this run.
             if prev is not None and prev.status == "ok":
-                up.set(name, table[name].load().Outputs.model_validate(prev.outputs))
+                up.set(name, table[name].load().Outputs.model_validate(local(prev.outputs, rd.path)))
                 result.outputs[name] = up.get(name, StageData)
             continue
         stage = table[name].load()
@@ -265,7 +265,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             start = time.monotonic()
             try:
                 inputs = stage.plan(ctx, spec, up)
-                seen = inputs_record(name, inputs, stage.reads(ctx, inputs))
+                seen = inputs_record(name, inputs, stage.reads(ctx, inputs), rd.path)
             except PipelineError as e:
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
             digest = seen.digest
@@ -274,7 +274,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             kept = done and prev is not None and prev.inputs_digest != digest and name in FROZEN and not repin
             again = repin and name in FROZEN  # --repin: the run's decision is made again, said so
             if done and prev is not None and (prev.inputs_digest == digest or kept) and not again:
-                outputs = stage.Outputs.model_validate(prev.outputs)
+                outputs = stage.Outputs.model_validate(local(prev.outputs, rd.path))
                 rec.status = "skipped"
                 rec.figure = f"done earlier: {outputs.figure()}"
                 if kept:  # a run's decision is not re-made behind its back
@@ -301,13 +301,13 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 st.inputs, st.reads = seen.inputs, seen.reads
                 return _ended(result, rd, rec, st, e)
             if done and prev is not None and name in FROZEN:
-                before = stage.Outputs.model_validate(prev.outputs).figure()
+                before = stage.Outputs.model_validate(local(prev.outputs, rd.path)).figure()
                 ctx.log.info(f"{name} again (--repin): {before} → {outputs.figure()}")
             st = StageState(
                 name,
                 "ok",
                 digest,
-                outputs.model_dump(mode="json"),
+                portable(outputs.model_dump(mode="json"), rd.path),
                 time.monotonic() - start,
                 "",
                 outputs.figure(),

@@ -170,10 +170,45 @@ def _brief(value: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def inputs_record(name: str, inputs: StageData, reads: Iterable[Path]) -> InputsRecord:
-    """The digest a stage record is keyed by: its Inputs plus the content of what it reads."""
-    dumped = inputs.model_dump(mode="json")
-    read = {str(p): _content_digest(p) for p in reads}
+RUN = "$RUN"  # a path inside the run directory, as records keep it (the directory may move)
+
+
+def portable(value: Any, root: Path | None) -> Any:
+    """`value` (JSON) with every path inside `root` written from `$RUN`: a run directory copied to
+    another host (or place) keeps its digests and records."""
+    if root is None:
+        return value
+    prefixes = {str(root), str(root.absolute())}
+    if isinstance(value, str):
+        for prefix in prefixes:
+            if value == prefix or value.startswith(prefix + "/"):
+                return RUN + value[len(prefix) :]
+        return value
+    if isinstance(value, dict):
+        return {portable(k, root): portable(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    return value
+
+
+def local(value: Any, root: Path) -> Any:
+    """The inverse of `portable`: `$RUN` read as this run directory."""
+    if isinstance(value, str):
+        return str(root) + value[len(RUN) :] if value == RUN or value.startswith(RUN + "/") else value
+    if isinstance(value, dict):
+        return {k: local(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [local(v, root) for v in value]
+    return value
+
+
+def inputs_record(
+    name: str, inputs: StageData, reads: Iterable[Path], root: Path | None = None
+) -> InputsRecord:
+    """The digest a stage record is keyed by: its Inputs plus the content of what it reads (paths
+    inside the run directory `root` written from `$RUN`)."""
+    dumped = portable(inputs.model_dump(mode="json"), root)
+    read = {portable(str(p), root): _content_digest(p) for p in reads}
     data: dict[str, Any] = {"schema": DIGEST_SCHEMA, "stage": name, "inputs": dumped, "reads": read}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
     return InputsRecord(hashlib.sha256(blob).hexdigest(), dumped, read)

@@ -108,3 +108,23 @@ def test_a_stage_that_runs_again_says_which_input_changed(
 def test_repin_goes_with_resume(world: BuildRepos, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     assert main(["build", "--model", MODEL, "--repin"]) == ExitCode.USAGE
     assert "--repin re-pins a run: it goes with --resume DIR" in capsys.readouterr().err
+
+
+def test_a_run_directory_moved_elsewhere_resumes_with_nothing_done_again(
+    world: BuildRepos,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
+    run = only_run(tmp_path)
+    moved = tmp_path / "elsewhere" / run.name
+    shutil.copytree(run, moved)
+    shutil.rmtree(run)
+    records = "".join(p.read_text() for p in (moved / "stages").glob("*.json"))
+    assert str(run) not in records and "$RUN/context" in records  # no path of the first place
+    capsys.readouterr()
+    assert main(["build", "--resume", str(moved), "--until", "render"]) == 0
+    err = capsys.readouterr().err
+    for stage in ("pin", "patch", "check", "render"):
+        assert f"↷ {stage}" in err, err
+    assert "runs again" not in err
