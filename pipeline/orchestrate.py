@@ -208,8 +208,9 @@ def execute(
         spec = rd.read_spec()
         refuse_contradictions(req, settings, spec)
         settings, env = resumed(spec, settings, env, log)
-        if req.from_stage or req.until:
-            spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
+        # a resume finishes the run (every stage) unless told where to start or stop: a run started
+        # `--until build` on a build host is finished on a GPU host with `--resume` alone
+        spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
     else:
         if req.repin:
             raise UsageError("--repin re-pins a run: it goes with --resume DIR.")
