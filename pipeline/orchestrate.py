@@ -148,9 +148,9 @@ def refuse_contradictions(req: BuildRequest, settings: Settings, spec: BuildSpec
                     found.append(f"[{section}] {key} = {current.get(key)!r} (the run has {kept!r})")
     if found:
         raise UsageError(
-            f"--resume {spec.model} run: "
+            f"--resume: this {spec.model} run decided otherwise at its start: "
             + "; ".join(found)
-            + " contradicts what the run decided at its start.",
+            + ". Nothing was run.",
             hint="Drop the flag to finish the run as it was started, or start a new run with it "
             f"(`pipeline build --model {spec.model} ...`). Host-local settings may differ on resume: "
             + ", ".join(HOST_LOCAL)
