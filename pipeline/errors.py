@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     NO_HARDWARE = 9  # the smoke test could not run: GPUs / model cache missing
     TAG = 10  # tagging or pushing refused or failed
     INFRA = 11  # Docker engine, registry or network unreachable
+    LOCK_INCONSISTENT = 12  # a lock file that its commits or the patch series contradict
     LOCKED = 13  # another run holds the run directory or tag lock
     DISK = 14  # no room (ENOSPC, EDQUOT) or no write access (EROFS, EACCES) where a run writes
     INTERRUPTED = 130  # Ctrl-C / SIGTERM
@@ -41,6 +42,7 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.NO_HARDWARE: "smoke test could not run here (GPUs, model cache or token missing)",
     ExitCode.TAG: "tag or push refused or failed",
     ExitCode.INFRA: "infrastructure unreachable: Docker engine, registry, network",
+    ExitCode.LOCK_INCONSISTENT: "lock file inconsistent with its commits or the patch series (edited?)",
     ExitCode.LOCKED: "another run holds the lock on this run directory or tag",
     ExitCode.DISK: "disk full or read-only where the run writes (run directory, cache, locks)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); every container the run started was removed",
@@ -90,6 +92,12 @@ class SourceError(PipelineError):
 
 class LockFileError(SourceError):
     pass
+
+
+class LockInconsistent(PipelineError):
+    """A lock whose recorded fields differ from what its commits and the patch series say."""
+
+    exit_code = ExitCode.LOCK_INCONSISTENT
 
 
 class IncompatibleError(PipelineError):

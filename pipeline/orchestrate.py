@@ -17,13 +17,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.errors import PipelineError, UsageError
 from pipeline.runs import RunDir, StageState, Status
 from pipeline.stages import TABLE, Table
-from pipeline.stages.base import Context, StageData, Upstream, inputs_digest
-from pipeline.stages.spec import BuildSpec
+from pipeline.stages.base import Context, StageData, Upstream, inputs_record, local, portable
+from pipeline.stages.spec import HOST_LOCAL, BuildSpec
 
 if TYPE_CHECKING:
     from pipeline.config import Settings
@@ -47,6 +47,7 @@ class BuildRequest:
     registry: str | None = None
     offline: bool = False
     auto_aiter: bool = False  # pin aiter to the newest commit compatible with ATOM (`pin --auto`)
+    repin: bool = False  # --resume: pin again (the run's pin is otherwise kept)
 
 
 def stage_range(order: tuple[str, ...], first: str | None, last: str | None) -> tuple[str, ...]:
@@ -60,7 +61,9 @@ def stage_range(order: tuple[str, ...], first: str | None, last: str | None) -> 
     return order[i : j + 1]
 
 
-def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) -> BuildSpec:
+def resolve_spec(
+    req: BuildRequest, settings: Settings, order: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> BuildSpec:
     """Validate what was asked, once, before anything runs, and freeze it."""
     from pipeline import validate
     from pipeline.lock import Lock
@@ -83,7 +86,11 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
             raise UsageError(f"the lock {req.lock} is for model {lock.model!r}, not {req.model!r}.")
         atom_repo, atom_ref = lock.atom.url, lock.atom.sha
         aiter_repo, aiter_ref = lock.aiter.url, lock.aiter.sha
+    from pipeline.stages.render import source_date_epoch
+
     return BuildSpec(
+        settings=frozen_settings(settings),
+        source_date_epoch=source_date_epoch(env or {}),
         model=req.model,
         recipe_path=recipe,
         atom_repo=atom_repo,
@@ -98,6 +105,85 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
         offline=req.offline,
         auto_aiter=req.auto_aiter,
     )
+
+
+PREVIOUS_LOCK = "previous-lock.toml"
+
+
+def frozen_settings(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The settings a run keeps (run.json): every section, without the host-local keys."""
+    from pipeline.config import SECTIONS
+
+    return {
+        section: {
+            k: v for k, v in getattr(settings, section).model_dump(mode="json").items() if k not in HOST_LOCAL
+        }
+        for section in SECTIONS
+    }
+
+
+def refuse_contradictions(req: BuildRequest, settings: Settings, spec: BuildSpec) -> None:
+    """A flag given with --resume that contradicts the run's state: exit 2, naming both values."""
+    found = []
+    for flag, given, kept in (
+        ("--model", req.model or None, spec.model),
+        ("--atom", req.atom_ref, spec.atom_ref),
+        ("--aiter", req.aiter_ref, spec.aiter_ref),
+        ("--base-image", req.base_image, spec.base_image),
+        ("--lock", str(req.lock) if req.lock else None, str(spec.lock_path) if spec.lock_path else None),
+    ):
+        if given is not None and given != kept:
+            found.append(f"{flag} {given!r} (the run has {kept!r})")
+    for flag, on, was in (
+        ("--offline", req.offline, spec.offline),
+        ("--auto", req.auto_aiter, spec.auto_aiter),
+    ):
+        if on and not was:
+            found.append(f"{flag} (the run was started without it)")
+    if spec.settings:
+        for section, values in spec.settings.items():
+            current = getattr(settings, section).model_dump(mode="json")
+            for key, kept in values.items():
+                if settings.origins.get(key) == "flag" and current.get(key) != kept:
+                    found.append(f"[{section}] {key} = {current.get(key)!r} (the run has {kept!r})")
+    if found:
+        raise UsageError(
+            f"--resume: this {spec.model} run decided otherwise at its start: "
+            + "; ".join(found)
+            + ". Nothing was run.",
+            hint="Drop the flag to finish the run as it was started, or start a new run with it "
+            f"(`pipeline build --model {spec.model} ...`). Host-local settings may differ on resume: "
+            + ", ".join(HOST_LOCAL)
+            + ".",
+        )
+
+
+def resumed(
+    spec: BuildSpec, settings: Settings, env: Mapping[str, str], log: Logger
+) -> tuple[Settings, Mapping[str, str]]:
+    """The settings and environment a resumed run runs with: the run's own, host-local keys from here.
+
+    A setting the configuration now gives otherwise is named (the run keeps its value).
+    """
+    if not spec.settings:  # a run.json from before settings were frozen
+        return settings, env
+    sections: dict[str, Any] = {}
+    for section, kept in spec.settings.items():
+        current = getattr(settings, section).model_dump(mode="json")
+        for key, value in kept.items():
+            if current.get(key) != value:
+                where = settings.origins.get(key, "the configuration")
+                log.warn(
+                    f"[{section}] {key} is now {current.get(key)!r} ({where}); this run keeps {value!r} "
+                    "from its start (start a new run to use the new value)."
+                )
+        sections[section] = {**current, **kept}
+    frozen = settings.model_validate({**sections, "origins": settings.origins})
+    env = dict(env)
+    env.pop("SOURCE_DATE_EPOCH", None)
+    if spec.source_date_epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = str(spec.source_date_epoch)
+    return frozen, env
 
 
 @dataclass
@@ -120,11 +206,22 @@ def execute(
     if req.resume:
         rd = RunDir.existing(req.resume)
         spec = rd.read_spec()
-        if req.from_stage or req.until:
-            spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
+        refuse_contradictions(req, settings, spec)
+        settings, env = resumed(spec, settings, env, log)
+        # a resume finishes the run (every stage) unless told where to start or stop: a run started
+        # `--until build` on a build host is finished on a GPU host with `--resume` alone
+        spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
     else:
-        spec = resolve_spec(req, settings, order)
+        if req.repin:
+            raise UsageError("--repin re-pins a run: it goes with --resume DIR.")
+        spec = resolve_spec(req, settings, order, env)
         rd = RunDir.new(Path(settings.paths.runs_dir), spec.model)
+        previous = Path(settings.paths.locks_dir) / f"{spec.model}.toml"
+        if previous.is_file():  # pin keeps its digest and patches; tag rewrites the file later
+            import shutil
+
+            shutil.copyfile(previous, rd.path / PREVIOUS_LOCK)
+            spec = spec.model_copy(update={"previous_lock": PREVIOUS_LOCK})
         rd.write_spec(spec)
     rd.acquire()
     try:
@@ -140,14 +237,19 @@ def execute(
             resume_command=f"pipeline build --resume {rd.path}",
         )
         try:
-            return drive(ctx, spec, rd, table)
+            return drive(ctx, spec, rd, table, repin=req.repin)
         finally:
             ctx.close()
     finally:
         rd.release()
 
 
-def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
+# Stages whose `ok` record is a decision of the run: kept on --resume even when their inputs
+# changed (said, with what changed), re-made only with --repin.
+FROZEN = frozenset({"pin"})
+
+
+def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: bool = False) -> RunResult:
     """The skip/resume/stop loop over the table's stages."""
     result = RunResult(rd.path, [])
     up = Upstream()
@@ -156,7 +258,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
         if name not in spec.stages:
             # Outputs of stages outside the range come from earlier records of this run.
             if prev is not None and prev.status == "ok":
-                up.set(name, table[name].load().Outputs.model_validate(prev.outputs))
+                up.set(name, table[name].load().Outputs.model_validate(local(prev.outputs, rd.path)))
                 result.outputs[name] = up.get(name, StageData)
             continue
         stage = table[name].load()
@@ -164,31 +266,54 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
             start = time.monotonic()
             try:
                 inputs = stage.plan(ctx, spec, up)
-                digest = inputs_digest(name, inputs, stage.reads(ctx, inputs))
+                seen = inputs_record(name, inputs, stage.reads(ctx, inputs), rd.path)
             except PipelineError as e:
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
-            if prev is not None and prev.status == "ok" and prev.inputs_digest == digest:
-                outputs = stage.Outputs.model_validate(prev.outputs)
+            digest = seen.digest
+            done = prev is not None and prev.status == "ok"
+            changes = seen.changes(prev.inputs, prev.reads) if prev is not None and done else []
+            kept = done and prev is not None and prev.inputs_digest != digest and name in FROZEN and not repin
+            again = repin and name in FROZEN  # --repin: the run's decision is made again, said so
+            if done and prev is not None and (prev.inputs_digest == digest or kept) and not again:
+                outputs = stage.Outputs.model_validate(local(prev.outputs, rd.path))
                 rec.status = "skipped"
                 rec.figure = f"done earlier: {outputs.figure()}"
+                if kept:  # a run's decision is not re-made behind its back
+                    ctx.log.warn(
+                        f"{name}: {'; '.join(changes) or 'its inputs changed'} since this run did it; "
+                        f"the run keeps {outputs.figure()}. Pass --repin to {name} again."
+                    )
                 up.set(name, outputs)
                 result.outputs[name] = outputs
                 result.states.append(prev)
                 continue
+            if prev is not None:  # it ran before in this run: say why it runs again
+                why = "; ".join(changes) if done else f"it {prev.status} earlier"
+                if again:
+                    why = "--repin"
+                elif done and not changes:
+                    why = "its inputs digest changed (the record predates the inputs it keeps)"
+                ctx.log.info(f"{name} runs again: {why}")
             try:
                 outputs = stage.run(ctx, inputs)
             except PipelineError as e:
                 status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
+                st.inputs, st.reads = seen.inputs, seen.reads
                 return _ended(result, rd, rec, st, e)
+            if done and prev is not None and name in FROZEN:
+                before = stage.Outputs.model_validate(local(prev.outputs, rd.path)).figure()
+                ctx.log.info(f"{name} again (--repin): {before} → {outputs.figure()}")
             st = StageState(
                 name,
                 "ok",
                 digest,
-                outputs.model_dump(mode="json"),
+                portable(outputs.model_dump(mode="json"), rd.path),
                 time.monotonic() - start,
                 "",
                 outputs.figure(),
+                seen.inputs,
+                seen.reads,
             )
             rd.record(st)
             up.set(name, outputs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,6 +43,8 @@ class StageState:
     seconds: float
     error: str = ""
     figure: str = ""  # the key figure of the stage table
+    inputs: dict[str, Any] = field(default_factory=dict)  # what the digest covers, to say what changed
+    reads: dict[str, str] = field(default_factory=dict)
 
 
 class RunDir:

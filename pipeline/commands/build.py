@@ -47,6 +47,11 @@ def _summary_table(app: App) -> str:
 @click.option("--until", type=click.Choice(STAGE_ORDER), help="Last stage to run.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Resume this run directory: stages done for the same inputs are skipped.")  # fmt: skip
+@click.option(
+    "--repin",
+    is_flag=True,
+    help="With --resume: pin the run's refs again (a run otherwise keeps its pin; says what moved).",
+)
 @click.option("--registry", help="Registry to push verified tags to (default: [tag] registry).")
 @click.option(
     "--offline",
@@ -74,6 +79,7 @@ def command(
     from_stage: str | None,
     until: str | None,
     resume: Path | None,
+    repin: bool,
     registry: str | None,
     offline: bool,
     tag: str | None,
@@ -117,6 +123,7 @@ def command(
         registry=registry,
         offline=offline,
         auto_aiter=auto_aiter,
+        repin=repin,
     )
     result: RunResult | None = None
     try:
@@ -164,6 +171,7 @@ def _build_context(app: App, context_dir: Path, *, tag: str | None, nocache: boo
             {
                 "image_id": out.image,
                 "image_ref": out.ref,
+                "candidate": out.candidate,
                 "skipped": out.skipped,
                 "found_in": out.found_in,
                 "pushed": out.pushed,

@@ -134,6 +134,7 @@ def command(
             patches_dir=patches_dir,
             unpatched=unpatched,
             recipe=recipe_path,
+            lock_path=lock_path,
         )
     else:
         inputs = check.Inputs(

@@ -9,7 +9,7 @@ import click
 
 from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.errors import PatchError, UsageError
+from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
     from pipeline.lock import Lock
@@ -111,18 +111,21 @@ def command(
 
     validate.model(model)
     settings = app.settings(submodules=submodules)
-    lock = Lock.load(lock_path or Path(settings.paths.locks_dir) / f"{model}.toml")
+    lock = Lock.load(lock_path or Path(settings.paths.locks_dir) / f"{model}.toml")  # verified by render.run
     if lock.model != model:
         raise UsageError(f"the lock is for model {lock.model!r}, not {model!r}.")
     recipe = recipe or find_recipe(model, Path(settings.paths.recipes_dir))
     ctx = app.context(work_dir=out_dir.parent)
+    path = lock_path or Path(settings.paths.locks_dir) / f"{model}.toml"
     with app.log.stage("render", model) as rec:
-        tree = atom_tree
-        if tree is None and lock.applied_patches:
+        tree = lock.atom.sha
+        if atom_tree is not None:
+            tree = _commit(ctx, lock, atom_tree, atom_repo, aiter_repo)
+        elif lock.applied_patches:  # the series applied to the locked commit (render verifies it)
             tree = _patched_tree(ctx, lock, patches_dir, atom_repo, aiter_repo)
         inputs = render.Inputs(
             lock=lock,
-            atom_tree=_commit(ctx, lock, tree, atom_repo, aiter_repo) if tree else lock.atom.sha,
+            atom_tree=tree,
             recipe=recipe,
             out_dir=out_dir,
             templates_dir=Path(settings.paths.templates_dir),
@@ -131,6 +134,9 @@ def command(
             atom_repo=atom_repo,
             aiter_repo=aiter_repo,
             submodule_repos=_submodule_repos(submodule_repos),
+            lock_path=path,
+            lock_given=lock_path is not None,
+            patches_dir=patches_dir,
         )
         out = render.run(ctx, inputs)
         rec.figure = out.figure()
@@ -162,22 +168,14 @@ def _commit(ctx: Context, lock: Lock, rev: str, atom_repo: Path | None, aiter_re
 def _patched_tree(
     ctx: Context, lock: Lock, patches_dir: Path | None, atom_repo: Path | None, aiter_repo: Path | None
 ) -> str:
-    """The series applied to the locked commit by the patch stage; it must apply what the lock records."""
+    """The series applied to the locked commit; `render.run` verifies the lock records exactly it."""
+    from pipeline.errors import PatchError
+    from pipeline.patchq import PatchSeries, patched_commit
     from pipeline.stages import patch
 
-    directory = patches_dir or Path(ctx.settings.paths.patches_dir)
-    out = patch.run(
-        ctx,
-        patch.Inputs(lock=lock, patches_dir=directory, out=None, atom_repo=atom_repo, aiter_repo=aiter_repo),
-    )
-    applied = [(p.name, p.sha256) for p in out.lock.applied_patches]
-    recorded = [(p.name, p.sha256) for p in lock.applied_patches]
-    if applied != recorded:
-        names = ", ".join(n for n, _ in applied) or "nothing"
-        raise PatchError(
-            f"the patch series in {directory} applies {names} to ATOM {lock.atom.short}, but the lock "
-            "records " + (", ".join(n for n, _ in recorded)) + " (names and sha256 must match).",
-            hint=f"Run `pipeline patch apply --model {lock.model}` to record the series in the lock, "
-            "then render again.",
-        )
-    return out.head
+    atom, aiter = patch.repos(ctx, lock, atom_repo, aiter_repo)
+    try:
+        series = PatchSeries.load(patches_dir or Path(ctx.settings.paths.patches_dir))
+        return patched_commit(series, atom, lock.atom.sha, aiter, lock.aiter.sha).head_sha
+    except PatchError:
+        return lock.atom.sha  # the verification names what does not match

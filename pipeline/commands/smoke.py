@@ -35,7 +35,12 @@ def _labels(raw: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command(name="smoke")
-@click.option("--image", required=True, help="Image to test (tag or ID) on the engine.")
+@click.option(
+    "--image",
+    required=True,
+    help="Image to test: REPO@sha256:DIGEST (pulled by digest when absent, verified), or a tag or ID "
+    "on the engine.",
+)
 @click.option("--model", help="Recipe name: recipes/<MODEL>.yaml (e.g. MiniMax-M3-MXFP4).")
 @click.option(
     "--recipe",

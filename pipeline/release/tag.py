@@ -461,8 +461,10 @@ def tag_verified(
     def push_immutable() -> str:
         """Push the image as the immutable tag through a local tag this run removes again."""
         nonlocal made_local_tag
-        if not made_local_tag and engine.image(local_ref) is None:
-            made_local_tag = True
+        if not made_local_tag:
+            # absent, or this image's: ours (a run killed after its push left it; it goes too)
+            left = engine.image(local_ref)
+            made_local_tag = left is None or left.id == img.id
         engine.tag(img.id, target.name, immutable)
         log.detail(f"pushing {local_ref}")
         return _push(engine, target.name, immutable, auth, log, sleep, settings.tag.push_timeout_s)
@@ -478,6 +480,8 @@ def tag_verified(
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
         mover.preflight(moving)
+        # a verdict bound to a digest: that digest, in the target repository, must be this image
+        _refuse_foreign_digest(client, target, verdict.verdict.image.digest, img.id)
         # 1. immutable tag: never moved once it exists; a manifest answering HTTP 500 is repaired
         existing, broken = current(client, repo, immutable)
         if broken:
@@ -604,6 +608,22 @@ def _rerun_command(
     argv += ["--push-latest"] if latest else []
     argv += ["--allow-older"] if allow_older else []
     return shlex.join(argv)
+
+
+def _refuse_foreign_digest(client: RegistryClient, target: ImageRef, tested: str, image_id: str) -> None:
+    """Refuse, before anything is pushed, a verdict whose digest the target does not hold as this image."""
+    if not tested:
+        return
+    try:
+        holds = _holds_image(client, target, tested, image_id)
+    except PipelineError:
+        holds = False
+    if not holds:
+        raise TagError(
+            f"refusing to tag: the verdict was made for {target.name}@{tested}, which the registry does not "
+            f"hold as image {_short(image_id)} (foreign verdict); nothing was pushed or moved.",
+            hint=RERUN,
+        )
 
 
 def _repush(push: Callable[[], str], digest: str) -> None:

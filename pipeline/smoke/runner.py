@@ -102,11 +102,13 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _digest(info: ImageInfo) -> str:
-    for d in info.digests or []:
-        if "@" in d:
-            return str(d.split("@", 1)[1])
-    return ""
+def _digest(info: ImageInfo, image: str = "") -> str:
+    """The digest the smoke test ran: the one `image` names (`REPO@sha256:…`), else the first."""
+    named = image.split("@", 1)[1] if "@sha256:" in image else ""
+    found = [str(d.split("@", 1)[1]) for d in info.digests or [] if "@" in d]
+    if named:
+        return named if named in found else ""
+    return found[0] if found else ""
 
 
 class _Run:
@@ -689,7 +691,8 @@ def run_smoke(
     if info is None:
         raise UsageError(
             f"{engine_desc[0].upper()}{engine_desc[1:]} has no image {image!r}.",
-            hint="Build it (`pipeline build`) or pull it on that engine first; the smoke test never pulls.",
+            hint="Build it (`pipeline build`) or pull it on that engine first, or give it by digest "
+            "(`--image REPO@sha256:…`, pulled when absent); a tag is never pulled.",
         )
     container_env = _container_env(
         recipe, env, log, settings.recipe_secrets
@@ -701,7 +704,7 @@ def run_smoke(
     leftovers = sweep_leftovers(engine, run.owner, log)  # before anything of ours runs
     image_labels = dict(info.labels or {})
     base: dict[str, Any] = {
-        "image": TestedImage(ref=image, id=str(info.id), digest=_digest(info)),
+        "image": TestedImage(ref=image, id=str(info.id), digest=_digest(info, image)),
         "recipe": RecipeRef(name=recipe.name, path=str(recipe_path), sha256=sha256_file(recipe_path)),
         "lock_sha256": image_labels.get(labels.LOCK_SHA256, ""),
         "inputs_digest": image_labels.get(labels.INPUTS_DIGEST, ""),

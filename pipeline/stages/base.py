@@ -139,13 +139,80 @@ def _content_digest(path: Path) -> str:
     return "absent"
 
 
-def inputs_digest(name: str, inputs: StageData, reads: Iterable[Path]) -> str:
-    """The digest a stage record is keyed by: its Inputs plus the content of what it reads."""
-    data: dict[str, Any] = {
-        "schema": DIGEST_SCHEMA,
-        "stage": name,
-        "inputs": inputs.model_dump(mode="json"),
-        "reads": {str(p): _content_digest(p) for p in reads},
-    }
+@dataclass(frozen=True)
+class InputsRecord:
+    """What a stage record keeps of its inputs: the digest, and what it was computed over (so a
+    stage that runs again can say which input changed)."""
+
+    digest: str
+    inputs: dict[str, Any]
+    reads: dict[str, str]  # path -> content digest
+
+    def changes(self, old_inputs: Mapping[str, Any], old_reads: Mapping[str, str]) -> list[str]:
+        """What differs from an earlier record, one phrase each: the field or the file, old and new."""
+        out = []
+        for key in sorted(self.inputs.keys() | old_inputs.keys()):
+            before, now = old_inputs.get(key), self.inputs.get(key)
+            if before != now:
+                out.append(f"input {key} changed ({_brief(before)} → {_brief(now)})")
+        for path in sorted(self.reads.keys() | old_reads.keys()):
+            before_d, now_d = old_reads.get(path, "absent"), self.reads.get(path, "absent")
+            if before_d != now_d:
+                out.append(f"{path} changed ({before_d[:12]} → {now_d[:12]})")
+        return out
+
+
+def _brief(value: Any) -> str:
+    """A value short enough for one line (a lock or a dict is shown by its digest)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if len(text) <= 60:
+        return text
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+RUN = "$RUN"  # a path inside the run directory, as records keep it (the directory may move)
+
+
+def portable(value: Any, root: Path | None) -> Any:
+    """`value` (JSON) with every path inside `root` written from `$RUN`: a run directory copied to
+    another host (or place) keeps its digests and records."""
+    if root is None:
+        return value
+    prefixes = {str(root), str(root.absolute())}
+    if isinstance(value, str):
+        for prefix in prefixes:
+            if value == prefix or value.startswith(prefix + "/"):
+                return RUN + value[len(prefix) :]
+        return value
+    if isinstance(value, dict):
+        return {portable(k, root): portable(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    return value
+
+
+def local(value: Any, root: Path) -> Any:
+    """The inverse of `portable`: `$RUN` read as this run directory."""
+    if isinstance(value, str):
+        return str(root) + value[len(RUN) :] if value == RUN or value.startswith(RUN + "/") else value
+    if isinstance(value, dict):
+        return {k: local(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [local(v, root) for v in value]
+    return value
+
+
+def inputs_record(
+    name: str, inputs: StageData, reads: Iterable[Path], root: Path | None = None
+) -> InputsRecord:
+    """The digest a stage record is keyed by: its Inputs plus the content of what it reads (paths
+    inside the run directory `root` written from `$RUN`)."""
+    dumped = portable(inputs.model_dump(mode="json"), root)
+    read = {portable(str(p), root): _content_digest(p) for p in reads}
+    data: dict[str, Any] = {"schema": DIGEST_SCHEMA, "stage": name, "inputs": dumped, "reads": read}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+    return InputsRecord(hashlib.sha256(blob).hexdigest(), dumped, read)
+
+
+def inputs_digest(name: str, inputs: StageData, reads: Iterable[Path]) -> str:
+    return inputs_record(name, inputs, reads).digest

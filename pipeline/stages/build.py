@@ -31,6 +31,9 @@ class Inputs(StageData):
 class Outputs(StageData):
     image: str  # the image ID on the engine (never empty)
     ref: str  # the tag it carries (the candidate)
+    # the candidate by digest, what smoke and tag act on: `REPO@sha256:…` when it is in the
+    # registry (pushed, or found and pulled there), else the image ID
+    candidate: str = ""
     skipped: bool
     found_in: str = ""  # "local" or the registry reference, when nothing was built
     steps: int = 0
@@ -41,9 +44,10 @@ class Outputs(StageData):
     attestations: Path | None = None  # attestations.json: none from the front end, our build provenance
 
     def figure(self) -> str:
+        shown = self.candidate or self.image[:19]
         if self.skipped:
-            return f"exists ({self.found_in}): {self.image[:19]}"
-        return f"built {self.image[:19]}, {self.cached_steps}/{self.steps} steps cached"
+            return f"exists ({self.found_in}): {shown}"
+        return f"built {shown}, {self.cached_steps}/{self.steps} steps cached"
 
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
@@ -58,6 +62,17 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
     return []  # the context is named by its inputs digest (render.json refuses an edited Dockerfile)
+
+
+def by_digest(pushed: str, found_in: str, image_id: str) -> str:
+    """`REPO@sha256:…` of the candidate in the registry (pushed, else found there), else the image ID."""
+    from pipeline.oci.ref import parse_image_ref
+
+    for where in (pushed, found_in):
+        if "@sha256:" in where:
+            ref = parse_image_ref(where)
+            return f"{ref.name}@{ref.digest}"
+    return image_id
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
@@ -79,6 +94,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     return Outputs(
         image=out.image_id,
         ref=out.image_ref,
+        candidate=by_digest(out.pushed, out.found_in, out.image_id),
         skipped=out.skipped,
         found_in=out.found_in,
         steps=out.steps,

@@ -178,36 +178,32 @@ def inputs_from_lock(
     patches_dir: Path | None,
     unpatched: bool,
     recipe: Path | None,
+    lock_path: Path | None = None,
 ) -> Inputs:
-    """The check of a lock's commits: when the lock records applied patches, the patched tree the
-    patch stage makes (`unpatched`: the pin as it is)."""
+    """The check of a lock's commits, once the lock is verified (`stages.verify`): when it records
+    applied patches, the patched tree the patch stage makes (`unpatched`: the pin as it is)."""
     import contextlib
 
     from pipeline.errors import ConfigError
     from pipeline.recipes.recipe import find_recipe
-    from pipeline.stages import patch as patch_stage
+    from pipeline.stages.verify import verify_lock
 
+    # the lock is verified first: a tampered lock is inconsistent (exit 12), not "compatible"
+    verified = verify_lock(
+        ctx,
+        lock,
+        lock_path=lock_path,
+        lock_given=lock_path is not None,
+        patches_dir=patches_dir,
+        atom_repo=atom_repo,
+        aiter_repo=aiter_repo,
+    )
     atom_rev, dated_by = lock.atom.sha, None
-    if lock.applied_patches and not unpatched:
-        patched = patch_stage.run(
-            ctx,
-            patch_stage.Inputs(
-                lock=lock,
-                patches_dir=patches_dir or Path(ctx.settings.paths.patches_dir),
-                out=None,
-                atom_repo=atom_repo,
-                aiter_repo=aiter_repo,
-            ),
+    if verified.head != lock.atom.sha and not unpatched:
+        atom_rev, dated_by = verified.head, lock.atom.sha
+        ctx.log.detail(
+            f"checking the patched ATOM tree {atom_rev[:10]} ({len(lock.applied_patches)} patch(es))"
         )
-        if patched.applied != tuple(p.name for p in lock.applied_patches):
-            ctx.log.warn(
-                "the patch series applies differently from what the lock records "
-                f"({', '.join(patched.applied) or 'none'} now, "
-                f"{', '.join(p.name for p in lock.applied_patches)} in the lock); "
-                "checking the series as it applies now."
-            )
-        atom_rev, dated_by = patched.head, lock.atom.sha
-        ctx.log.detail(f"checking the patched ATOM tree {atom_rev[:10]} ({len(patched.applied)} patch(es))")
     if recipe is None:
         with contextlib.suppress(ConfigError):  # no recipe for the model: nothing to waive
             recipe = find_recipe(lock.model, Path(ctx.settings.paths.recipes_dir))

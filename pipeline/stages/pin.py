@@ -72,7 +72,8 @@ class Outputs(StageData):
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     paths = ctx.settings.paths
-    released = Path(paths.locks_dir) / f"{spec.model}.toml"
+    # locks/<model>.toml as it was when the run started (the tag stage rewrites that file)
+    released = ctx.work_dir / spec.previous_lock if spec.previous_lock else None
     return Inputs(
         model=spec.model,
         atom_repo=spec.atom_repo,
@@ -82,7 +83,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         base_image=spec.base_image,
         out=ctx.work_dir / "lock.toml",
         given_lock=spec.lock_path,
-        previous=released if released.is_file() else None,
+        previous=released if released is not None and released.is_file() else None,
         offline=spec.offline,
         auto=spec.auto_aiter,
         recipe=spec.recipe_path,
@@ -123,6 +124,9 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     if inputs.given_lock is not None:
         lock = Lock.load(inputs.given_lock)
         sources.mirrors_for_lock(ctx.settings, lock, fetch=not inputs.offline)  # its commits must be there
+        from pipeline.stages.verify import verify_lock
+
+        verify_lock(ctx, lock, lock_path=inputs.given_lock, lock_given=True, patches_dir=inputs.patches_dir)
         ctx.log.detail(f"using the given lock file {inputs.given_lock}")
         return Outputs(lock=lock, lock_path=inputs.out, changed=lock.save(inputs.out))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.config import ImageSettings
 from pipeline.errors import UsageError
@@ -17,6 +18,9 @@ from pipeline.lock import Lock
 from pipeline.stages import patch as patch_stage
 from pipeline.stages.base import Context, StageData, Upstream
 from pipeline.stages.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from pipeline.gitw import GitRepo
 
 NAME = "render"
 STOPS: tuple[type[Exception], ...] = ()
@@ -33,6 +37,9 @@ class Inputs(StageData):
     atom_repo: Path | None = None  # default: the mirrors of the locked sources
     aiter_repo: Path | None = None
     submodule_repos: tuple[tuple[str, Path], ...] = ()  # (submodule path, repository) before the mirrors
+    lock_path: Path | None = None  # the file the lock was read from: it must still say `lock`
+    lock_given: bool = False  # named with --lock (the repair command says so)
+    patches_dir: Path | None = None  # the series the lock is verified against (default: [paths])
 
 
 class Outputs(StageData):
@@ -70,11 +77,52 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         templates_dir=Path(ctx.settings.paths.templates_dir),
         image=ctx.settings.image,
         source_date_epoch=source_date_epoch(ctx.env),
+        lock_path=ctx.work_dir / "lock.toml",
+        patches_dir=Path(ctx.settings.paths.patches_dir),
     )
 
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
-    return [inputs.templates_dir, inputs.recipe]
+    # the lock file too: edited after the patch stage, render runs again and refuses it
+    return [inputs.templates_dir, inputs.recipe, *([inputs.lock_path] if inputs.lock_path else [])]
+
+
+def _verified(ctx: Context, inputs: Inputs) -> tuple[GitRepo, GitRepo]:
+    """The lock verified (`stages.verify`), the file it came from unchanged, and `atom_tree` the
+    series applied to its commit: render acts only on what was checked."""
+    from pipeline.errors import LockInconsistent
+    from pipeline.lock import Lock
+    from pipeline.stages.verify import verify_lock
+
+    path = inputs.lock_path
+    if path is not None:
+        on_disk = Lock.load(path)
+        if on_disk != inputs.lock:
+            raise LockInconsistent(
+                f"lock file {path} changed after the patch stage recorded it: it now pins "
+                f"{on_disk.digest()[:12]}, the run recorded {inputs.lock.digest()[:12]}; "
+                "nothing was rendered.",
+                hint=f"Restore it (`git diff {path}` shows the edit), or start a new run.",
+            )
+    verified = verify_lock(
+        ctx,
+        inputs.lock,
+        lock_path=path,
+        lock_given=inputs.lock_given,
+        patches_dir=inputs.patches_dir,
+        atom_repo=inputs.atom_repo,
+        aiter_repo=inputs.aiter_repo,
+        final=True,
+    )
+    tree = verified.atom.rev_parse(f"{inputs.atom_tree}^{{commit}}")
+    if tree != verified.head:
+        raise LockInconsistent(
+            f"the ATOM tree to render ({inputs.atom_tree[:12]}) is not the lock's series applied to ATOM "
+            f"{inputs.lock.atom.short} ({verified.head[:12]}); nothing was rendered.",
+            hint="Render without --atom-tree (the patched commit is derived from the lock), or record the "
+            "series in the lock first (`pipeline patch apply`).",
+        )
+    return verified.atom, verified.aiter
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
@@ -83,7 +131,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.sources import submodule_mirror
 
     settings = ctx.settings.model_copy(update={"image": inputs.image})
-    atom, aiter = patch_stage.repos(ctx, inputs.lock, inputs.atom_repo, inputs.aiter_repo)
+    atom, aiter = _verified(ctx, inputs)
     given = dict(inputs.submodule_repos)
     subs: dict[str, GitRepo | None] = {
         s.path: GitRepo(given[s.path]) if s.path in given else submodule_mirror(settings, s.url)

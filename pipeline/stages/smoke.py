@@ -9,19 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.errors import NoHardware
 from pipeline.stages import build as build_stage
 from pipeline.stages.base import Context, StageData, Upstream
 from pipeline.stages.spec import BuildSpec
 
+if TYPE_CHECKING:
+    from pipeline.oci.engine import EngineAPI
+
 NAME = "smoke"
 STOPS: tuple[type[Exception], ...] = (NoHardware,)
 
 
 class Inputs(StageData):
-    image: str  # image ID (or reference) on the engine
+    image: str  # the candidate by digest (`REPO@sha256:…`, pulled when absent), an image ID or a reference
     candidate: str = ""  # the tag to name in hints (the candidate)
     model: str
     recipe: Path
@@ -49,7 +52,7 @@ class Outputs(StageData):
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     built = up.get("build", build_stage.Outputs)
     return Inputs(
-        image=built.image,
+        image=built.candidate or built.image,
         candidate=built.ref,
         model=spec.model,
         recipe=spec.recipe_path,
@@ -61,6 +64,35 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
     return [inputs.recipe]
+
+
+def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
+    """`image`, and when it is a `REPO@sha256:…` reference: pulled by that digest if the engine lacks
+    it, and verified to be that digest before anything starts (the tag may have moved meanwhile;
+    the digest cannot)."""
+    if "@sha256:" not in image:
+        return image
+    from pipeline.errors import UsageError
+    from pipeline.oci.registry import credentials_for
+    from pipeline.validate import image_reference
+
+    ref = image_reference(image, what="--image")
+    info = engine.image(image)
+    if info is None:
+        creds = credentials_for(ref.registry, ctx.env)
+        ctx.log.info(f"{image} is not on the engine; pulling it by digest")
+        info = engine.pull(f"{ref.name}@{ref.digest}", auth_config=creds.auth_config if creds else None)
+    held = {(r.name, r.digest) for r in (image_reference(d) for d in info.digests if "@" in d)}
+    if (ref.name, ref.digest) not in held:
+        raise UsageError(
+            f"the image the engine has for {image} is not that digest (it has "
+            + (", ".join(sorted(info.digests)) or "no registry digest")
+            + "); nothing was started.",
+            hint="Remove the image from that engine (`docker image rm`) and run again: it is pulled "
+            "by digest.",
+        )
+    ctx.log.detail(f"{image} is image {info.id[:19]}")
+    return image
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
@@ -80,10 +112,11 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         preflight_via=inputs.preflight_via,
         labels=dict(inputs.labels),
     )
+    engine = ctx.engine(inputs.docker_host)
     try:
         verdict = run_smoke(
-            ctx.engine(inputs.docker_host),
-            image=inputs.image,
+            engine,
+            image=on_engine(ctx, engine, inputs.image),
             recipe=recipe,
             recipe_path=inputs.recipe,
             settings=ctx.settings_with(
@@ -96,7 +129,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         )
     except NoHardware as e:
         if ctx.resume_command:
-            ref = inputs.candidate or inputs.image
+            ref = inputs.image if "@sha256:" in inputs.image else (inputs.candidate or inputs.image)
             e.hint = (
                 f"The image is kept as an untagged candidate ({ref}). Smoke it on an MI355 host with "
                 f"`pipeline smoke --image {ref} --model {inputs.model} --docker-host ssh://USER@GPU-HOST`, "

@@ -7,10 +7,24 @@ a `BuildSpec` that is printed at start and saved; each stage's `plan` reads it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import __version__
+
+# Settings that may differ between the host that started a run and the one that resumes it
+# (a build host and a GPU host): where things are on this host, how it reaches its engine.
+# Everything else a run resolved at its start is frozen in run.json (`BuildSpec.settings`).
+HOST_LOCAL: tuple[str, ...] = (
+    "cache_dir",
+    "runs_dir",
+    "docker_host",
+    "hf_cache",
+    "kfd_topology",
+    "docker_cli",
+    "fetch_retries",
+)
 
 
 class BuildSpec(BaseModel):
@@ -30,6 +44,10 @@ class BuildSpec(BaseModel):
     offline: bool = False
     auto_aiter: bool = False
     tool_version: str = __version__
+    # every resolved setting but the HOST_LOCAL ones, by section: what a resume runs with
+    settings: dict[str, dict[str, Any]] = {}
+    source_date_epoch: int | None = None  # SOURCE_DATE_EPOCH at the start (render reads it)
+    previous_lock: str | None = None  # locks/<model>.toml as it was at the start, copied into the run
 
     def summary_lines(self, configured_base: str, docker_host: str) -> list[str]:
         sources = [

@@ -59,7 +59,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     smoked = up.get("smoke", smoke_stage.Outputs)
     rendered = up.get("render", render_stage.Outputs)
     return Inputs(
-        image=built.image,
+        image=built.candidate or built.image,  # by digest: the image smoke ran, on whichever engine
         verdict=smoked.verdict,
         lock=ctx.work_dir / "lock.toml",
         recipe=spec.recipe_path,

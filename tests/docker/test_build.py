@@ -33,7 +33,7 @@ from pipeline.image.buildprogress import timings_path
 from pipeline.image.context import RenderedContext
 from pipeline.image.render import render_context
 from pipeline.image.selfcheck import SelfCheckError
-from pipeline.lock import Lock
+from pipeline.lock import Lock, PatchPin
 from pipeline.log import Logger
 from pipeline.oci.engine import Engine
 from tests.fixtures.build_repos import (
@@ -46,6 +46,7 @@ from tests.fixtures.build_repos import (
     fake_wheelhouse,
     make_build_repos,
     test_wheelhouse,
+    write_series,
 )
 from tests.fixtures.second_engine import second_dockerd
 
@@ -367,11 +368,15 @@ def test_cli_render_then_build_then_skip_and_unreachable_engine(
     for key, value in settings_env(pinned_base, docker_cleanup.case_id).items():
         monkeypatch.setenv(key, value)
     lock_path = tmp_path / "locks" / f"{MODEL}.toml"
-    lock_for(repos, pinned_base).save(lock_path)
+    series = write_series(repos, tmp_path / "patches")
+    patch = series / repos.patch_name  # the lock records the series' file (render verifies it)
+    pin = PatchPin(name=patch.name, sha256=hashlib.sha256(patch.read_bytes()).hexdigest(), status="applied")
+    lock_for(repos, pinned_base).with_patches((pin,)).save(lock_path)
     argv = [
         *("render", "--model", MODEL, "-o", str(tmp_path / "ctx"), "--json"),
         *("--atom-repo", str(repos.atom), "--aiter-repo", str(repos.aiter)),
-        *("--atom-tree", repos.patched_sha, "--submodule-repo", f"{CK_PATH}={repos.ck}"),
+        *("--patches-dir", str(series)),
+        *("--submodule-repo", f"{CK_PATH}={repos.ck}"),
         *("--recipe", str(repos.recipe)),
     ]
     assert main(argv) == 0

@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import ExitCode
+from pipeline.lock import Lock
 from pipeline.runs import RunDir
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,
@@ -231,9 +232,19 @@ def test_check_with_a_lock_applies_the_models_recipe_waivers(
     assert main(["check", "--lock", lock]) == 0
     # a newer aiter breaks the patched call; check that pair (the lock's ATOM, the new aiter)
     breaking = break_aiter(world)
+    # the aiter SHA swapped by hand: the lock is inconsistent (its date and subject are another commit's)
     text = Path(lock).read_text().replace(world.aiter_sha, breaking)
+    Path(tmp_path / "swapped.toml").write_text(text)
+    capsys.readouterr()
+    assert main(["check", "--lock", str(tmp_path / "swapped.toml")]) == ExitCode.LOCK_INCONSISTENT
+    err = capsys.readouterr().err
+    assert "sources.aiter.sha" in err and f"recorded {breaking}" in err  # not in the mirror
+    assert f"--lock {tmp_path / 'swapped.toml'}" in err  # the repair acts on the file given
+    # the same pair pinned and patched honestly: a consistent lock, and the check says incompatible
     lock = str(tmp_path / "broken.toml")
-    Path(lock).write_text(text)
+    atom = Lock.load(tmp_path / "swapped.toml").atom.sha
+    assert main(["pin", "--model", MODEL, "--lock", lock, "--atom", atom, "--aiter", breaking]) == 0
+    assert main(["patch", "apply", "--model", MODEL, "--lock", lock]) == 0
     args = ["check", "--lock", lock, "--aiter-repo", str(world.aiter)]  # the upstream, not the mirror
     assert main(args) == ExitCode.INCOMPATIBLE
     world.recipe.write_text(

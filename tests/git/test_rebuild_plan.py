@@ -105,3 +105,29 @@ def test_a_file_that_is_no_plan_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is not a rebuild plan"):
         Plan.load(bad)
     assert main(["rebuild", "--plan", str(bad), "--write-plan", str(tmp_path / "x")]) == ExitCode.USAGE
+
+
+def test_a_model_job_refuses_a_plan_lock_edited_after_the_plan(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lock a plan hands a model job is verified like any other (issue 27 §2): exit 12, nothing built."""
+    _env(fx, tmp_path, monkeypatch)
+    out = tmp_path / "pins"
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    lock = out / json.loads((out / "plan.json").read_text())["models"]["Gamma"]["lock"]
+    text = lock.read_text()
+    date = Lock.load(lock).atom.date
+    lock.write_text(text.replace(f'date = "{date}"', 'date = "2099-01-01T00:00:00Z"', 1))
+    capsys.readouterr()
+    code = main(["rebuild", "--model", "Gamma", "--plan", str(out / "plan.json")])
+    err = capsys.readouterr().err
+    assert code == ExitCode.LOCK_INCONSISTENT, err
+    assert f"lock file {lock} is inconsistent" in err
+    pins = {r: json.loads((r / "stages" / "pin.json").read_text()) for r in (tmp_path / "runs").iterdir()}
+    ((run, pin),) = [(r, p) for r, p in pins.items() if p["status"] == "failed"]  # the model job's run
+    assert not (run / "stages" / "render.json").exists()
+    assert (
+        "sources.atom.date" in pin["error"]
+        and "2099-01-01T00:00:00Z" in pin["error"]
+        and date in pin["error"]
+    )

@@ -54,8 +54,14 @@ def test_pin_patch_render_chain(
     assert Lock.load(lock_path).base_image.digest == DIGEST
     capsys.readouterr()
 
-    # no patch recorded yet: the locked ATOM commit, unpatched, with the submodule from its mirror
-    assert main(["render", "--model", MODEL, "-o", "ctx0", "--json"]) == 0
+    # no patch recorded yet, but the series applies one: that lock is not final, render refuses it
+    assert main(["render", "--model", MODEL, "-o", "ctx0", "--json"]) == ExitCode.LOCK_INCONSISTENT
+    assert "`pipeline patch apply --model " in capsys.readouterr().err
+    assert not (tmp_path / "ctx0").exists()
+    # with an empty series: the locked ATOM commit, unpatched, with the submodule from its mirror
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty/series").write_text("")
+    assert main(["render", "--model", MODEL, "-o", "ctx0", "--json", "--patches-dir", "empty"]) == 0
     out0 = json.loads(capsys.readouterr().out)
     assert "old-single-kv-cache" in (tmp_path / "ctx0/atom/atom/models/minimax_m3.py").read_text()
     assert (tmp_path / "ctx0/aiter" / CK_PATH / "include/ck.hpp").is_file()
@@ -73,6 +79,8 @@ def test_pin_patch_render_chain(
     # the series changed after `patch apply`: render refuses instead of building something unrecorded
     patch_file = series / "0001-minimax-m3-split-kv-cache.patch"
     patch_file.write_text(patch_file.read_text().replace("Fixture patch:", "Fixture patch, reworded:"))
-    assert main(["render", "--model", MODEL, "-o", "ctx2"]) == ExitCode.PATCH
-    assert "pipeline patch apply" in capsys.readouterr().err
+    assert main(["render", "--model", MODEL, "-o", "ctx2"]) == ExitCode.LOCK_INCONSISTENT
+    err = capsys.readouterr().err
+    assert "pipeline patch apply" in err and ".sha256" in err
+    assert Lock.load(lock_path).patches[0].sha256 in err  # recorded and actual, side by side
     assert not (tmp_path / "ctx2").exists()

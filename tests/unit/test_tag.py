@@ -825,10 +825,12 @@ def test_verdict_bound_to_another_digest_moves_nothing(world: World, fake: FakeR
     good = world.verdict()
     world.write_verdict(image={**good["image"], "digest": "sha256:" + "d" * 64})
     before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
+    engine = _engine(world, fake)
     with pytest.raises(TagError, match="foreign verdict"):
-        _run(world, _engine(world, fake), fake)
+        _run(world, engine, fake)
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
     assert not (world.verdict_path.parent / "record.json").exists()
+    assert engine.pushed == []  # refused before the immutable tag was pushed
 
 
 def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: FakeRegistry) -> None:
@@ -933,3 +935,22 @@ def test_cli_read_only_cache_is_its_own_exit_code(
     err = capsys.readouterr().err
     assert "is read-only (EROFS)" in err and "tag-locks" in err and "Traceback" not in err
     assert fake.tags == {}
+
+
+def test_a_push_tag_left_by_a_killed_run_is_removed(world: World, fake: FakeRegistry) -> None:
+    """A run killed after its push left the local push tag behind; the resumed tag removes it."""
+    engine = _engine(world, fake)
+    left = f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
+    engine.images[left] = ImageInfo(IMAGE_ID, [left], [], world.labels, "")
+    _run(world, engine, fake)
+    assert engine.removed == [left]
+
+
+def test_a_local_tag_of_another_image_under_the_push_name_is_left_alone(
+    world: World, fake: FakeRegistry
+) -> None:
+    engine = _engine(world, fake)
+    other = f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
+    engine.images[other] = ImageInfo("sha256:" + "7" * 64, [other], [], {}, "")
+    _run(world, engine, fake)
+    assert engine.removed == []
