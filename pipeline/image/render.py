@@ -157,6 +157,20 @@ def check_repository(repository: str) -> str:
     return repository
 
 
+def base_image_note(lock: Lock, settings: Settings) -> str | None:
+    """The lock is final after patch: render takes its base image, and says so when a configured
+    one (file, environment) names another."""
+    configured = settings.image.base_image
+    if settings.origins.get("base_image", "default") == "default":
+        return None
+    if configured.split("@", 1)[0] == lock.base_image.ref.split("@", 1)[0]:
+        return None
+    return (
+        f"rendering the lock's base image {lock.base_image.pinned}; [image] base_image (from "
+        f"{settings.origins['base_image']}) names {configured}: `pipeline pin --base-image` re-pins it"
+    )
+
+
 def plan_render(
     *,
     lock: Lock,
@@ -182,12 +196,6 @@ def plan_render(
             f"the lock pins base image {lock.base_image.ref!r} without a digest.",
             hint="Run `pipeline pin` where the registry answers, or give the digest yourself with "
             "`pipeline pin --base-image NAME:TAG@sha256:DIGEST`.",
-        )
-    if lock.base_image.ref.split("@", 1)[0] != img.base_image.split("@", 1)[0]:
-        raise RenderError(
-            f"the lock was pinned for base image {lock.base_image.ref!r} but the configuration now says "
-            f"{img.base_image!r}.",
-            hint="Run `pipeline pin` again to re-pin the base image, or restore [image] base_image.",
         )
     for what, sha in (("ATOM tree", atom_tree), ("aiter tree", aiter_tree)):
         if not _SHA.match(sha):
@@ -665,6 +673,9 @@ def render_context(
                 "index (`scripts/setup.sh wheelhouse` makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
+        note = base_image_note(lock, settings)
+        if note:
+            notes.append(note)
         plan = plan_render(
             lock=lock,
             atom_tree=atom_tree,
