@@ -90,6 +90,27 @@ def command(
     --resume skips what already succeeded for the same inputs and starts at the failure.
     Without MI355 GPUs the run stops after build (exit 9) with the image kept as a candidate.
     """
+    _refuse_contradictions(
+        context_dir=context_dir,
+        lock_file=lock_file,
+        given={
+            "--model": model is not None,
+            "--atom": atom_ref is not None,
+            "--aiter": aiter_ref is not None,
+            "--atom-repo": atom_repo is not None,
+            "--aiter-repo": aiter_repo is not None,
+            "--auto": auto_aiter,
+            "--base-image": base_image is not None,
+            "--submodules": submodules is not None,
+            "--lock": lock_file is not None,
+            "--from": from_stage is not None,
+            "--until": until is not None,
+            "--resume": resume is not None,
+            "--offline": offline,
+            "--tag": tag is not None,
+            "--no-cache": nocache,
+        },
+    )
     settings = app.settings(
         atom_repo=atom_repo,
         aiter_repo=aiter_repo,
@@ -135,6 +156,47 @@ def command(
         )
     if result.error is not None:
         raise result.error
+
+
+# Flags that only the whole chain (--model) reads, and those that only --context reads.
+_CHAIN_ONLY = ("--model", "--atom", "--aiter", "--atom-repo", "--aiter-repo", "--auto", "--base-image",
+               "--submodules", "--lock", "--from", "--until", "--resume", "--offline")  # fmt: skip
+_CONTEXT_ONLY = ("--tag", "--no-cache")
+# What a lock fixes: pinning flags would be ignored with --lock.
+_LOCK_FIXES = ("--atom", "--aiter", "--atom-repo", "--aiter-repo", "--auto", "--base-image")
+
+
+def _refuse_contradictions(
+    *, context_dir: Path | None, lock_file: Path | None, given: dict[str, bool]
+) -> None:
+    """A flag the chosen mode would ignore is a usage error, never silently dropped."""
+    if context_dir is not None:
+        ignored = [f for f in _CHAIN_ONLY if given[f]]
+        if ignored:
+            raise UsageError(
+                f"--context builds a rendered context as it is; {', '.join(ignored)} "
+                f"{'belongs' if len(ignored) == 1 else 'belong'} to the whole chain (--model) and would "
+                "be ignored.",
+                hint="Drop --context to run the chain for the model, or drop "
+                f"{', '.join(ignored)} to build the context.",
+            )
+        return
+    ignored = [f for f in _CONTEXT_ONLY if given[f]]
+    if ignored:
+        raise UsageError(
+            f"{', '.join(ignored)} only apply with --context DIR; the whole chain names and tags its own "
+            "candidate.",
+            hint=f"Drop {', '.join(ignored)}, or build a rendered context with --context DIR.",
+        )
+    if lock_file is not None:
+        ignored = [f for f in _LOCK_FIXES if given[f]]
+        if ignored:
+            raise UsageError(
+                f"--lock {lock_file} builds exactly that lock (its sources, commits and base image); "
+                f"{', '.join(ignored)} would be ignored.",
+                hint=f"Drop {', '.join(ignored)} to build the lock, or drop --lock to pin anew "
+                "(`--auto` picks the newest compatible aiter).",
+            )
 
 
 def _build_context(app: App, context_dir: Path, *, tag: str | None, nocache: bool, as_json: bool) -> None:

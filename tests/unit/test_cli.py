@@ -89,3 +89,29 @@ def test_build_takes_the_flags_its_stages_hints_name() -> None:
 
     flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
     assert {"--submodules", "--base-image", "--lock", "--auto", "--offline"} <= flags
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model", "MiniMax-M3-MXFP4", "--context", "."], "--model"),
+        (["--context", ".", "--auto"], "--auto"),
+        (["--model", "MiniMax-M3-MXFP4", "--lock", "l.toml", "--auto"], "--auto"),
+        (["--model", "MiniMax-M3-MXFP4", "--lock", "l.toml", "--aiter", "main"], "--aiter"),
+        (["--model", "MiniMax-M3-MXFP4", "--tag", "x:1"], "--tag"),
+    ],
+)
+def test_build_refuses_a_flag_its_mode_would_ignore(
+    args: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    assert main(["build", *args]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "would be ignored" in err or "only apply with --context" in err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # refused before any run directory
