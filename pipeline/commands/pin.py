@@ -45,6 +45,13 @@ if TYPE_CHECKING:
 @click.option(
     "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
 )
+@click.option(
+    "--no-base-digest",
+    "no_base_digest",
+    is_flag=True,
+    help="When no registry gives the base image digest, pin the sources anyway (exit 0, no digest: "
+    "check works, render refuses the lock). Without it that is exit 11.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object on stdout.")
 @click.option(
     "--keep-failed-run", is_flag=True, help="Keep the run directory (and its log) when the pin fails."
@@ -61,6 +68,7 @@ def command(
     lock_path: Path | None,
     offline: bool,
     auto: bool,
+    no_base_digest: bool,
     as_json: bool,
     keep_failed_run: bool,
 ) -> None:
@@ -103,6 +111,7 @@ def command(
         auto=auto,
         recipe=recipe,
         patches_dir=Path(settings.paths.patches_dir),
+        base_digest_required=not no_base_digest,
     )
     # held until the command ends: another pin or patch apply of this lock file meanwhile gets exit 13
     previous = click.get_current_context().with_resource(updating(path))

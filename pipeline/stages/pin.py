@@ -56,6 +56,7 @@ class Inputs(StageData):
     auto: bool = False
     recipe: Path | None = None  # --auto: the recipe's waivers apply to the search
     patches_dir: Path | None = None  # --auto: the search runs on ATOM plus the series
+    base_digest_required: bool = True  # no digest (no registry answered): exit 11, not a lock render refuses
 
 
 class Outputs(StageData):
@@ -147,6 +148,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         previous=previous,
         choose_aiter=chooser,
         env=ctx.env,
+        require_base_digest=inputs.base_digest_required,
     )
     auto = None
     if inputs.auto:

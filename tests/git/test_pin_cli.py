@@ -252,3 +252,22 @@ def test_full_mirror_cache_is_a_disk_error_with_nothing_written(
     assert code == ExitCode.DISK, err
     assert "is full" in err and "Traceback" not in err and "not a git repository" not in err
     assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
+
+
+def test_no_registry_for_the_base_digest_is_exit_11_unless_opted_out(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No registry answers and the reference has no digest: exit 11 (the table's), no lock
+    (render would refuse it one stage later); `--no-base-digest` pins the sources alone."""
+    args = [a if a != "base/img:1@" + DIGEST else "base/img:1" for a in pin_args(ups)]
+    lock_path = Path("locks/MiniMax-M3-MXFP4.toml")
+    assert main(args) == ExitCode.INFRA
+    err = capsys.readouterr().err
+    assert "no registry answered" in err and "base/img:1" in err and "--no-base-digest" in err
+    assert not lock_path.exists()
+    assert main([*args, "--no-base-digest"]) == 0
+    assert Lock.load(lock_path).base_image.digest == ""
+    assert "kept as given" in capsys.readouterr().err
+    # a digest given by hand once is kept for the same image when no registry answers
+    assert main(pin_args(ups)) == 0
+    assert main(args) == 0 and Lock.load(lock_path).base_image.digest == DIGEST
