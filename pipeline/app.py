@@ -49,8 +49,18 @@ class App:
         from pipeline.config import load_settings
 
         s = load_settings(config_file=self.config_file, env=self.env, overrides=overrides)
+        if self._settings is None:  # said once per invocation
+            self._announce(s)
         self._settings = s
         return s
+
+    def _announce(self, s: Settings) -> None:
+        from pipeline.config import unknown_env
+
+        for warning in unknown_env(self.env):
+            self.log.warn(warning)
+        if s.config_file and self.config_file is None and Path(s.config_file).parent != Path.cwd():
+            self.log.info(f"configuration: {s.config_file} (found above the working directory)")
 
     def open_run(self, label: str, run_dir: Path | None = None) -> Path:
         """Create (or reuse) the run directory and send the full log there."""

@@ -134,6 +134,19 @@ def _code_stamp() -> bytes:
     return h.digest()
 
 
+def _project_file_above(cwd: str) -> bool:
+    """A pipeline.toml in a parent directory up to the repository root (`config.find_project_file`)."""
+    d = cwd
+    while not os.path.exists(os.path.join(d, ".git")):
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False  # outside a repository only the working directory counts
+        d = parent
+        if os.path.isfile(os.path.join(d, "pipeline.toml")):
+            return True
+    return False
+
+
 def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str] | None:
     """(cache file, key) for this invocation, or None when it must run in full."""
     flags = parse(argv)
@@ -146,6 +159,8 @@ def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str
             project: bytes | None = f.read()
     except FileNotFoundError:
         project = None
+        if _project_file_above(cwd):
+            return None  # the configuration comes from a parent directory: the full CLI reads it
     except OSError:
         return None
     where = cache_dir(env, project)
