@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import click
@@ -142,6 +143,13 @@ def command(
     result: RunResult | None = None
     try:
         result = execute(req, settings, app.log, app.env)
+        if result.error is not None and "\n" in result.error.message:
+            # a report below the error (check's findings): the report first, the table and the
+            # one-line error last, where a CI log ends
+            head, report = result.error.message.split("\n", 1)
+            app.log.info(report.rstrip())
+            result.error = copy.copy(result.error)
+            result.error.message = head
     finally:
         if app.log.stages:  # nothing ran: no empty table
             app.log.info("\n" + _summary_table(app))

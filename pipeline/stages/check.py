@@ -158,7 +158,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     )
     if out.errors:
         patched = " (with the patch series)" if inputs.dated_by else ""
-        model = f" --model {inputs.model}" if inputs.model else ""
+        model = f" --model {inputs.model or 'MODEL'}"  # pin needs a model (its recipe), always
         raise IncompatibleError(
             f"ATOM {report.atom_sha[:10]}{patched} is not compatible with aiter {report.aiter_sha[:10]}: "
             f"{out.errors} breaking call(s); nothing was built."

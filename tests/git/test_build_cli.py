@@ -1,0 +1,53 @@
+"""`pipeline build --model` as a user reads it: what is printed, in which order (fixture upstreams)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.errors import ExitCode
+from tests.fixtures.build_repos import MODEL, BuildRepos
+from tests.git.test_orchestrate import break_aiter, world
+
+__all__ = ["world"]  # the fixture, shared with test_orchestrate
+
+
+def test_a_check_failure_prints_the_report_then_the_table_then_the_error(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stage table and the one-line error end the output (a CI log shows its end), after the report."""
+    break_aiter(world)
+    assert main(["build", "--model", MODEL]) == ExitCode.INCOMPATIBLE
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    report = next(i for i, line in enumerate(lines) if "atom/models/minimax_m3.py" in line)
+    table = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "status"])
+    error = next(i for i, line in enumerate(lines) if line.startswith("error:"))
+    assert report < table < error
+    assert [line.split()[0] for line in lines[table + 1 : error]] == ["pin", "patch", "check"]
+    assert "nothing was built" in lines[error] and "--auto" in lines[error]
+    assert all(
+        not line.startswith(("error:", "✕", "x ")) for line in lines[error + 1 :] if "full log" not in line
+    )
+
+
+def test_a_bare_checks_advice_names_a_pin_command_that_parses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    from pipeline.commands.pin import command as pin_command
+    from tests.fixtures.compat_repos import build_compat_repos
+
+    fx = build_compat_repos(tmp_path / "fx")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    assert main([*args, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == ExitCode.INCOMPATIBLE
+    advice = re.findall(r"`pipeline pin([^`]*)`", capsys.readouterr().err)
+    assert advice
+    for flags in advice:
+        argv = [a if a != "MODEL" else "MiniMax-M3-MXFP4" for a in flags.split()]
+        pin_command.make_context("pin", argv)  # raises click.UsageError when a required flag is missing
