@@ -164,7 +164,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
 
 def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterChooser:
     """`--auto`: the newest aiter ATOM's calls bind (the series applied, gated as the check stage gates)."""
-    from pipeline.errors import IncompatibleError
+    from pipeline.errors import IncompatibleError, sentence
     from pipeline.patchq import PatchSeries
 
     compat = importlib.import_module("pipeline.compat")  # from sys.modules: the git tier stands in for it
@@ -207,11 +207,16 @@ def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterC
         if first is not None:
             ctx.log.info(f"first breaking aiter commit: {first.short} {first.subject}")
         if newest is None:
+            breaking = f" The first breaking aiter commit: {first.sha} {first.subject!r}." if first else ""
+            said = res.explanation
+            if not said.startswith("no aiter commit"):  # the search's reason, after our sentence
+                said = (
+                    f"no aiter commit up to {head.sha} is compatible with ATOM {atom.sha}"
+                    + (" even with the patch series" if series is not None else " without patches")
+                    + f". {said}"
+                )
             raise IncompatibleError(
-                f"no aiter commit up to {head.sha} is compatible with ATOM {atom.sha}"
-                + (" even with the patch series" if series is not None else " without patches")
-                + (f" (first breaking: {first.sha} {first.subject!r})" if first else "")
-                + f". {res.explanation}",
+                sentence(said) + breaking,
                 hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
                 "or choose another ATOM commit.",
             )
