@@ -181,6 +181,10 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table) -> RunResult:
                 status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
                 return _ended(result, rd, rec, st, e)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, and the record says so
+                rec.figure = "interrupted"
+                rd.record(StageState(name, "stopped", digest, {}, time.monotonic() - start, "interrupted"))
+                raise
             st = StageState(
                 name,
                 "ok",

@@ -46,7 +46,8 @@ _ENV_KEYS = (
     "CI", "GITHUB_ACTIONS", "NO_COLOR", "FORCE_COLOR", "TERM", "COLUMNS", "LANG", "LC_ALL",
     "LC_CTYPE", "PYTHONIOENCODING", "XDG_CACHE_HOME", "HOME",
 )  # fmt: skip
-_STAGE_MARKS = ("\n✓ check (", "\n✕ check (")  # the stage line: `✕ check (6.1s) — ...`
+# the stage line: `✕ check (6.1s) — ...` (log.MARKS, or log.ASCII_MARKS where they cannot show)
+_STAGE_MARKS = ("\n✓ check (", "\n✕ check (", "\n+ check (", "\nx check (")
 _RECORDED = (0, 4)  # compatible, incompatible: answers; every other exit is re-run
 KEPT_PER_DIR = 16  # records kept in each of the 256 record directories (the newest)
 
