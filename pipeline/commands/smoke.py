@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.app import App, pass_app
-from pipeline.errors import UsageError
+from pipeline.errors import ExitCode, PipelineError, UsageError
 
 
 def _concurrencies(raw: str | None) -> tuple[int, ...] | None:
@@ -124,6 +124,20 @@ def command(
     )
     try:
         out = smoke.run(ctx, inputs)
+    except PipelineError as e:
+        if as_json and not (ctx.work_dir / "verdict.json").is_file():
+            # stopped before a verdict (no GPUs, no engine, a bad image): --json still answers
+            app.emit_json(
+                {
+                    "model": recipe.name,
+                    "image": {"ref": image},
+                    "status": "no-hardware" if e.exit_code == ExitCode.NO_HARDWARE else "error",
+                    "exit_code": int(e.exit_code),
+                    "error": e.message,
+                    "run_dir": str(ctx.work_dir),
+                }
+            )
+        raise
     finally:
         if as_json and (ctx.work_dir / "verdict.json").is_file():
             from pipeline.smoke import load_verdict

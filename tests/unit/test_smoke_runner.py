@@ -362,3 +362,18 @@ def test_without_the_proxy_lm_eval_talks_to_the_server_directly(tmp_path: Path) 
     assert "base_url=http://127.0.0.1:8000/v1/chat/completions" in lm_eval[lm_eval.index("--model_args") + 1]
     gsm = next(x for x in verdict.checks if x.name == "gsm8k")
     assert "running_value" not in gsm.figures and gsm.passed and verdict.passed
+
+
+def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.oci.engine
+
+    monkeypatch.setattr(
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+    )
+    argv = ["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path), "--json"]
+    assert main(argv) == ExitCode.USAGE
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "error" and data["exit_code"] == 2 and "no image 'nope:1'" in data["error"]
+    assert data["image"] == {"ref": "nope:1"} and data["run_dir"] == str(tmp_path)
