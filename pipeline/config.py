@@ -23,18 +23,10 @@ from typing import Annotated, Any, Literal
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.envvars import ENV_PREFIX, OTHER_ENV, PROJECT_FILE
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
 from pipeline.validate import SHOWN_MAX, shown
-
-ENV_PREFIX = "PIPELINE_"
-PROJECT_FILE = "pipeline.toml"
-# PIPELINE_* variables that are not settings: name -> what it does (listed by `pipeline --help`)
-OTHER_ENV: dict[str, str] = {
-    "PIPELINE_REGISTRY_USER": "registry user (with PIPELINE_REGISTRY_PASSWORD) for pushes and digests",
-    "PIPELINE_REGISTRY_PASSWORD": "registry password or token (masked in every log)",
-    "PIPELINE_REPLAY": "0: a repeated plain `pipeline check` runs again instead of replaying its result",
-}
 
 
 class _Section(BaseModel):

@@ -51,3 +51,20 @@ def test_a_bare_checks_advice_names_a_pin_command_that_parses(
     for flags in advice:
         argv = [a if a != "MODEL" else "MiniMax-M3-MXFP4" for a in flags.split()]
         pin_command.make_context("pin", argv)  # raises click.UsageError when a required flag is missing
+
+
+def test_click_shell_completion_works(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("_PIPELINE_COMPLETE", "bash_source")
+    assert main([]) == 0
+    assert "_pipeline_completion()" in capsys.readouterr().out  # the script, not the usage text
+    monkeypatch.setenv("_PIPELINE_COMPLETE", "bash_complete")
+    monkeypatch.setenv("COMP_WORDS", "pipeline bui")
+    monkeypatch.setenv("COMP_CWORD", "1")
+    assert main([]) == 0
+    assert "plain,build" in capsys.readouterr().out.splitlines()
+    monkeypatch.setenv("COMP_WORDS", "pipeline build --mo")
+    monkeypatch.setenv("COMP_CWORD", "2")
+    assert main([]) == 0
+    assert "plain,--model" in capsys.readouterr().out.splitlines()
