@@ -100,6 +100,11 @@ def resolve_spec(req: BuildRequest, settings: Settings, order: tuple[str, ...]) 
     )
 
 
+def config_line(settings: Settings) -> str:
+    """The spec header's first line: which configuration file this run read."""
+    return f"config     {settings.config_file or 'no pipeline.toml (defaults, environment, flags)'}"
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -130,7 +135,10 @@ def execute(
     try:
         log.attach(rd.path)
         log.info(f"run {rd.path}")
-        for line in spec.summary_lines(settings.image.base_image, settings.smoke.docker_host):
+        for line in [
+            config_line(settings),
+            *spec.summary_lines(settings.image.base_image, settings.smoke.docker_host),
+        ]:
             log.info(f"  {line}")
         ctx = Context(
             settings=settings,

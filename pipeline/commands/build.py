@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline.app import App, pass_app
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.stages import STAGE_ORDER
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
+    from pipeline.orchestrate import BuildRequest
 
 
 def _summary_table(app: App) -> str:
@@ -58,6 +63,13 @@ def _summary_table(app: App) -> str:
 @click.option("--tag", help="With --context: tag for the built image.")
 @click.option("--docker-host", help="Docker engine, e.g. ssh://user@host (default: $DOCKER_HOST or local).")
 @click.option("--no-cache", "nocache", is_flag=True, help="With --context: do not use the build cache.")
+@click.option(
+    "--print",
+    "print_plan",
+    is_flag=True,
+    help="Print the resolved plan (spec, the stages that would run and why, the image and tags it "
+    "would make) and do nothing (like `docker buildx bake --print`).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @pass_app
 def command(
@@ -80,6 +92,7 @@ def command(
     tag: str | None,
     docker_host: str | None,
     nocache: bool,
+    print_plan: bool,
     as_json: bool,
 ) -> None:
     """Run the whole chain for a model (pin → patch → check → render → build → smoke → tag),
@@ -110,6 +123,7 @@ def command(
             "--offline": offline,
             "--tag": tag is not None,
             "--no-cache": nocache,
+            "--print": print_plan,
         },
     )
     settings = app.settings(
@@ -140,6 +154,9 @@ def command(
         offline=offline,
         auto_aiter=auto_aiter,
     )
+    if print_plan:
+        _print_plan(app, req, settings, as_json=as_json)
+        return
     result: RunResult | None = None
     try:
         result = execute(req, settings, app.log, app.env)
@@ -166,9 +183,78 @@ def command(
         raise result.error
 
 
+def _print_plan(app: App, req: BuildRequest, settings: Settings, *, as_json: bool) -> None:
+    """What `build` would do, resolved as it would resolve it, with nothing run or written."""
+    from pipeline.orchestrate import config_line, resolve_spec, stage_range
+    from pipeline.runs import RunDir
+    from pipeline.stages import TABLE, render
+    from pipeline.stages.base import Context, StageData, Upstream, inputs_digest
+
+    order = TABLE.order()
+    rd = RunDir.existing(req.resume) if req.resume is not None else None
+    if rd is not None:
+        spec = rd.read_spec()
+        if req.from_stage or req.until:
+            spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
+    else:
+        spec = resolve_spec(req, settings, order)
+    ctx = Context(settings=settings, log=app.log, env=app.env, work_dir=rd.path if rd else Path("."))
+    up, rerun, image_ref = Upstream(), False, ""
+    stages: list[dict[str, str]] = []
+    for name in order:
+        prev = rd.state(name) if rd is not None else None
+        if name not in spec.stages:
+            action, why = "no", "outside --from/--until"
+            if prev is not None and prev.status == "ok":
+                up.set(name, TABLE[name].load().Outputs.model_validate(prev.outputs))
+        elif rd is None:
+            action, why = "run", "a new run"
+        elif rerun:
+            action, why = "run", "a stage before it runs"
+        elif prev is None or prev.status != "ok":
+            action, why, rerun = "run", "no record" if prev is None else f"it {prev.status} before", True
+        else:
+            stage = TABLE[name].load()
+            try:
+                inputs = stage.plan(ctx, spec, up)
+                changed = inputs_digest(name, inputs, stage.reads(ctx, inputs)) != prev.inputs_digest
+                why = "its inputs changed" if changed else f"done earlier for the same inputs ({prev.figure})"
+            except PipelineError as e:
+                changed, why = True, f"its inputs cannot be planned here: {e.message}"
+            if changed:
+                action, rerun = "run", True
+            else:
+                action = "skip"
+                outputs: StageData = stage.Outputs.model_validate(prev.outputs)
+                up.set(name, outputs)
+                if isinstance(outputs, render.Outputs):
+                    image_ref = outputs.image_ref
+        stages.append({"stage": name, "action": action, "why": why})
+    tags = {
+        "candidate": image_ref or f"{spec.repository}:candidate-<inputs digest, known after render>",
+        "registry": spec.registry,
+        "tag": settings.tag.tag_template,
+        "moving_tags": ", ".join(settings.tag.moving_tags) + (", latest" if settings.tag.push_latest else ""),
+    }
+    if as_json:
+        app.emit_json({"config_file": settings.config_file or None, "spec": spec.model_dump(mode="json"),
+                       "run_dir": str(rd.path) if rd else None, "stages": stages, "image": tags})  # fmt: skip
+        return
+    lines = ["plan (--print: nothing is run or written)", f"  {config_line(settings)}"]
+    lines += [
+        f"  {line}" for line in spec.summary_lines(settings.image.base_image, settings.smoke.docker_host)
+    ]
+    lines.append(f"  run dir    {rd.path if rd else 'new, under ' + settings.paths.runs_dir}")
+    lines += [f"  {s['stage']:<6} {s['action']:<4}  {s['why']}" for s in stages]
+    lines.append(f"  image      {tags['candidate']}")
+    pushed = f"pushed to {spec.registry}" if spec.registry else "no registry: tagged nowhere"
+    lines.append(f"  tags       {tags['tag']}; moving {tags['moving_tags'] or '(none)'} ({pushed})")
+    app.echo("\n".join(lines))
+
+
 # Flags that only the whole chain (--model) reads, and those that only --context reads.
 _CHAIN_ONLY = ("--model", "--atom", "--aiter", "--atom-repo", "--aiter-repo", "--auto", "--base-image",
-               "--submodules", "--lock", "--from", "--until", "--resume", "--offline")  # fmt: skip
+               "--submodules", "--lock", "--from", "--until", "--resume", "--offline", "--print")  # fmt: skip
 _CONTEXT_ONLY = ("--tag", "--no-cache")
 # What a lock fixes: pinning flags would be ignored with --lock.
 _LOCK_FIXES = ("--atom", "--aiter", "--atom-repo", "--aiter-repo", "--auto", "--base-image")

@@ -68,3 +68,40 @@ def test_click_shell_completion_works(
     monkeypatch.setenv("COMP_CWORD", "2")
     assert main([]) == 0
     assert "plain,--model" in capsys.readouterr().out.splitlines()
+
+
+def test_print_shows_the_plan_and_does_nothing(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    assert main(["build", "--model", MODEL, "--print"]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "locks").exists()  # nothing done
+    assert "config     no pipeline.toml" in out and f"model      {MODEL}" in out
+    for stage in ("pin", "patch", "check", "render", "build", "smoke", "tag"):
+        assert f"  {stage:<6} run   a new run" in out
+    assert "candidate-<inputs digest, known after render>" in out
+
+    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    before = sorted(p.name for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["build", "--resume", str(run), "--until", "smoke", "--print", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [(s["stage"], s["action"]) for s in plan["stages"]] == [
+        ("pin", "skip"), ("patch", "skip"), ("check", "skip"), ("render", "skip"),
+        ("build", "run"), ("smoke", "run"), ("tag", "no"),
+    ]  # fmt: skip
+    rendered = json.loads((run / "stages" / "render.json").read_text())["outputs"]["image_ref"]
+    assert plan["image"]["candidate"] == rendered and plan["run_dir"] == str(run)
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written
+    assert main(["build", "--context", str(run / "context"), "--print"]) == ExitCode.USAGE
+
+
+def test_the_run_header_names_the_configuration_file(
+    world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "pipeline.toml").write_text("[tag]\npush_latest = false\n")
+    assert main(["build", "--model", MODEL, "--until", "pin"]) == 0
+    assert f"  config     {tmp_path / 'pipeline.toml'}" in capsys.readouterr().err
