@@ -742,3 +742,22 @@ def test_cli_read_only_cache_is_its_own_exit_code(
     err = capsys.readouterr().err
     assert "is read-only (EROFS)" in err and "tag-locks" in err and "Traceback" not in err
     assert fake.tags == {}
+
+
+def test_cli_dry_run_says_what_it_would_push_and_move_and_pushes_nothing(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    before = json.dumps(fake.tags, sort_keys=True, default=str)
+    assert main(_argv(world, "--lock", str(world.lock_path), "--dry-run", "--push-latest")) == 0
+    out = capsys.readouterr().out
+    assert f"would push {REG}/{REPO}:{EXPECTED_IMMUTABLE}" in out
+    assert f"would move {REG}/{REPO}:{MODEL}-verified" in out and f"would move {REG}/{REPO}:latest" in out
+    assert json.dumps(fake.tags, sort_keys=True, default=str) == before  # nothing pushed or moved
+    assert not list(world.verdict_path.parent.glob("record.json"))  # nothing recorded
+    assert main(_argv(world, "--lock", str(world.lock_path), "--dry-run", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["push"] == f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}" and data["move"] == [
+        f"{REG}/{REPO}:{MODEL}-verified"
+    ]
