@@ -68,6 +68,9 @@ class App:
             import secrets
             import time
 
+            from pipeline.gc import prune_runs
+
+            prune_runs(self.settings(), self.log)  # the default retention, before this run counts
             base = Path(self.settings().paths.runs_dir)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             run_dir = base / f"{stamp}-{label}-{secrets.token_hex(3)}"

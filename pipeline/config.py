@@ -46,6 +46,7 @@ class SourcesSettings(_Section):
 class PathsSettings(_Section):
     cache_dir: str
     runs_dir: str
+    keep_runs: Annotated[int, Field(ge=0)]  # run directories kept; older ones go at the next run (0: all)
     locks_dir: str
     recipes_dir: str
     patches_dir: str
@@ -223,7 +224,8 @@ def load_settings(
     if project is not None and config_file is None and project.parent != here.absolute():
         # found above the working directory: its directory is the project's root
         for key, value in merged["paths"].items():
-            merged["paths"][key] = _from(project.parent, value)
+            if isinstance(value, str):
+                merged["paths"][key] = _from(project.parent, value)
     if project is not None and project.is_file():
         data = _read_toml(project)
         for section, values in data.items():

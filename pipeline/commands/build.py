@@ -157,6 +157,10 @@ def command(
     if print_plan:
         _print_plan(app, req, settings, as_json=as_json)
         return
+    if resume is None:
+        from pipeline.gc import prune_runs
+
+        prune_runs(settings, app.log)  # the default retention, before this run counts
     result: RunResult | None = None
     try:
         result = execute(req, settings, app.log, app.env)
