@@ -507,9 +507,9 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint="Run `scripts/setup.sh wheelhouse` (WHEELS_PYTHON=<the base image's python> for another "
-                "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
-                "[image] python_version.",
+                hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (the base image's "
+                "python, [image] python_version), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a "
+                f"wheelhouse for python {python_version}.",
             )
         return {}
     hashes = {}
@@ -670,7 +670,8 @@ def render_context(
             notes.append(
                 f"no wheelhouse at {settings.wheels_dir}: the image installs "
                 f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
-                "index (`scripts/setup.sh wheelhouse` makes the build independent of it)"
+                f"index (`WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse`, the "
+                "base image's python as [image] python_version says, makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
         note = base_image_note(lock, settings)
