@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,43 @@ def test_the_run_header_names_the_configuration_file(
     (tmp_path / "pipeline.toml").write_text("[tag]\npush_latest = false\n")
     assert main(["build", "--model", MODEL, "--until", "pin"]) == 0
     assert f"  config     {tmp_path / 'pipeline.toml'}" in capsys.readouterr().err
+
+
+def test_a_plain_check_on_actions_writes_the_job_summary_and_annotations_that_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.fixtures.compat_repos import build_compat_repos
+
+    fx = build_compat_repos(tmp_path / "fx")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    args = ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    assert main([*args, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == ExitCode.INCOMPATIBLE
+    err = capsys.readouterr().err
+    text = summary.read_text()
+    assert "### pipeline check" in text and "| check | failed |" in text and "positional-shift" in text
+    errors = [line for line in err.splitlines() if line.startswith("::error")]
+    assert errors and not any("file=" in line for line in errors[:-1])  # ATOM's paths are not the job's
+    assert all(re.match(r"::error::\S+\.py:\d+:\d+: ", line) for line in errors[:-1])
+
+
+def test_an_annotation_links_to_the_atom_file_at_its_commit() -> None:
+    from pipeline.compat.report import Finding
+    from pipeline.stages.check import Inputs, _source_link
+    from tests.unit.test_render import make_lock, settings
+
+    lock = make_lock(settings(Path("/nonexistent")))
+    finding = Finding(path="atom/models/minimax_m3.py", line=418, col=13, function="f", severity="error",
+                      kind="positional-shift", message="m")  # fmt: skip
+    pinned = Inputs(
+        model="M", atom_rev=lock.atom.sha, aiter_rev=lock.aiter.sha, lock=lock, reports_dir=Path(".")
+    )
+    link = _source_link(pinned, lock.atom.sha, finding)
+    assert link == f" (https://github.com/ROCm/ATOM/blob/{lock.atom.sha}/atom/models/minimax_m3.py#L418)"
+    patched = pinned.model_copy(update={"dated_by": lock.atom.sha})
+    assert f"/blob/{lock.atom.sha}/" in _source_link(
+        patched, "f" * 40, finding
+    ) and "patch series" in _source_link(patched, "f" * 40, finding)
