@@ -115,3 +115,20 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
+
+
+def complete_model(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Shell completion for --model: the recipes in [paths] recipes_dir (as resolved here)."""
+    from click.shell_completion import CompletionItem
+
+    from pipeline.config import load_settings
+    from pipeline.errors import PipelineError
+
+    try:
+        recipes = Path(load_settings(env=os.environ).paths.recipes_dir)
+        names = sorted({p.stem for p in recipes.glob("*.y*ml")})
+    except (PipelineError, OSError):
+        return []
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]

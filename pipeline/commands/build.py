@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pipeline.app import App, pass_app
+from pipeline.app import App, complete_model, pass_app
 from pipeline.errors import PipelineError, UsageError
 from pipeline.stages import STAGE_ORDER
 
@@ -27,7 +27,11 @@ def _summary_table(app: App) -> str:
 
 
 @click.command(name="build")
-@click.option("--model", help="Run the whole chain for this model (recipes/<model>.yaml).")
+@click.option(
+    "--model",
+    help="Run the whole chain for this model (recipes/<model>.yaml).",
+    shell_complete=complete_model,
+)
 @click.option("--context", "context_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Only build this rendered context (from `pipeline render`).")  # fmt: skip
 @click.option("--atom", "atom_ref", help="ATOM ref to pin (default: [sources] atom_ref).")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pipeline import validate
-from pipeline.app import App, pass_app
+from pipeline.app import App, complete_model, pass_app
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 
 @click.command(name="pin")
-@click.option("--model", required=True, help="Model name; the lock is locks/<model>.toml by default.")
+@click.option(
+    "--model",
+    required=True,
+    help="Model name; the lock is locks/<model>.toml by default.",
+    shell_complete=complete_model,
+)
 @click.option("--atom", "atom_ref", help="ATOM ref: branch, tag, short or full SHA, or HEAD.")
 @click.option("--aiter", "aiter_ref", help="aiter ref: branch, tag, short or full SHA, or HEAD.")
 @click.option("--atom-repo", metavar="URL|PATH", help="ATOM repository (any git URL or a local path).")

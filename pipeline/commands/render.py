@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline import validate
-from pipeline.app import App, pass_app
+from pipeline.app import App, complete_model, pass_app
 from pipeline.errors import PatchError, UsageError
 
 if TYPE_CHECKING:
@@ -28,7 +28,12 @@ def _submodule_repos(given: tuple[str, ...]) -> tuple[tuple[str, Path], ...]:
 
 
 @click.command(name="render")
-@click.option("--model", required=True, help="Model whose lock to render, e.g. MiniMax-M3-MXFP4.")
+@click.option(
+    "--model",
+    required=True,
+    help="Model whose lock to render, e.g. MiniMax-M3-MXFP4.",
+    shell_complete=complete_model,
+)
 @click.option(
     "--lock",
     "lock_path",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.app import App, pass_app
+from pipeline.app import App, complete_model, pass_app
 from pipeline.errors import ExitCode, PipelineError, UsageError
 
 
@@ -36,7 +36,11 @@ def _labels(raw: tuple[str, ...]) -> dict[str, str]:
 
 @click.command(name="smoke")
 @click.option("--image", required=True, help="Image to test (tag or ID) on the engine.")
-@click.option("--model", help="Recipe name: recipes/<MODEL>.yaml (e.g. MiniMax-M3-MXFP4).")
+@click.option(
+    "--model",
+    help="Recipe name: recipes/<MODEL>.yaml (e.g. MiniMax-M3-MXFP4).",
+    shell_complete=complete_model,
+)
 @click.option(
     "--recipe",
     "recipe_file",

@@ -55,7 +55,7 @@ def test_a_bare_checks_advice_names_a_pin_command_that_parses(
 
 
 def test_click_shell_completion_works(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("_PIPELINE_COMPLETE", "bash_source")
     assert main([]) == 0
@@ -69,6 +69,15 @@ def test_click_shell_completion_works(
     monkeypatch.setenv("COMP_CWORD", "2")
     assert main([]) == 0
     assert "plain,--model" in capsys.readouterr().out.splitlines()
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    for name in ("Alpha-1", "Alpha-2", "Beta"):
+        (recipes / f"{name}.yaml").write_text("x")
+    monkeypatch.setenv("PIPELINE_RECIPES_DIR", str(recipes))
+    monkeypatch.setenv("COMP_WORDS", "pipeline pin --model Al")
+    monkeypatch.setenv("COMP_CWORD", "3")
+    assert main([]) == 0
+    assert capsys.readouterr().out.splitlines() == ["plain,Alpha-1", "plain,Alpha-2"]  # the recipes
 
 
 def test_print_shows_the_plan_and_does_nothing(
