@@ -674,6 +674,18 @@ def render_context(
                 "base image's python as [image] python_version says, makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
+        if settings.sources.offline and not settings.image.offline_build:
+            from_index = [
+                *(["lm-eval and setuptools_scm (no wheelhouse)"] if not wheel_hashes else []),
+                *(["aiter's requirements.txt"] if aiter_requirements else []),
+                f"whatever `{settings.image.atom_install_cmd}` resolves",
+            ]
+            notes.append(
+                "[sources] offline is true, but this image installs from the package index: "
+                + "; ".join(from_index)
+                + ". Its build needs the network; [image] offline_build = true builds from the wheelhouse "
+                f"only (WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse)"
+            )
         note = base_image_note(lock, settings)
         if note:
             notes.append(note)
