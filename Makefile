@@ -5,7 +5,7 @@
 #   make test    setup, then ruff + mypy and the unit, git and docker tiers (scripts/test.sh)
 #   make lint    ruff + mypy only
 #   make unit | make git | make docker   one tier (no setup, no lint)
-#   make run     setup, then `pipeline build --model MiniMax-M3-MXFP4`
+#   make run     setup (dependencies only), then `python -m pipeline build --model MiniMax-M3-MXFP4 --auto`
 #
 # Variables: PYTHON (python), PIP_INSTALL=0 skips the editable install (a shared machine with
 # several worktrees), TIERS ("unit git docker"), PYTEST_ARGS, MODEL.
@@ -29,5 +29,9 @@ lint:
 unit git docker:
 	scripts/test.sh $@
 
-run: setup
-	$(PYTHON) -m pipeline build --model $(MODEL)
+# run: the dependencies only (no editable install that would repoint another checkout's
+# `pipeline`); `python -m pipeline` from here runs this checkout. --auto pins the newest aiter
+# this ATOM is compatible with, so the build is not stopped at check by aiter's head.
+run:
+	PIP_INSTALL=$${PIP_INSTALL:-deps} scripts/setup.sh
+	$(PYTHON) -m pipeline build --model $(MODEL) --auto

@@ -49,8 +49,18 @@ class App:
         from pipeline.config import load_settings
 
         s = load_settings(config_file=self.config_file, env=self.env, overrides=overrides)
+        if self._settings is None:  # said once per invocation
+            self._announce(s)
         self._settings = s
         return s
+
+    def _announce(self, s: Settings) -> None:
+        from pipeline.config import unknown_env
+
+        for warning in unknown_env(self.env):
+            self.log.warn(warning)
+        if s.config_file and self.config_file is None and Path(s.config_file).parent != Path.cwd():
+            self.log.info(f"configuration: {s.config_file} (found above the working directory)")
 
     def open_run(self, label: str, run_dir: Path | None = None) -> Path:
         """Create (or reuse) the run directory and send the full log there."""
@@ -58,6 +68,9 @@ class App:
             import secrets
             import time
 
+            from pipeline.gc import prune_runs
+
+            prune_runs(self.settings(), self.log)  # the default retention, before this run counts
             base = Path(self.settings().paths.runs_dir)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             run_dir = base / f"{stamp}-{label}-{secrets.token_hex(3)}"
@@ -102,3 +115,20 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
+
+
+def complete_model(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Shell completion for --model: the recipes in [paths] recipes_dir (as resolved here)."""
+    from click.shell_completion import CompletionItem
+
+    from pipeline.config import load_settings
+    from pipeline.errors import PipelineError
+
+    try:
+        recipes = Path(load_settings(env=os.environ).paths.recipes_dir)
+        names = sorted({p.stem for p in recipes.glob("*.y*ml")})
+    except (PipelineError, OSError):
+        return []
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -35,7 +36,9 @@ COMMANDS: dict[str, str] = {
     "impact": "Which ATOM calls an aiter change (base..head) breaks, on which model's path.",
     "recipe": "Import upstream ATOM recipes (recipes/*.md) and report their drift.",
     "gc": "Remove old runs, locks nobody holds and refs/pins/* no lock file names.",
+    "config": "Show the resolved settings and where each came from (default, file, environment, flag).",
 }
+COMPLETE_VAR = "_PIPELINE_COMPLETE"  # click's standard: eval "$(_PIPELINE_COMPLETE=bash_source pipeline)"
 
 
 class _LazyGroup(click.Group):
@@ -51,10 +54,42 @@ class _LazyGroup(click.Group):
         command: click.Command = mod.command
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS and not ctx.resilient_parsing:
+            import difflib
+
+            near = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
+            ctx.fail(
+                f"No such command {name!r}." + (f" Did you mean {near[0]!r}?" if near else "")
+                + " `pipeline --help` lists the commands."
+            )  # fmt: skip
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # the help lines come from the table: listing the commands imports none of them
         with formatter.section("Commands"):
             formatter.write_dl(list(COMMANDS.items()))
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from pipeline import envvars  # read when help is shown, not at start-up
+
+        with formatter.section("Configuration"):
+            formatter.write_text(envvars.SOURCES)
+        with formatter.section("Environment"):
+            rows = [
+                (f"{envvars.ENV_PREFIX}{key.upper()}", f"[{section}] {key}")
+                for section, keys in envvars.settings_by_section().items()
+                for key in keys
+            ]
+            formatter.write_dl(rows + list(envvars.OTHER_ENV.items()))
+            formatter.write_text(
+                f'Shell completion (bash, zsh, fish): eval "$({COMPLETE_VAR}=bash_source pipeline)"; '
+                "zsh_source, fish_source for the others."
+            )
 
 
 def _exit_code_help() -> str:
@@ -79,16 +114,26 @@ def _exit_code_help() -> str:
     count=True,
     help="More output (-vv for debug). Full logs are always in the run directory.",
 )
+@click.option(
+    "--progress",
+    type=click.Choice(["auto", "plain", "tty"]),
+    default="auto",
+    show_default=True,
+    help="Progress output: a live display on a terminal (auto), plain lines (plain, as in CI), or "
+    "live even when not detected (tty). Stage marks fall back to ASCII where ✓ ✕ ↷ cannot show.",
+)
 @click.pass_context
-def cli(ctx: click.Context, config_file: Path | None, verbose: int) -> None:
+def cli(ctx: click.Context, config_file: Path | None, verbose: int, progress: str) -> None:
     """Ship ROCm ATOM images whose ATOM and aiter are proven compatible.
 
     \b
     The main job:   pipeline build --model MiniMax-M3-MXFP4
     Stages:         pin → patch → check → render → build → smoke → tag
     """
+    from pipeline import progress as progress_mod
     from pipeline.app import App
 
+    progress_mod.MODE = progress
     app = App.create(config_file=config_file, verbosity=verbose)
     ctx.obj = app
     _CURRENT.append(app)
@@ -112,6 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)
     _CURRENT.clear()
     _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    instruction = os.environ.get(COMPLETE_VAR)
+    if instruction:  # click's standard shell completion (main() drives the context itself)
+        from click.shell_completion import shell_complete
+
+        return shell_complete(cli, {}, "pipeline", COMPLETE_VAR, instruction)
     try:
         ctx = cli.make_context("pipeline", list(_ARGV))
         with ctx:

@@ -1,9 +1,12 @@
 """Configuration: one cascade, resolved into frozen, typed settings.
 
 Layers, lowest first: packaged defaults (`defaults.toml`), the project file
-(`pipeline.toml` in the working directory, or `--config FILE`), environment
-variables `PIPELINE_<KEY>`, then command-line flags. Every key name is unique
-across sections, so `PIPELINE_ATOM_REPO` sets `[sources] atom_repo`.
+(`--config FILE`, else the first `pipeline.toml` from the working directory up
+to the repository root, as pre-commit finds its file), environment variables
+`PIPELINE_<KEY>`, then command-line flags. Every key name is unique across
+sections, so `PIPELINE_ATOM_REPO` sets `[sources] atom_repo`. A project file
+found above the working directory is the project's root: relative `[paths]`
+from the defaults and the file are taken from its directory.
 
 The environment is passed in as a mapping, never read deep inside. Unknown
 keys and wrong types are `ConfigError`s naming the file, key and expected type.
@@ -21,12 +24,10 @@ from typing import Annotated, Any, Literal
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipeline.envvars import ENV_PREFIX, OTHER_ENV, PROJECT_FILE
 from pipeline.errors import ConfigError
 from pipeline.fsutil import read_text
 from pipeline.validate import SHOWN_MAX, shown
-
-ENV_PREFIX = "PIPELINE_"
-PROJECT_FILE = "pipeline.toml"
 
 
 class _Section(BaseModel):
@@ -46,6 +47,7 @@ class SourcesSettings(_Section):
 class PathsSettings(_Section):
     cache_dir: str
     runs_dir: str
+    keep_runs: Annotated[int, Field(ge=0)]  # run directories kept; older ones go at the next run (0: all)
     locks_dir: str
     recipes_dir: str
     patches_dir: str
@@ -139,6 +141,7 @@ class Settings(_Section):
     tag: TagSettings
     # Where each key's value came from (for the summary printed at start).
     origins: dict[str, str] = {}
+    config_file: str = ""  # the project file read ("" when none)
 
     @property
     def cache_dir(self) -> Path:
@@ -220,6 +223,35 @@ def _coerce_env(key: str, raw: str, expected: Any) -> Any:
     return raw
 
 
+def find_project_file(cwd: Path) -> Path | None:
+    """The first `pipeline.toml` from `cwd` up to the repository root (the directory holding
+    `.git`); outside a repository only `cwd` is looked at."""
+    cwd = cwd.absolute()
+    up = [cwd, *cwd.parents]
+    root = next((d for d in up if (d / ".git").exists()), None)
+    for d in up[: up.index(root) + 1] if root is not None else [cwd]:
+        if (d / PROJECT_FILE).exists():  # (not is_file: a device there is refused when read)
+            return d / PROJECT_FILE
+    return None
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """A warning for each `PIPELINE_*` variable that is neither a setting nor in OTHER_ENV."""
+    import difflib
+
+    known = [ENV_PREFIX + k.upper() for k in KEY_SECTION] + list(OTHER_ENV)
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        out.append(
+            f"environment variable {shown(name)} is not a pipeline setting and is ignored"
+            + (f"; did you mean {near[0]}?" if near else " (`pipeline config` lists the settings).")
+        )
+    return out
+
+
 def load_settings(
     *,
     config_file: Path | None = None,
@@ -230,9 +262,15 @@ def load_settings(
     """Resolve the cascade. `overrides` are flag values by key (None = not given)."""
     merged = _defaults()
     origins = {key: "default" for key in KEY_SECTION}
+    here = cwd or Path.cwd()
 
-    project = config_file if config_file is not None else (cwd or Path.cwd()) / PROJECT_FILE
-    if config_file is not None or project.exists():  # a device or pipe is refused, not ignored
+    project = config_file if config_file is not None else find_project_file(here)
+    if project is not None and config_file is None and project.parent != here.absolute():
+        # found above the working directory: its directory is the project's root
+        for key, value in merged["paths"].items():
+            if isinstance(value, str):
+                merged["paths"][key] = _from(project.parent, value)
+    if project is not None:  # a device or pipe is refused by the bounded read, not ignored
         data = _read_toml(project, hint="Check the --config path." if config_file is not None else None)
         for section, values in data.items():
             if section not in _SECTION_MODELS:
@@ -245,6 +283,8 @@ def load_settings(
                 if KEY_SECTION.get(key) != section:
                     known = ", ".join(_SECTION_MODELS[section].model_fields)
                     raise ConfigError(f"{project}: unknown key '{key}' in [{section}]; known keys: {known}.")
+                if section == "paths" and config_file is None and isinstance(value, str):
+                    value = _from(project.parent, value) if project.parent != here.absolute() else value
                 merged[section][key] = value
                 origins[key] = str(project)
 
@@ -269,9 +309,17 @@ def load_settings(
         origins[key] = "flag"
 
     try:
-        return Settings.model_validate({**merged, "origins": origins})
+        file = str(project) if project is not None else ""
+        return Settings.model_validate({**merged, "origins": origins, "config_file": file})
     except ValidationError as e:
         raise ConfigError(_describe_validation(e, origins)) from e
+
+
+def _from(root: Path, value: str) -> str:
+    """A relative path setting taken from `root` (empty and `~` paths are left as they are)."""
+    if not value or value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str(root / value)
 
 
 def _describe_validation(e: ValidationError, origins: Mapping[str, str]) -> str:

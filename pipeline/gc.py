@@ -74,21 +74,37 @@ def _age_days(path: Path, now: float) -> float:
     return (now - max(mtimes)) / DAY
 
 
-def plan(settings: Settings, *, older_than_days: float, now: float | None = None) -> Plan:
+def _runs(settings: Settings, now: float) -> list[tuple[Path, float]]:
+    """(run directory, age in days), newest first."""
+    runs_dir = Path(settings.paths.runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    runs = [(p, _age_days(p, now)) for p in sorted(runs_dir.iterdir()) if p.is_dir()]
+    return sorted(runs, key=lambda r: r[1])
+
+
+def _held(run: Path) -> bool:
+    return (run / ".run.lock").exists() and not _free(run / ".run.lock")
+
+
+def plan(
+    settings: Settings, *, older_than_days: float, keep_newest: int | None = None, now: float | None = None
+) -> Plan:
+    """What gc removes: runs older than `older_than_days` or beyond the newest `keep_newest`
+    (None or 0: no count limit), locks and temp dirs nobody holds, pins no lock names."""
     now = time.time() if now is None else now
     out = Plan()
-    runs_dir = Path(settings.paths.runs_dir)
     kept_runs: list[Path] = []
-    if runs_dir.is_dir():
-        for run in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
-            age = _age_days(run, now)
-            if age < older_than_days:
-                kept_runs.append(run)
-            elif (run / ".run.lock").exists() and not _free(run / ".run.lock"):
-                kept_runs.append(run)
-                out.kept.append(f"{run}: another process is driving it")
-            else:
-                out.items.append(Item("run", run, f"{age:.0f} days old"))
+    for n, (run, age) in enumerate(_runs(settings, now)):
+        beyond = bool(keep_newest) and n >= int(keep_newest or 0)
+        if age < older_than_days and not beyond:
+            kept_runs.append(run)
+        elif _held(run):
+            kept_runs.append(run)
+            out.kept.append(f"{run}: another process is driving it")
+        else:
+            why = f"{age:.0f} days old" if age >= older_than_days else f"beyond the newest {keep_newest}"
+            out.items.append(Item("run", run, why))
 
     mirrors = settings.mirrors_dir
     if mirrors.is_dir():
@@ -163,4 +179,29 @@ def execute(p: Plan, settings: Settings, log: Logger) -> int:
             log.warn(f"kept {item.path}{' ' + item.ref if item.ref else ''}: {e}")
             continue
         removed += 1
+    return removed
+
+
+def prune_runs(settings: Settings, log: Logger, *, now: float | None = None) -> int:
+    """The default retention, run by every command that opens a run directory: run directories
+    beyond the newest `[paths] keep_runs` go (0: none); a run another process drives stays."""
+    keep = settings.paths.keep_runs
+    if keep <= 0:
+        return 0
+    removed = 0
+    for run, _ in _runs(settings, time.time() if now is None else now)[keep:]:
+        if _held(run):
+            continue
+        try:
+            shutil.rmtree(run)
+        except OSError as e:
+            log.warn(f"kept {run}: {e}")
+            continue
+        removed += 1
+    if removed:
+        log.info(
+            f"removed {removed} old run director{'y' if removed == 1 else 'ies'} in "
+            f"{settings.paths.runs_dir}: the newest {keep} are kept ([paths] keep_runs; `pipeline gc` "
+            "for the rest)"
+        )
     return removed

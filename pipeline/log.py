@@ -23,7 +23,21 @@ from typing import IO, Literal
 
 from pipeline.errors import PipelineError
 
-StageStatus = Literal["running", "ok", "failed", "skipped", "stopped"]  # stopped: e.g. no GPUs here
+StageStatus = Literal["running", "ok", "failed", "skipped", "stopped"]  # stopped: no GPUs here, Ctrl-C
+
+# The stage marks, and what a terminal that cannot show them gets instead.
+MARKS: dict[str, str] = {"ok": "✓", "skipped": "↷", "stopped": "■", "failed": "✕", "running": "▶"}
+ASCII_MARKS: dict[str, str] = {"ok": "+", "skipped": ">", "stopped": "=", "failed": "x", "running": "-"}
+
+
+def shows_marks(stream: IO[str]) -> bool:
+    """Whether the stream's encoding can write the stage marks (not so for LANG=C / ASCII)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"  # a StringIO holds any text
+    try:
+        "".join(MARKS.values()).encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 @dataclass
@@ -45,6 +59,12 @@ class Logger:
     _secrets: set[str] = field(default_factory=set)
     _fh: IO[str] | None = None
     file_error: OSError | None = None  # why the log file stopped being written
+    marks: Mapping[str, str] | None = None  # None: MARKS when the stream can show them, else ASCII_MARKS
+
+    def mark(self, status: str) -> str:
+        if self.marks is None:
+            self.marks = MARKS if shows_marks(self.stream) else ASCII_MARKS
+        return self.marks.get(status, self.marks["failed"])
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, verbosity: int = 0, stream: IO[str] | None = None) -> Logger:
@@ -139,17 +159,18 @@ class Logger:
         if self.github:
             self._emit(f"::group::{name}{': ' + title if title else ''}")
         elif self.verbosity >= 1:
-            self._emit(f"▶ {name}{': ' + title if title else ''}")
+            self._emit(f"{self.mark('running')} {name}{': ' + title if title else ''}")
         try:
             yield rec
         except BaseException as e:
-            rec.status = "failed"
+            # Ctrl-C or SIGTERM (cli turns it into KeyboardInterrupt) stops a stage; it did not fail
+            rec.status = "stopped" if isinstance(e, KeyboardInterrupt) else "failed"
             rec.seconds = time.monotonic() - start
             if self.github:
                 self._emit("::endgroup::")
             reason = str(e) if isinstance(e, PipelineError) else type(e).__name__
-            self._write_file(f"=== stage {name} failed after {rec.seconds:.1f}s: {reason}")
-            self._emit(f"✕ {name} ({rec.seconds:.1f}s)")
+            self._write_file(f"=== stage {name} {rec.status} after {rec.seconds:.1f}s: {reason}")
+            self._emit(f"{self.mark(rec.status)} {name} ({rec.seconds:.1f}s)")
             raise
         else:
             if rec.status == "running":
@@ -157,9 +178,10 @@ class Logger:
             rec.seconds = time.monotonic() - start
             if self.github:
                 self._emit("::endgroup::")
-            mark = {"ok": "✓", "skipped": "↷"}.get(rec.status, "✕")
             figure = f" — {rec.figure}" if rec.figure else ""
             self._write_file(f"=== stage {name} {rec.status} in {rec.seconds:.1f}s{figure}")
+            mark = self.mark(rec.status)
+            figure = f"{' — ' if self.marks is MARKS else ' - '}{rec.figure}" if rec.figure else ""
             self._emit(f"{mark} {name} ({rec.seconds:.1f}s){figure}")
 
     def summary_markdown(self, title: str) -> str:

@@ -186,6 +186,11 @@ def resumed(
     return frozen, env
 
 
+def config_line(settings: Settings) -> str:
+    """The spec header's first line: which configuration file this run read."""
+    return f"config     {settings.config_file or 'no pipeline.toml (defaults, environment, flags)'}"
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -227,7 +232,10 @@ def execute(
     try:
         log.attach(rd.path)
         log.info(f"run {rd.path}")
-        for line in spec.summary_lines(settings.image.base_image, settings.smoke.docker_host):
+        for line in [
+            config_line(settings),
+            *spec.summary_lines(settings.image.base_image, settings.smoke.docker_host),
+        ]:
             log.info(f"  {line}")
         ctx = Context(
             settings=settings,
@@ -301,6 +309,10 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
                 st.inputs, st.reads = seen.inputs, seen.reads
                 return _ended(result, rd, rec, st, e)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, and the record says so
+                rec.figure = "interrupted"
+                rd.record(StageState(name, "stopped", digest, {}, time.monotonic() - start, "interrupted"))
+                raise
             if done and prev is not None and name in FROZEN:
                 before = stage.Outputs.model_validate(local(prev.outputs, rd.path)).figure()
                 ctx.log.info(f"{name} again (--repin): {before} → {outputs.figure()}")

@@ -24,9 +24,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
 
+# `pipeline --progress`: "auto" (detect), "plain" (lines, never live), "tty" (live, even undetected)
+MODE = "auto"
+
 
 def is_live(stream: IO[str], env: Mapping[str, str]) -> bool:
-    """A terminal, not CI, not a dumb terminal."""
+    """A terminal, not CI, not a dumb terminal (or as `--progress` says)."""
+    if MODE != "auto":
+        return MODE == "tty"
     if env.get("CI") or env.get("GITHUB_ACTIONS") or env.get("TERM") == "dumb":
         return False
     try:

@@ -22,7 +22,7 @@ from pipeline.errors import ExitCode, IncompatibleError, PipelineError, UsageErr
 from pipeline.fsutil import atomic_write_json, read_text
 from pipeline.lock import Lock
 from pipeline.log import Logger
-from pipeline.orchestrate import BuildRequest, execute
+from pipeline.orchestrate import BuildRequest, RunResult, execute
 from pipeline.stages import build, check, pin, render, smoke, tag
 from pipeline.stages.tag import released_state_path
 
@@ -304,6 +304,23 @@ def plan_rebuild(
     return plan
 
 
+def _failed(model: str, result: RunResult, notes: list[str], error: PipelineError) -> ModelOutcome:
+    """A row for a model whose run failed before render: what its pin and check did say."""
+    outcome = ModelOutcome(model, "failed", int(error.exit_code), str(result.run_dir))
+    pinned = result.output("pin", pin.Outputs)
+    if pinned is not None:
+        outcome.atom, outcome.aiter = pinned.lock.atom.sha, pinned.lock.aiter.sha
+    checked = result.output("check", check.Outputs)
+    if checked is not None:
+        outcome.verdict = _verdict(checked)
+    elif isinstance(error, IncompatibleError):
+        outcome.verdict = "incompatible"
+    else:
+        outcome.verdict = "not checked"
+    outcome.notes = [*notes, str(error)]
+    return outcome
+
+
 def rebuild_model(
     model: str,
     settings: Settings,
@@ -348,7 +365,7 @@ def rebuild_model(
         code = int(result.error.exit_code)
         return ModelOutcome(model, "failed", code, notes=[str(result.error), draft_note(settings, blocked)])
     if result.error is not None:
-        raise result.error
+        return _failed(model, result, notes, result.error)
     notes += obsolete_patches(settings, result.run_dir)
     rendered = result.output("render", render.Outputs)
     pinned = result.output("pin", pin.Outputs)

@@ -46,7 +46,8 @@ _ENV_KEYS = (
     "CI", "GITHUB_ACTIONS", "NO_COLOR", "FORCE_COLOR", "TERM", "COLUMNS", "LANG", "LC_ALL",
     "LC_CTYPE", "PYTHONIOENCODING", "XDG_CACHE_HOME", "HOME",
 )  # fmt: skip
-_STAGE_MARKS = ("\n✓ check (", "\n✕ check (")  # the stage line: `✕ check (6.1s) — ...`
+# the stage line: `✕ check (6.1s) — ...` (log.MARKS, or log.ASCII_MARKS where they cannot show)
+_STAGE_MARKS = ("\n✓ check (", "\n✕ check (", "\n+ check (", "\nx check (")
 _RECORDED = (0, 4)  # compatible, incompatible: answers; every other exit is re-run
 KEPT_PER_DIR = 16  # records kept in each of the 256 record directories (the newest)
 
@@ -134,6 +135,19 @@ def _code_stamp() -> bytes:
     return h.digest()
 
 
+def _project_file_above(cwd: str) -> bool:
+    """A pipeline.toml in a parent directory up to the repository root (`config.find_project_file`)."""
+    d = cwd
+    while not os.path.exists(os.path.join(d, ".git")):
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False  # outside a repository only the working directory counts
+        d = parent
+        if os.path.isfile(os.path.join(d, "pipeline.toml")):
+            return True
+    return False
+
+
 def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str] | None:
     """(cache file, key) for this invocation, or None when it must run in full."""
     flags = parse(argv)
@@ -146,6 +160,8 @@ def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str
             project: bytes | None = f.read()
     except FileNotFoundError:
         project = None
+        if _project_file_above(cwd):
+            return None  # the configuration comes from a parent directory: the full CLI reads it
     except OSError:
         return None
     where = cache_dir(env, project)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 # local refs needs none of them (start-up time, issue 12 §5).
 
 
+SUMMARY_LINES = 200  # of the text report in the job summary
+
+
 @click.command(name="check")
 @click.option(
     "--lock",
@@ -159,6 +162,12 @@ def command(
                 rec.status, rec.figure, failed = "failed", e.message.splitlines()[0], e
         name = {"text": "check.txt", "json": "check.json", "sarif": "check.sarif"}[fmt]
         text = (Path(reports) / name).read_text(encoding="utf-8")
+        # the job summary on GitHub Actions ($GITHUB_STEP_SUMMARY), as `build` writes one
+        report = (Path(reports) / "check.txt").read_text(encoding="utf-8").splitlines()
+        shown = report[:SUMMARY_LINES] + (
+            [f"... ({len(report) - SUMMARY_LINES} more lines)"] if len(report) > SUMMARY_LINES else []
+        )
+        log.publish_summary("pipeline check", "```\n" + "\n".join(shown) + "\n```\n")
     if output is not None:
         atomic_write_text(output, text)
         log.info(f"report written to {output}")

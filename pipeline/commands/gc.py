@@ -22,8 +22,10 @@ from pipeline.errors import UsageError
 @click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object on stdout.")
 @pass_app
 def command(app: App, days: float, dry_run: bool, as_json: bool) -> None:
-    """Remove run directories older than DAYS, lock files and temp dirs nobody holds, and
-    `refs/pins/*` in the mirrors that no lock file (in locks_dir or a kept run) names.
+    """Remove run directories older than DAYS or beyond the newest [paths] keep_runs, lock files
+    and temp dirs nobody holds, and `refs/pins/*` in the mirrors that no lock file (in locks_dir
+    or a kept run) names. Every command that opens a run already keeps only the newest
+    keep_runs runs; schedule `pipeline gc` (e.g. daily) for the rest.
 
     Nothing another process is using is touched; --dry-run lists without removing.
     """
@@ -34,7 +36,7 @@ def command(app: App, days: float, dry_run: bool, as_json: bool) -> None:
             f"--older-than must be 0 or more days, not {days:g}.", hint="For example: --older-than 30."
         )
     settings = app.settings()
-    found = gc.plan(settings, older_than_days=days)
+    found = gc.plan(settings, older_than_days=days, keep_newest=settings.paths.keep_runs)
     removed = 0 if dry_run else gc.execute(found, settings, app.log)
     if as_json:
         app.emit_json(

@@ -281,7 +281,8 @@ def apply_cmd(
             }
         )
     else:
-        app.echo(out.head)
+        where = f"  (branch {out.branch} in {out.worktree})" if out.branch and out.worktree else ""
+        app.echo(f"patched ATOM: {out.head}{where}")
 
 
 @command.command(name="import")

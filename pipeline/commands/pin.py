@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pipeline import validate
-from pipeline.app import App, pass_app
+from pipeline.app import App, complete_model, pass_app
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 
 @click.command(name="pin")
-@click.option("--model", required=True, help="Model name; the lock is locks/<model>.toml by default.")
+@click.option(
+    "--model",
+    required=True,
+    help="Model name; the lock is locks/<model>.toml by default.",
+    shell_complete=complete_model,
+)
 @click.option("--atom", "atom_ref", help="ATOM ref: branch, tag, short or full SHA, or HEAD.")
 @click.option("--aiter", "aiter_ref", help="aiter ref: branch, tag, short or full SHA, or HEAD.")
 @click.option("--atom-repo", metavar="URL|PATH", help="ATOM repository (any git URL or a local path).")
@@ -45,6 +50,13 @@ if TYPE_CHECKING:
 @click.option(
     "--auto", is_flag=True, help="Pin the newest aiter commit that ATOM's calls are compatible with."
 )
+@click.option(
+    "--no-base-digest",
+    "no_base_digest",
+    is_flag=True,
+    help="When no registry gives the base image digest, pin the sources anyway (exit 0, no digest: "
+    "check works, render refuses the lock). Without it that is exit 11.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object on stdout.")
 @click.option(
     "--keep-failed-run", is_flag=True, help="Keep the run directory (and its log) when the pin fails."
@@ -61,6 +73,7 @@ def command(
     lock_path: Path | None,
     offline: bool,
     auto: bool,
+    no_base_digest: bool,
     as_json: bool,
     keep_failed_run: bool,
 ) -> None:
@@ -103,6 +116,7 @@ def command(
         auto=auto,
         recipe=recipe,
         patches_dir=Path(settings.paths.patches_dir),
+        base_digest_required=not no_base_digest,
     )
     # held until the command ends: another pin or patch apply of this lock file meanwhile gets exit 13
     previous = click.get_current_context().with_resource(updating(path))

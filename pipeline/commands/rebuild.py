@@ -61,6 +61,9 @@ def command(
     and tag. If aiter's head breaks ATOM and no patch fixes it, fall back to the newest
     compatible aiter and report the break. Obsolete patches are reported.
     The exit code is the worst of the models' (0 when all were released or unchanged).
+    With --write-plan: 0 when the plan builds every model, else the worst exit code of
+    the models it leaves out (4: no aiter compatible with that model's path), after the
+    plan is written whole.
     """
     settings = app.settings(
         atom_ref=atom_ref, aiter_ref=aiter_ref, registry=registry, docker_host=docker_host
@@ -87,6 +90,16 @@ def command(
             app.emit_json(written.to_json())
         else:
             app.echo("\n".join(lines) + f"\nwritten: {write_plan / PLAN_FILE}")
+        left_out = {m: e for m, e in sorted(written.models.items()) if e["status"] != "ok"}
+        if left_out:  # the plan is written whole; the exit says that some models will not build
+            worst = max(int(e["exit_code"]) or int(ExitCode.USAGE) for e in left_out.values())
+            which = ", ".join(f"{m}: {e['status']}" for m, e in left_out.items())
+            raise RebuildFailed(
+                worst,
+                f"the plan leaves out {len(left_out)} of {len(written.models)} model(s) "
+                f"({which}); their jobs will fail "
+                f"with the plan's reason. The plan is written: {write_plan / PLAN_FILE}.",
+            )
         return
     outcomes = rebuild(names, settings, app.log, app.env, registry=registry, plan=plan)
     md = summary_markdown(outcomes)

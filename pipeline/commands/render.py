@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline import validate
-from pipeline.app import App, pass_app
-from pipeline.errors import UsageError
+from pipeline.app import App, complete_model, pass_app
+from pipeline.errors import PatchError, UsageError
 
 if TYPE_CHECKING:
     from pipeline.lock import Lock
@@ -28,7 +28,12 @@ def _submodule_repos(given: tuple[str, ...]) -> tuple[tuple[str, Path], ...]:
 
 
 @click.command(name="render")
-@click.option("--model", required=True, help="Model whose lock to render, e.g. MiniMax-M3-MXFP4.")
+@click.option(
+    "--model",
+    required=True,
+    help="Model whose lock to render, e.g. MiniMax-M3-MXFP4.",
+    shell_complete=complete_model,
+)
 @click.option(
     "--lock",
     "lock_path",
@@ -169,7 +174,6 @@ def _patched_tree(
     ctx: Context, lock: Lock, patches_dir: Path | None, atom_repo: Path | None, aiter_repo: Path | None
 ) -> str:
     """The series applied to the locked commit; `render.run` verifies the lock records exactly it."""
-    from pipeline.errors import PatchError
     from pipeline.patchq import PatchSeries, patched_commit
     from pipeline.stages import patch
 

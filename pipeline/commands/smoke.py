@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.app import App, pass_app
-from pipeline.errors import UsageError
+from pipeline.app import App, complete_model, pass_app
+from pipeline.errors import ExitCode, PipelineError, UsageError
 
 
 def _concurrencies(raw: str | None) -> tuple[int, ...] | None:
@@ -41,7 +41,11 @@ def _labels(raw: tuple[str, ...]) -> dict[str, str]:
     help="Image to test: REPO@sha256:DIGEST (pulled by digest when absent, verified), or a tag or ID "
     "on the engine.",
 )
-@click.option("--model", help="Recipe name: recipes/<MODEL>.yaml (e.g. MiniMax-M3-MXFP4).")
+@click.option(
+    "--model",
+    help="Recipe name: recipes/<MODEL>.yaml (e.g. MiniMax-M3-MXFP4).",
+    shell_complete=complete_model,
+)
 @click.option(
     "--recipe",
     "recipe_file",
@@ -129,6 +133,20 @@ def command(
     )
     try:
         out = smoke.run(ctx, inputs)
+    except PipelineError as e:
+        if as_json and not (ctx.work_dir / "verdict.json").is_file():
+            # stopped before a verdict (no GPUs, no engine, a bad image): --json still answers
+            app.emit_json(
+                {
+                    "model": recipe.name,
+                    "image": {"ref": image},
+                    "status": "no-hardware" if e.exit_code == ExitCode.NO_HARDWARE else "error",
+                    "exit_code": int(e.exit_code),
+                    "error": e.message,
+                    "run_dir": str(ctx.work_dir),
+                }
+            )
+        raise
     finally:
         if as_json and (ctx.work_dir / "verdict.json").is_file():
             from pipeline.smoke import load_verdict

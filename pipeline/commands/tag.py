@@ -53,6 +53,11 @@ from pipeline.app import App, pass_app
     help="The build's attestations.json (in its run directory): the record links the build provenance.",
 )
 @click.option("--docker-host", help="Docker engine to use (default: DOCKER_HOST or the local socket).")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check the verdict against the image and say what would be pushed and moved; push nothing.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @pass_app
 def command(
@@ -68,6 +73,7 @@ def command(
     allow_older: bool,
     build_attestations: Path | None,
     docker_host: str | None,
+    dry_run: bool,
     as_json: bool,
 ) -> None:
     """Tag and push a verified image by digest.
@@ -91,6 +97,9 @@ def command(
         push_latest=push_latest,
         docker_host=docker_host,
     )
+    if dry_run:
+        _dry_run(app, image, verdict_path, lock_path, recipe_path, repository, as_json=as_json)
+        return
     ctx = app.context("tag")
     # a missing, failed or self-contradicting verdict is refused before the engine or registry is asked
     with app.log.stage("verdict", str(verdict_path)):
@@ -129,3 +138,50 @@ def command(
         for moved in out.moved:
             app.echo(f"  {moved} → {out.digest}")
         app.echo(f"record: {out.record}")
+
+
+def _dry_run(
+    app: App,
+    image: str,
+    verdict_path: Path,
+    lock_path: Path | None,
+    recipe_path: Path | None,
+    repository: str | None,
+    *,
+    as_json: bool,
+) -> None:
+    """The binding checked as a tag would check it; no registry asked, nothing pushed or written."""
+    from pipeline.errors import UsageError
+    from pipeline.release.tag import check_passed, read_tag_verdict, release_plan
+
+    settings = app.settings()
+    check_passed(read_tag_verdict(verdict_path), image)
+    if not settings.tag.registry:
+        raise UsageError(
+            "no registry is configured for the tag stage.",
+            hint="Set [tag] registry in pipeline.toml, PIPELINE_REGISTRY, or pass --registry.",
+        )
+    ctx = app.context()
+    try:
+        plan = release_plan(
+            ctx.engine(),
+            image=image,
+            verdict_path=verdict_path,
+            lock=lock_path,
+            recipe_path=recipe_path,
+            settings=settings,
+            registry=settings.tag.registry,
+            repository=repository,
+            log=app.log,
+        )
+    finally:
+        ctx.close()
+    immutable = f"{plan.target.name}:{plan.immutable}"
+    moving = [f"{plan.target.name}:{m}" for m in plan.moving]
+    if as_json:
+        app.emit_json({"dry_run": True, "image_id": plan.image.id, "push": immutable, "move": moving})
+        return
+    app.echo(f"would push {immutable}  (image {plan.image.id[:19]}; kept if it already holds this image)")
+    for ref in moving:
+        app.echo(f"would move {ref} → the digest of {immutable} (forward only)")
+    app.echo("dry run: nothing was pushed, moved or recorded.")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import RenderError
+from pipeline.errors import RenderError, sentence
 from pipeline.fsutil import sha256_file
 from pipeline.image.context import WHEELS
 
@@ -218,14 +218,14 @@ def render_dockerfile(
     except jinja2.TemplateSyntaxError as e:
         where = _where(templates_dir, e.filename or e.name or template, e.lineno)
         raise RenderError(
-            f"template syntax error at {where}: {e.message}.",
+            sentence(f"template syntax error at {where}: {e.message}"),
             hint="Fix the template and render again.",
         ) from e
     except jinja2.TemplateNotFound as e:
         raise RenderError(f"template {e.name} not found in {templates_dir}.") from e
     except jinja2.UndefinedError as e:
         raise RenderError(
-            f"template value missing at {_tb_where(e, templates_dir)}: {e.message}.",
+            sentence(f"template value missing at {_tb_where(e, templates_dir)}: {e.message}"),
             hint="Every value the template uses must be provided (StrictUndefined): fix the template "
             "or the render code.",
         ) from e

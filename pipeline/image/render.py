@@ -158,6 +158,20 @@ def check_repository(repository: str) -> str:
     return repository
 
 
+def base_image_note(lock: Lock, settings: Settings) -> str | None:
+    """The lock is final after patch: render takes its base image, and says so when a configured
+    one (file, environment) names another."""
+    configured = settings.image.base_image
+    if settings.origins.get("base_image", "default") == "default":
+        return None
+    if configured.split("@", 1)[0] == lock.base_image.ref.split("@", 1)[0]:
+        return None
+    return (
+        f"rendering the lock's base image {lock.base_image.pinned}; [image] base_image (from "
+        f"{settings.origins['base_image']}) names {configured}: `pipeline pin --base-image` re-pins it"
+    )
+
+
 def plan_render(
     *,
     lock: Lock,
@@ -183,12 +197,6 @@ def plan_render(
             f"the lock pins base image {lock.base_image.ref!r} without a digest.",
             hint="Run `pipeline pin` where the registry answers, or give the digest yourself with "
             "`pipeline pin --base-image NAME:TAG@sha256:DIGEST`.",
-        )
-    if lock.base_image.ref.split("@", 1)[0] != img.base_image.split("@", 1)[0]:
-        raise RenderError(
-            f"the lock was pinned for base image {lock.base_image.ref!r} but the configuration now says "
-            f"{img.base_image!r}.",
-            hint="Run `pipeline pin` again to re-pin the base image, or restore [image] base_image.",
         )
     for what, sha in (("ATOM tree", atom_tree), ("aiter tree", aiter_tree)):
         if not _SHA.match(sha):
@@ -500,9 +508,9 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint="Run `scripts/setup.sh wheelhouse` (WHEELS_PYTHON=<the base image's python> for another "
-                "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
-                "[image] python_version.",
+                hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (the base image's "
+                "python, [image] python_version), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a "
+                f"wheelhouse for python {python_version}.",
             )
         return {}
     hashes = {}
@@ -728,9 +736,25 @@ def render_context(
             notes.append(
                 f"no wheelhouse at {settings.wheels_dir}: the image installs "
                 f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
-                "index (`scripts/setup.sh wheelhouse` makes the build independent of it)"
+                f"index (`WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse`, the "
+                "base image's python as [image] python_version says, makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
+        if settings.sources.offline and not settings.image.offline_build:
+            from_index = [
+                *(["lm-eval and setuptools_scm (no wheelhouse)"] if not wheel_hashes else []),
+                *(["aiter's requirements.txt"] if aiter_requirements else []),
+                f"whatever `{settings.image.atom_install_cmd}` resolves",
+            ]
+            notes.append(
+                "[sources] offline is true, but this image installs from the package index: "
+                + "; ".join(from_index)
+                + ". Its build needs the network; [image] offline_build = true builds from the wheelhouse "
+                f"only (WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse)"
+            )
+        note = base_image_note(lock, settings)
+        if note:
+            notes.append(note)
         plan = plan_render(
             lock=lock,
             atom_tree=atom_tree,

@@ -487,8 +487,17 @@ def find_recipe(model: str, recipes_dir: Path) -> Path:
         if candidate.is_file():
             return candidate
     known = sorted(p.stem for p in recipes_dir.glob("*.y*ml")) if recipes_dir.is_dir() else []
+    if known:
+        import difflib
+
+        near = difflib.get_close_matches(model, known, n=1, cutoff=0.6)
+        said = f" (known: {', '.join(known)})." + (f" Did you mean {near[0]}?" if near else "")
+    elif recipes_dir.is_dir():
+        said = f" ({recipes_dir.absolute()} has no recipes)."
+    else:
+        said = f" ({recipes_dir.absolute()} does not exist)."
     raise ConfigError(
-        f"no recipe for model {model!r} in {recipes_dir}"
-        + (f" (known: {', '.join(known)})." if known else " (the directory has no recipes)."),
-        hint="Pass --recipe FILE, or set [paths] recipes_dir.",
+        f"no recipe for model {model!r} in {recipes_dir}" + said,
+        hint="Run from the project's directory (or one below it, where a pipeline.toml above is "
+        "found), pass --recipe FILE, or set [paths] recipes_dir.",
     )

@@ -381,6 +381,53 @@ def cosign_available() -> str | None:
     return shutil.which("cosign")
 
 
+@dataclass(frozen=True)
+class ReleasePlan:
+    """What `pipeline tag` would push and move, checked against the verdict and the image."""
+
+    verdict: VerdictFile
+    binding: BoundVerdict  # the image, lock and recipe the verdict is bound to
+    target: ImageRef
+    immutable: str
+    moving: list[str]
+
+    @property
+    def image(self) -> ImageInfo:
+        return self.binding.image
+
+
+def release_plan(
+    engine: EngineAPI,
+    *,
+    image: str,
+    verdict_path: Path,
+    lock: Path | None,
+    recipe_path: Path | None,
+    settings: Settings,
+    registry: str | None,
+    repository: str | None,
+    log: Logger,
+) -> ReleasePlan:
+    """The binding checked (verdict, image, recipe, lock) and the tags planned; nothing pushed."""
+    verdict = read_tag_verdict(verdict_path)
+    info = engine.image(image)
+    binding = check_binding(
+        verdict,
+        info,
+        image=image,
+        lock_path=lock,
+        recipe_path=recipe_path,
+        locks_dir=Path(settings.paths.locks_dir),
+    )
+    img = binding.image
+    log.detail(f"verdict {verdict.path} is bound to {image} ({_short(img.id)}), its recipe and lock")
+    target = target_repository(settings, registry, repository)
+    fields = tag_fields(binding.lock, verdict.verdict, verdict.verdict.inputs_digest)
+    immutable, moving = plan_tags(settings, fields)
+    log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
+    return ReleasePlan(verdict, binding, target, immutable, list(moving))
+
+
 def tag_verified(
     engine: EngineAPI,
     *,
@@ -412,24 +459,20 @@ def tag_verified(
             "nothing was pushed.",
             hint="Install cosign, or run without --cosign.",
         )
-    verdict = read_tag_verdict(verdict_path)
-    verdict_path = verdict.path
-    info = engine.image(image)
-    binding = check_binding(
-        verdict,
-        info,
+    planned = release_plan(
+        engine,
         image=image,
-        lock_path=lock,
+        verdict_path=verdict_path,
+        lock=lock,
         recipe_path=recipe_path,
-        locks_dir=Path(settings.paths.locks_dir),
+        settings=settings,
+        registry=registry,
+        repository=repository,
+        log=log,
     )
-    img = binding.image
-    log.detail(f"verdict {verdict_path} is bound to {image} ({_short(img.id)}), its recipe and lock")
-
-    target = target_repository(settings, registry, repository)
-    fields = tag_fields(binding.lock, verdict.verdict, verdict.verdict.inputs_digest)
-    immutable, moving = plan_tags(settings, fields)
-    log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
+    verdict, binding, img, target = planned.verdict, planned.binding, planned.image, planned.target
+    verdict_path = verdict.path
+    immutable, moving = planned.immutable, planned.moving
 
     creds = credentials_for(target.registry, env)
     if creds is not None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pipeline.config import Settings
-from pipeline.errors import InfraError, SourceError, TagError, UsageError
+from pipeline.errors import InfraError, SourceError, TagError, UsageError, sentence
 from pipeline.gitw import CommitInfo, GitRepo
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources, Submodule
 from pipeline.log import Logger
@@ -30,6 +30,11 @@ def default_digest_resolver(ref: str, env: Mapping[str, str] | None = None) -> s
     return resolve_digest(ref, timeout=10.0, env=env)
 
 
+def _same_image(previous: BaseImagePin, ref: str) -> bool:
+    """An earlier pin with a digest for this image (given as NAME:TAG, or by hand as NAME:TAG@sha256:…)."""
+    return bool(previous.digest) and previous.ref.split("@", 1)[0] == ref
+
+
 def pin_base_image(
     ref: str,
     *,
@@ -38,13 +43,15 @@ def pin_base_image(
     previous: BaseImagePin | None = None,
     env: Mapping[str, str] | None = None,
     offline: bool = False,
+    require_digest: bool = False,
 ) -> BaseImagePin:
     """Keep `ref` as given; add its digest when a registry answers.
 
-    No registry answering is a warning (the digest of an earlier lock for the
-    same reference is kept). A registry that answers "no such image" or
-    refuses access is an error: pinning must not hide it. `offline` asks no
-    registry: the digest is the one in `ref`, or the earlier lock's.
+    No registry answering keeps the digest of an earlier lock for the same reference; with none,
+    `require_digest` makes it an InfraError (exit 11; offline: a UsageError, the digest must be
+    given), else a warning and a lock render refuses. A registry that answers "no such image" or
+    refuses access is an error: pinning must not hide it. `offline` asks no registry: the digest
+    is the one in `ref`, or the earlier lock's.
     """
     ref = ref.strip()
     if not ref:
@@ -58,30 +65,44 @@ def pin_base_image(
         "--format '{{.RepoDigests}}' IMAGE` shows it where the image was pulled."
     )
     if offline:
-        if previous is not None and previous.ref == ref and previous.digest:
+        if previous is not None and _same_image(previous, ref):
             log.info(f"offline: base image {ref} keeps the digest of the existing lock ({previous.digest})")
             return previous
+        if require_digest:
+            raise UsageError(
+                f"offline: no registry is asked for the digest of base image {ref}, and the reference "
+                "has none.",
+                hint=f"{sentence(fix)} Or pass `pipeline pin --no-base-digest` to pin the sources "
+                "alone (render refuses such a lock).",
+            )
         log.warn(
             f"offline: no registry asked for the digest of base image {ref}, so none is pinned "
             f"and render will refuse the lock. {fix}"
         )
         return BaseImagePin(ref=ref, digest="")
     digest: str | None
+    failure = ""
     try:
         digest = resolver(ref) if resolver is not None else default_digest_resolver(ref, env)
     except InfraError as e:
         log.detail(f"digest lookup for {ref} failed: {e}")
-        digest = None
+        digest, failure = None, f" ({e.message.rstrip('.')})"
     except TagError as e:  # the registry answered and refused: a source problem for pin
         raise SourceError(f"base image {ref}: {e.message}", hint=e.hint, evidence=e.evidence) from e
     if digest:
         return BaseImagePin(ref=ref, digest=digest)
-    if previous is not None and previous.ref == ref and previous.digest:
+    if previous is not None and _same_image(previous, ref):
         log.warn(
             f"no registry answered for base image {ref}; keeping the digest from the existing lock "
             f"({previous.digest})."
         )
         return previous
+    if require_digest:
+        raise InfraError(
+            f"no registry answered for the digest of base image {ref}{failure}; nothing was pinned.",
+            hint=f"Run again where the registry answers. {sentence(fix)} Or pass "
+            "`pipeline pin --no-base-digest` to pin the sources alone (render refuses such a lock).",
+        )
     log.warn(f"no registry answered for base image {ref}; kept as given (no digest pinned). {fix}")
     return BaseImagePin(ref=ref, digest="")
 
@@ -130,6 +151,7 @@ def pin(
     digest_resolver: DigestResolver | None = None,
     choose_aiter: AiterChooser | None = None,
     env: Mapping[str, str] | None = None,
+    require_base_digest: bool = False,
 ) -> PinResult:
     """Resolve both sources to full SHAs (mirroring as needed).
 
@@ -179,6 +201,7 @@ def pin(
         previous=previous.base_image if previous is not None else None,
         env=env,
         offline=offline,
+        require_digest=require_base_digest,
     )
     lock = Lock(
         model=model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from pipeline.config import Settings
-from pipeline.errors import InfraError, SourceError
+from pipeline.errors import InfraError, SourceError, sentence
 from pipeline.fsutil import shorten
 from pipeline.gitw import GitRepo
 from pipeline.lock import Submodule
@@ -66,7 +66,7 @@ def _mirror_submodule(settings: Settings, sub: Submodule, log: Logger) -> None:
         )
     except (SourceError, InfraError) as e:
         log.warn(
-            f"submodule {sub.path} ({sub.url}) could not be mirrored: {e.message}. "
+            f"submodule {sub.path} ({sub.url}) could not be mirrored: {sentence(e.message)} "
             "Its pinned SHA is in the lock; the render stage decides how to get it."
         )
         return

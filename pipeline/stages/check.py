@@ -24,7 +24,7 @@ from pipeline.lock import Lock
 from pipeline.stages.base import Context, StageData, Upstream
 
 if TYPE_CHECKING:
-    from pipeline.compat.report import Counts
+    from pipeline.compat.report import Counts, Finding
     from pipeline.gitw import GitRepo
     from pipeline.stages.spec import BuildSpec
 
@@ -141,9 +141,11 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
     atomic_write_text(inputs.reports_dir / "check.json", json.dumps(data, indent=2) + "\n")
     atomic_write_text(inputs.reports_dir / "check.sarif", json.dumps(report.to_sarif(), indent=2) + "\n")
-    if ctx.log.github:
+    if ctx.log.github:  # ATOM's files are not in the job's checkout: the annotation links to them
         for f in report.errors:
-            ctx.log.error(f.message, file=f.path, line=f.line)
+            ctx.log.error(
+                f"{f.path}:{f.line}:{f.col}: {f.message}" + _source_link(inputs, report.atom_sha, f)
+            )
     out = Outputs(
         atom_sha=report.atom_sha,
         aiter_sha=report.aiter_sha,
@@ -158,7 +160,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     )
     if out.errors:
         patched = " (with the patch series)" if inputs.dated_by else ""
-        model = f" --model {inputs.model}" if inputs.model else ""
+        model = f" --model {inputs.model or 'MODEL'}"  # pin needs a model (its recipe), always
         raise IncompatibleError(
             f"ATOM {report.atom_sha[:10]}{patched} is not compatible with aiter {report.aiter_sha[:10]}: "
             f"{out.errors} breaking call(s); nothing was built."
@@ -167,6 +169,19 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             f"this ATOM supports (`pipeline pin{model} --auto`).",
         )
     return out
+
+
+def _source_link(inputs: Inputs, atom_sha: str, finding: Finding) -> str:
+    """` (https://github.com/…/blob/<sha>/<path>#L<line>)` for a GitHub ATOM, else ""."""
+    import re
+
+    url = inputs.lock.atom.url if inputs.lock is not None else ""
+    m = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?/?", url)
+    if m is None:
+        return ""
+    sha = inputs.lock.atom.sha if inputs.lock is not None and inputs.dated_by else atom_sha
+    patched = " (the pinned commit; the checked tree adds the patch series)" if inputs.dated_by else ""
+    return f" (https://github.com/{m.group(1)}/blob/{sha}/{finding.path}#L{finding.line}{patched})"
 
 
 def inputs_from_lock(

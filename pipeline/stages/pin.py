@@ -56,6 +56,7 @@ class Inputs(StageData):
     auto: bool = False
     recipe: Path | None = None  # --auto: the recipe's waivers apply to the search
     patches_dir: Path | None = None  # --auto: the search runs on ATOM plus the series
+    base_digest_required: bool = True  # no digest (no registry answered): exit 11, not a lock render refuses
 
 
 class Outputs(StageData):
@@ -151,6 +152,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         previous=previous,
         choose_aiter=chooser,
         env=ctx.env,
+        require_base_digest=inputs.base_digest_required,
     )
     auto = None
     if inputs.auto:
@@ -166,7 +168,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
 
 def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterChooser:
     """`--auto`: the newest aiter ATOM's calls bind (the series applied, gated as the check stage gates)."""
-    from pipeline.errors import IncompatibleError
+    from pipeline.errors import IncompatibleError, sentence
     from pipeline.patchq import PatchSeries
 
     compat = importlib.import_module("pipeline.compat")  # from sys.modules: the git tier stands in for it
@@ -209,11 +211,16 @@ def _auto_chooser(ctx: Context, inputs: Inputs, found: dict[str, Any]) -> AiterC
         if first is not None:
             ctx.log.info(f"first breaking aiter commit: {first.short} {first.subject}")
         if newest is None:
+            breaking = f" The first breaking aiter commit: {first.sha} {first.subject!r}." if first else ""
+            said = res.explanation
+            if not said.startswith("no aiter commit"):  # the search's reason, after our sentence
+                said = (
+                    f"no aiter commit up to {head.sha} is compatible with ATOM {atom.sha}"
+                    + (" even with the patch series" if series is not None else " without patches")
+                    + f". {said}"
+                )
             raise IncompatibleError(
-                f"no aiter commit up to {head.sha} is compatible with ATOM {atom.sha}"
-                + (" even with the patch series" if series is not None else " without patches")
-                + (f" (first breaking: {first.sha} {first.subject!r})" if first else "")
-                + f". {res.explanation}",
+                sentence(said) + breaking,
                 hint="Pin aiter explicitly (--aiter REF) and let the patch stage adapt ATOM, "
                 "or choose another ATOM commit.",
             )

@@ -317,27 +317,30 @@ def test_failing_build_shows_step_and_tail_and_tags_nothing(
     assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
 
 
-def test_base_python_other_than_the_wheelhouse_fails_at_once_and_says_what_to_run(
-    engine: Engine, pinned_base: str, repos: BuildRepos, docker_cleanup: DockerCleanup, tmp_path: Path
+@pytest.mark.parametrize("wheelhouse", [True, False])
+def test_base_python_other_than_python_version_fails_at_the_first_step_and_says_what_to_run(
+    engine: Engine,
+    pinned_base: str,
+    repos: BuildRepos,
+    docker_cleanup: DockerCleanup,
+    tmp_path: Path,
+    wheelhouse: bool,
 ) -> None:
-    # a release host's mistake: the wheelhouse and [image] python_version say 3.10, the base has 3.11
-    # (pure wheels only, so render cannot tell; the build's first step can)
+    # a release host's mistake: [image] python_version (and the wheelhouse, when there is one) say
+    # 3.10, the base has another python; pure wheels only, so render cannot tell: the build's first
+    # step can, with or without a wheelhouse (without one, pip would fail later, less plainly)
+    wheels = fake_wheelhouse(tmp_path / "wheels-py3.10") if wheelhouse else tmp_path / "no-wheelhouse"
+    offline = "1" if wheelhouse else "0"  # without a wheelhouse pip would reach for the index
     s = settings(
-        pinned_base,
-        docker_cleanup.case_id,
-        tmp_path,
-        python_version="3.10",
-        wheels_dir=str(fake_wheelhouse(tmp_path / "wheels-py3.10")),
-    )
+        pinned_base, docker_cleanup.case_id, tmp_path, python_version="3.10", wheels_dir=str(wheels),
+        offline_build=offline,
+    )  # fmt: skip
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
     with pytest.raises(BuildError) as e:
         build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
     text = str(e.value)
-    assert (
-        f"the base image's python is {TEST_BASE_PYTHON}, but the wheelhouse holds wheels for python 3.10"
-        in text
-    )
-    assert f"WHEELS_PYTHON={TEST_BASE_PYTHON} scripts/setup.sh wheelhouse" in text and "[base 2/2]" in text
+    assert f"the base image's python is {TEST_BASE_PYTHON}, but [image] python_version is 3.10" in text
+    assert f"WHEELS_PYTHON={TEST_BASE_PYTHON} scripts/setup.sh wheelhouse" in text and "[base 2/" in text
     assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
 
 
@@ -579,7 +582,9 @@ def test_git_missing_from_the_base_fails_at_once(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
     with pytest.raises(BuildError) as e:
         build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
-    assert "git is missing from the base image" in str(e.value) and "[base 2/3]" in str(e.value)
+    assert "git is missing from the base image" in str(e.value) and "[base 3/4]" in str(
+        e.value
+    )  # after the python guard
 
 
 @pytest.fixture

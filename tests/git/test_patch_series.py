@@ -417,7 +417,9 @@ def test_cli_check_apply_list(
     assert "conflict" in capsys.readouterr().out
 
     assert main(["patch", "apply", *common, *repos, "--workdir", str(tmp_path / "w")]) == 0
-    head = capsys.readouterr().out.strip()
+    said = capsys.readouterr().out.strip()
+    assert said.startswith("patched ATOM: ")  # labelled, not a bare SHA
+    head = said.split()[2]
     assert GitRepo(atom.mirror).read_blob(head, MODEL) == FIXED_FILE.encode()
     [pin] = Lock.load(lock).patches
     assert (pin.name, pin.sha256, pin.status) == (series.patches[0].name, series.patches[0].sha256, "applied")

@@ -162,7 +162,9 @@ def test_invalid_model_is_a_usage_error(ups: Upstreams, capsys: pytest.CaptureFi
     assert "invalid model name" in capsys.readouterr().err
 
 
-def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
+def _fake_compat(
+    newest: str | None, breaking: str | None, explanation: str = "the walk's reason"
+) -> types.ModuleType:
     # The pin stage also gates on reach (`pipeline.compat.reach`): that stays the real module, loaded
     # before the fake package replaces its parent (else the test passes only after another imported it).
     importlib.import_module("pipeline.compat.reach")
@@ -180,7 +182,7 @@ def _fake_compat(newest: str | None, breaking: str | None) -> types.ModuleType:
             first_breaking=info(breaking),
             report_at_head=None,
             commits_examined=2,
-            explanation="the walk's reason",
+            explanation=explanation,
         )
 
     mod.search_compatible = search_compatible  # type: ignore[attr-defined]
@@ -211,6 +213,21 @@ def test_auto_with_no_compatible_aiter_is_incompatible(
     assert "no aiter commit" in err and "without patches" in err and ups.shas["aiter_old"] in err
     assert "the walk's reason" in err  # why nothing fits, from the search
     assert not Path("locks/MiniMax-M3-MXFP4.toml").exists()
+
+
+def test_no_compatible_aiter_is_said_once(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's own sentence ("no aiter commit up to … is compatible …") is not said twice."""
+    said = (
+        f"no aiter commit up to {ups.shas['aiter_split'][:10]} is compatible with ATOM "
+        f"{ups.shas['atom_2'][:10]} without patches: every commit keeps a breaking call."
+    )
+    monkeypatch.setitem(sys.modules, "pipeline.compat", _fake_compat(None, ups.shas["aiter_split"], said))
+    assert main(pin_args(ups, "--auto")) == ExitCode.INCOMPATIBLE
+    err = capsys.readouterr().err
+    assert err.count("is compatible with ATOM") == 1 and "every commit keeps a breaking call" in err
+    assert ups.shas["aiter_split"][:10] in err.split("keeps a breaking call", 1)[1]  # the first breaking
 
 
 def test_base_image_digest_through_the_registry_module(
@@ -285,3 +302,22 @@ def test_a_pin_failing_on_a_read_only_cache_is_exit_14_and_leaves_no_run_directo
     assert main(pin_args(ups)) == ExitCode.DISK
     assert "read-only" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_no_registry_for_the_base_digest_is_exit_11_unless_opted_out(
+    ups: Upstreams, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No registry answers and the reference has no digest: exit 11 (the table's), no lock
+    (render would refuse it one stage later); `--no-base-digest` pins the sources alone."""
+    args = [a if a != "base/img:1@" + DIGEST else "base/img:1" for a in pin_args(ups)]
+    lock_path = Path("locks/MiniMax-M3-MXFP4.toml")
+    assert main(args) == ExitCode.INFRA
+    err = capsys.readouterr().err
+    assert "no registry answered" in err and "base/img:1" in err and "--no-base-digest" in err
+    assert not lock_path.exists()
+    assert main([*args, "--no-base-digest"]) == 0
+    assert Lock.load(lock_path).base_image.digest == ""
+    assert "kept as given" in capsys.readouterr().err
+    # a digest given by hand once is kept for the same image when no registry answers
+    assert main(pin_args(ups)) == 0
+    assert main(args) == 0 and Lock.load(lock_path).base_image.digest == DIGEST

@@ -131,3 +131,33 @@ def test_a_model_job_refuses_a_plan_lock_edited_after_the_plan(
         and "2099-01-01T00:00:00Z" in pin["error"]
         and date in pin["error"]
     )
+
+
+def test_a_plan_that_leaves_a_model_out_is_written_and_exits_with_its_code(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _env(fx, tmp_path, monkeypatch)
+    (tmp_path / "recipes" / "Broken.yaml").write_text("name: [not a recipe\n")
+    out = tmp_path / "pins"
+    assert main(["rebuild", "--write-plan", str(out)]) == ExitCode.USAGE  # Broken's own exit code
+    data = json.loads((out / "plan.json").read_text())  # written whole all the same
+    assert {m: e["status"] for m, e in data["models"].items()} == {
+        "Alpha": "ok",
+        "Broken": "failed",
+        "Gamma": "ok",
+    }
+    err = capsys.readouterr().err
+    assert "leaves out 1 of 3 model(s) (Broken: failed)" in err
+
+
+def test_a_failed_row_keeps_what_pin_and_check_found(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Render fails after pin and check passed: the row still names ATOM, aiter and the verdict."""
+    _env(fx, tmp_path, monkeypatch)
+    monkeypatch.setenv("PIPELINE_TEMPLATES_DIR", str(tmp_path / "no-templates"))
+    assert main(["rebuild", "--model", "Gamma"]) == ExitCode.RENDER
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Gamma |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].endswith("failed (exit 6)")
+    assert cells[2] == fx.atom_sha[:9] and cells[3] == fx.aiter_sha[:10] and cells[4].startswith("compatible")

@@ -144,16 +144,29 @@ def test_readme_offline_section_reaches_render_with_configuration(tmp_path: Path
     assert "unreachable" not in done.stderr and "retrying" not in done.stderr  # nothing tried the network
 
 
-def test_readme_offline_flags_reach_the_same_lock(tmp_path: Path, ups: Upstreams) -> None:
-    config_block, flags_block = readme_blocks()
+README_BASE = "rocm/pytorch:rocm7.2.4_ubuntu22.04_py3.10_pytorch_release_2.10.0"
+
+
+@pytest.mark.parametrize("base", [README_BASE, "registry.example/team/rocm-pytorch:7.2.4-py3.10"])
+def test_readme_offline_flags_reach_render_without_configuration(
+    tmp_path: Path, ups: Upstreams, base: str
+) -> None:
+    """The flags block alone, as written; also with a base image other than the packaged default
+    (render takes the base from the lock, not from the configuration it no longer has)."""
+    flags_block = readme_blocks()[1]
+    assert "pipeline render" in flags_block and flags_block.count("--base-image") == 1
     clone = fresh_clone(tmp_path / "clone", ups)
-    env = newcomer_env(tmp_path, clone)
-    rest = config_block.split("\nEOF\n", 1)[1]  # the commands after the configuration file
-    rest = rest.replace(f"pipeline pin --model {MODEL}\n", "", 1)
-    done = run(fill_in(flags_block, ups) + fill_in(rest, ups), clone, env)
+    done = run(fill_in(flags_block, ups).replace(README_BASE, base), clone, newcomer_env(tmp_path, clone))
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (clone / "pipeline.toml").exists()
     lock = Lock.load(clone / "locks" / f"{MODEL}.toml")
     assert lock.atom.sha == ups.shas["atom_3"] and lock.base_image.digest == DIGEST
-    assert (clone / "context" / "Dockerfile").is_file()
+    assert lock.base_image.pinned == f"{base}@{DIGEST}"
+    assert f"FROM {base}@{DIGEST}" in (clone / "context" / "Dockerfile").read_text()
     assert "unreachable" not in done.stderr
+    assert "base_image" not in done.stderr  # the packaged default is no contradiction: nothing to say
+    assert (
+        "WHEELS_PYTHON=3.10 scripts/setup.sh wheelhouse" in done.stderr
+    )  # the image's python, not the host's
+    ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", "context/Dockerfile"], cwd=ROOT)
+    assert ignored.returncode == 0  # the README's `-o context` lands where .gitignore covers

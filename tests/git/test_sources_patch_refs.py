@@ -50,7 +50,9 @@ def atom_mirror(tmp_path: Path) -> Path:
 def test_pin_apply_pin_apply(world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pin", "--model", MODEL]) == 0
     assert main(["patch", "apply", "--model", MODEL]) == 0
-    first = capsys.readouterr().out.strip().splitlines()[-1]
+    said = capsys.readouterr().out.strip().splitlines()[-1]
+    assert said.startswith("patched ATOM: ")  # the SHA is labelled
+    first = said.split()[2]
     assert first == world.patched_sha or len(first) == 40
 
     # upstream moves on: the next pin fetches (and prunes) the ATOM mirror
@@ -59,7 +61,7 @@ def test_pin_apply_pin_apply(world: BuildRepos, tmp_path: Path, capsys: pytest.C
     capsys.readouterr()
     assert main(["patch", "apply", "--model", MODEL]) == 0
     out, err = capsys.readouterr()
-    assert out.strip().splitlines()[-1] == first  # same inputs, same patched commit
+    assert out.strip().splitlines()[-1].split()[2] == first  # same inputs, same patched commit
     assert "local changes" not in err
 
     mirror = atom_mirror(tmp_path)

@@ -89,3 +89,89 @@ def test_build_takes_the_flags_its_stages_hints_name() -> None:
 
     flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
     assert {"--submodules", "--base-image", "--lock", "--auto", "--offline"} <= flags
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model", "MiniMax-M3-MXFP4", "--context", "."], "--model"),
+        (["--context", ".", "--auto"], "--auto"),
+        (["--model", "MiniMax-M3-MXFP4", "--lock", "l.toml", "--auto"], "--auto"),
+        (["--model", "MiniMax-M3-MXFP4", "--lock", "l.toml", "--aiter", "main"], "--aiter"),
+        (["--model", "MiniMax-M3-MXFP4", "--tag", "x:1"], "--tag"),
+    ],
+)
+def test_build_refuses_a_flag_its_mode_would_ignore(
+    args: list[str],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    assert main(["build", *args]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "would be ignored" in err or "only apply with --context" in err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # refused before any run directory
+
+
+def test_a_misspelled_command_gets_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["buidl", "--model", "M"]) == ExitCode.USAGE
+    assert "Did you mean 'build'?" in capsys.readouterr().err
+
+
+def test_help_lists_the_environment_and_where_configuration_is_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipeline.config import KEY_SECTION, OTHER_ENV
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in [f"PIPELINE_{k.upper()}" for k in KEY_SECTION] + list(OTHER_ENV):
+        assert f"  {name} " in out
+    assert "pipeline.toml from the working directory up to the repository root" in out.replace("\n  ", " ")
+    assert "_PIPELINE_COMPLETE=bash_source" in out.replace("\n  ", " ")
+
+
+def test_config_shows_each_value_with_its_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pipeline.toml").write_text('[sources]\natom_ref = "dev"\n')
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for name in [n for n in __import__("os").environ if n.startswith("PIPELINE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIPELINE_AITER_REF", "v1")
+    assert main(["config", "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    where = str(tmp_path / "pipeline.toml")
+    assert data["config_file"] == where
+    assert data["settings"]["sources"]["atom_ref"] == {"value": "dev", "origin": where}
+    assert data["settings"]["sources"]["aiter_ref"] == {"value": "v1", "origin": "env PIPELINE_AITER_REF"}
+    assert data["settings"]["tag"]["cosign"] == {"value": False, "origin": "default"}
+    assert f"configuration: {where} (found above the working directory)" in err  # said which one
+    assert main(["config"]) == 0
+    text = capsys.readouterr().out
+    assert f"# configuration file: {where}" in text
+    assert any(
+        line.split() == ["sources.aiter_ref", "v1", "env", "PIPELINE_AITER_REF"] for line in text.splitlines()
+    )
+
+
+@pytest.mark.parametrize(("mode", "live"), [("plain", False), ("tty", True)])
+def test_progress_mode_overrides_detection(mode: str, live: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from pipeline import progress
+
+    seen: list[bool] = []
+    monkeypatch.setattr("pipeline.commands.config.command.callback", lambda *a, **k: seen.append(
+        progress.is_live(io.StringIO(), {"CI": "true"} if live else {})))  # fmt: skip
+    assert main(["--progress", mode, "config"]) == 0
+    assert seen == [live]

@@ -96,3 +96,60 @@ def test_gpu_archs_refuses_anything_but_the_grammar(tmp_path: Path, archs: str) 
     with pytest.raises(ConfigError, match=r"\[image\] gpu_archs .*gfx names separated by ';'") as e:
         load_settings(env={"PIPELINE_GPU_ARCHS": archs}, cwd=tmp_path)
     assert e.value.exit_code == 2
+
+
+def test_project_file_is_found_upward_to_the_repository_root(tmp_path: Path) -> None:
+    """Like pre-commit: from a subdirectory, the repository's pipeline.toml is read and its
+    directory is the project's root for relative [paths] (the defaults' and the file's)."""
+    (tmp_path / ".git").mkdir()
+    write(tmp_path, '[paths]\nlocks_dir = "pins"\n[sources]\natom_ref = "from-root"\n')
+    sub = tmp_path / "docs" / "deep"
+    sub.mkdir(parents=True)
+    s = load_settings(cwd=sub, env={"PIPELINE_PATCHES_DIR": "mine"})
+    assert s.config_file == str(tmp_path / "pipeline.toml")
+    assert s.sources.atom_ref == "from-root" and s.origins["atom_ref"] == str(tmp_path / "pipeline.toml")
+    assert s.paths.locks_dir == str(tmp_path / "pins") and s.paths.recipes_dir == str(tmp_path / "recipes")
+    assert s.paths.patches_dir == "mine"  # what the user typed here stays relative to here
+    at_root = load_settings(cwd=tmp_path)
+    assert at_root.paths.recipes_dir == "recipes" and at_root.config_file == str(tmp_path / "pipeline.toml")
+
+
+def test_project_file_search_stops_at_the_repository_root(tmp_path: Path) -> None:
+    write(tmp_path, '[sources]\natom_ref = "outside"\n')
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "sub").mkdir()
+    assert load_settings(cwd=repo / "sub").sources.atom_ref == "main"
+    plain = tmp_path / "plain"  # outside any repository only the working directory counts
+    plain.mkdir()
+    assert load_settings(cwd=plain).config_file == ""
+
+
+def test_unknown_pipeline_variables_are_named_with_the_nearest_setting() -> None:
+    from pipeline.config import unknown_env
+
+    warnings = unknown_env(
+        {
+            "PIPELINE_OFFLNE": "1",
+            "PIPELINE_OFFLINE": "1",
+            "PIPELINE_REPLAY": "0",
+            "PIPELINE_ZZZ": "",
+            "HOME": "/",
+        }
+    )
+    assert len(warnings) == 2
+    assert "PIPELINE_OFFLNE" in warnings[0] and "did you mean PIPELINE_OFFLINE?" in warnings[0]
+    assert "PIPELINE_ZZZ" in warnings[1] and "pipeline config" in warnings[1]
+
+
+def test_no_recipe_names_a_directory_that_exists_or_says_it_does_not(tmp_path: Path) -> None:
+    from pipeline.recipes.recipe import find_recipe
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        find_recipe("MiniMax-M3-MXFP4", tmp_path / "recipes")
+    (tmp_path / "recipes").mkdir()
+    with pytest.raises(ConfigError, match="has no recipes"):
+        find_recipe("MiniMax-M3-MXFP4", tmp_path / "recipes")
+    (tmp_path / "recipes" / "MiniMax-M3-MXFP4.yaml").write_text("x")
+    with pytest.raises(ConfigError, match="Did you mean MiniMax-M3-MXFP4"):
+        find_recipe("MiniMax-M3-MXFP", tmp_path / "recipes")

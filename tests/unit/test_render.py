@@ -18,7 +18,13 @@ from pipeline import labels
 from pipeline.config import Settings, load_settings
 from pipeline.errors import ExitCode, RenderError
 from pipeline.image.dockerfile import TEMPLATE, f_dq, f_sh, render_dockerfile, template_sources
-from pipeline.image.render import RenderPlan, SubmoduleSpec, pep440_from_describe, plan_render
+from pipeline.image.render import (
+    RenderPlan,
+    SubmoduleSpec,
+    base_image_note,
+    pep440_from_describe,
+    plan_render,
+)
 from pipeline.lock import BaseImagePin, Lock, PatchPin, SourcePin, Sources, Submodule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,11 +288,15 @@ def test_unpinned_base_image_is_refused(tmp_path: Path) -> None:
         plan(s, lock)
 
 
-def test_base_image_changed_since_pin_is_refused(tmp_path: Path) -> None:
+def test_render_takes_the_base_image_from_the_lock(tmp_path: Path) -> None:
+    """The lock is final after patch: a configured base that differs is noted, not obeyed (or refused)."""
     s = settings(tmp_path)
+    lock = make_lock(s)
     other = settings(tmp_path, base_image="rocm/pytorch:other")
-    with pytest.raises(RenderError, match="pipeline pin"):
-        plan(other, make_lock(s))
+    assert plan(other, lock).values["base_image"] == lock.base_image.pinned
+    note = base_image_note(lock, other)
+    assert note is not None and "rocm/pytorch:other" in note and "env PIPELINE_BASE_IMAGE" in note
+    assert base_image_note(lock, s) is None  # the packaged default: nothing to say
 
 
 def test_aiter_build_arch_must_match_gpu_archs(tmp_path: Path) -> None:

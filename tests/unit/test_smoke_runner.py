@@ -385,3 +385,18 @@ def test_the_server_gets_no_secret_the_configuration_does_not_allow(tmp_path: Pa
             sysfs_root=make_sysfs(tmp_path / "sys"),
         )
     assert engine.run_kwargs == {}  # no container was started
+
+
+def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.oci.engine
+
+    monkeypatch.setattr(
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+    )
+    argv = ["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path), "--json"]
+    assert main(argv) == ExitCode.USAGE
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "error" and data["exit_code"] == 2 and "no image 'nope:1'" in data["error"]
+    assert data["image"] == {"ref": "nope:1"} and data["run_dir"] == str(tmp_path)

@@ -954,3 +954,22 @@ def test_a_local_tag_of_another_image_under_the_push_name_is_left_alone(
     engine.images[other] = ImageInfo("sha256:" + "7" * 64, [other], [], {}, "")
     _run(world, engine, fake)
     assert engine.removed == []
+
+
+def test_cli_dry_run_says_what_it_would_push_and_move_and_pushes_nothing(
+    world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    before = json.dumps(fake.tags, sort_keys=True, default=str)
+    assert main(_argv(world, "--lock", str(world.lock_path), "--dry-run", "--push-latest")) == 0
+    out = capsys.readouterr().out
+    assert f"would push {REG}/{REPO}:{EXPECTED_IMMUTABLE}" in out
+    assert f"would move {REG}/{REPO}:{MODEL}-verified" in out and f"would move {REG}/{REPO}:latest" in out
+    assert json.dumps(fake.tags, sort_keys=True, default=str) == before  # nothing pushed or moved
+    assert not list(world.verdict_path.parent.glob("record.json"))  # nothing recorded
+    assert main(_argv(world, "--lock", str(world.lock_path), "--dry-run", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["push"] == f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}" and data["move"] == [
+        f"{REG}/{REPO}:{MODEL}-verified"
+    ]

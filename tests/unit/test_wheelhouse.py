@@ -54,3 +54,10 @@ def test_a_wheelhouse_for_another_python_is_refused_naming_the_fix(tmp_path: Pat
     assert "numpy-2.4.6-cp311" in msg
     assert e.value.hint is not None and "WHEELS_PYTHON=3.10 scripts/setup.sh wheelhouse" in e.value.hint
     assert not dest.exists()  # nothing half-done
+
+
+def test_a_missing_wheelhouse_hint_names_the_python_of_python_version(tmp_path: Path) -> None:
+    """`scripts/setup.sh wheelhouse` alone builds for the host's python: the hint names the image's."""
+    with pytest.raises(RenderError) as e:
+        link_wheelhouse(tmp_path / "none", tmp_path / "ctx" / "wheels", required=True, python_version="3.11")
+    assert e.value.hint is not None and "WHEELS_PYTHON=3.11 scripts/setup.sh wheelhouse" in e.value.hint
