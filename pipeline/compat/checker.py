@@ -44,7 +44,7 @@ from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.compat.workers import PARALLEL_MIN_FILES, Workers
-from pipeline.errors import SourceError
+from pipeline.errors import SourceError, sentence
 from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 
 ATOM_PREFIX = "atom"
@@ -460,7 +460,7 @@ class Checker:
         if unknown is not None and f.severity == "error":
             return dataclasses.replace(
                 f, severity="warning",
-                message=f"{f.message}. The call runs only under the signature guard `{unknown.text}` "
+                message=f"{sentence(f.message)} The call runs only under the signature guard `{unknown.text}` "
                 f"(line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
             )  # fmt: skip
         return f
