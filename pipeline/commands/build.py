@@ -200,28 +200,40 @@ def command(
 
 def _print_plan(app: App, req: BuildRequest, settings: Settings, *, as_json: bool) -> None:
     """What `build` would do, resolved as it would resolve it, with nothing run or written."""
-    from pipeline.orchestrate import config_line, resolve_spec, stage_range
+    import io
+
+    from pipeline.log import Logger
+    from pipeline.orchestrate import (
+        FROZEN,
+        config_line,
+        refuse_contradictions,
+        resolve_spec,
+        resumed,
+        stage_range,
+    )
     from pipeline.runs import RunDir
     from pipeline.stages import TABLE, render
-    from pipeline.stages.base import Context, StageData, Upstream, inputs_digest
+    from pipeline.stages.base import Context, StageData, Upstream, inputs_record, local
 
     order = TABLE.order()
     rd = RunDir.existing(req.resume) if req.resume is not None else None
-    if rd is not None:
+    env = app.env
+    if rd is not None:  # decided as `execute` decides: the run's own settings, every stage by default
         spec = rd.read_spec()
-        if req.from_stage or req.until:
-            spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
+        refuse_contradictions(req, settings, spec)
+        settings, env = resumed(spec, settings, env, Logger(stream=io.StringIO()))
+        spec = spec.model_copy(update={"stages": stage_range(order, req.from_stage, req.until)})
     else:
         spec = resolve_spec(req, settings, order)
-    ctx = Context(settings=settings, log=app.log, env=app.env, work_dir=rd.path if rd else Path("."))
+    ctx = Context(settings=settings, log=app.log, env=env, work_dir=rd.path if rd else Path("."))
     up, rerun, image_ref = Upstream(), False, ""
     stages: list[dict[str, str]] = []
     for name in order:
         prev = rd.state(name) if rd is not None else None
         if name not in spec.stages:
             action, why = "no", "outside --from/--until"
-            if prev is not None and prev.status == "ok":
-                up.set(name, TABLE[name].load().Outputs.model_validate(prev.outputs))
+            if rd is not None and prev is not None and prev.status == "ok":
+                up.set(name, TABLE[name].load().Outputs.model_validate(local(prev.outputs, rd.path)))
         elif rd is None:
             action, why = "run", "a new run"
         elif rerun:
@@ -232,15 +244,20 @@ def _print_plan(app: App, req: BuildRequest, settings: Settings, *, as_json: boo
             stage = TABLE[name].load()
             try:
                 inputs = stage.plan(ctx, spec, up)
-                changed = inputs_digest(name, inputs, stage.reads(ctx, inputs)) != prev.inputs_digest
-                why = "its inputs changed" if changed else f"done earlier for the same inputs ({prev.figure})"
+                seen = inputs_record(name, inputs, stage.reads(ctx, inputs), rd.path)
+                changed = seen.digest != prev.inputs_digest
+                why = f"done earlier for the same inputs ({prev.figure})"
+                if changed and name in FROZEN:  # the run's decision is kept (--repin remakes it)
+                    changed, why = False, f"done earlier ({prev.figure}); the run keeps it"
+                elif changed:
+                    why = "; ".join(seen.changes(prev.inputs, prev.reads)) or "its inputs changed"
             except PipelineError as e:
                 changed, why = True, f"its inputs cannot be planned here: {e.message}"
             if changed:
                 action, rerun = "run", True
             else:
                 action = "skip"
-                outputs: StageData = stage.Outputs.model_validate(prev.outputs)
+                outputs: StageData = stage.Outputs.model_validate(local(prev.outputs, rd.path))
                 up.set(name, outputs)
                 if isinstance(outputs, render.Outputs):
                     image_ref = outputs.image_ref

@@ -460,8 +460,8 @@ class Checker:
         if unknown is not None and f.severity == "error":
             return dataclasses.replace(
                 f, severity="warning",
-                message=f"{sentence(f.message)} The call runs only under the signature guard `{unknown.text}` "
-                f"(line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
+                message=f"{sentence(f.message)} The call runs only under the signature guard "
+                f"`{unknown.text}` (line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
             )  # fmt: skip
         return f
 
