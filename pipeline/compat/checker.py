@@ -461,7 +461,8 @@ class Checker:
             return dataclasses.replace(
                 f, severity="warning",
                 message=f"{sentence(f.message)} The call runs only under the signature guard "
-                f"`{unknown.text}` (line {unknown.line}), which the check cannot evaluate statically: a warning, not an error",
+                f"`{unknown.text}` (line {unknown.line}), which the check cannot evaluate statically: "
+                "a warning, not an error",
             )  # fmt: skip
         return f
 
