@@ -474,10 +474,10 @@ def check_wheelhouse_python(wheels_dir: Path, names: list[str], python_version: 
         f"the wheelhouse {wheels_dir} holds wheels for python {', '.join(theirs)} (e.g. {foreign[0][0]}), "
         f"but [image] python_version is {python_version}, the base image's python: pip in the image "
         "could not install them.",
-        hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (it needs "
-        f"python{python_version} on this host) and leave [paths] wheels_dir empty (default "
-        f"<cache>/wheels/py{python_version}), or "
-        "set [image] python_version to the base image's python.",
+        hint=f"Run `scripts/setup.sh image-wheelhouse`: it downloads the wheelhouse for [image] "
+        f"python_version ({python_version}; it needs python{python_version} on this host) into [paths] "
+        "wheels_dir, both read from this configuration. Or set [image] python_version to the base "
+        "image's python.",
     )
 
 
@@ -499,9 +499,9 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint="Run `scripts/setup.sh wheelhouse` (WHEELS_PYTHON=<the base image's python> for another "
-                "python), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for "
-                "[image] python_version.",
+                hint="Run `scripts/setup.sh image-wheelhouse` (the wheelhouse for [image] python_version, "
+                "into [paths] wheels_dir, both read from this configuration), or point [paths] wheels_dir "
+                "(PIPELINE_WHEELS_DIR) at a wheelhouse for [image] python_version.",
             )
         return {}
     hashes = {}
@@ -662,7 +662,7 @@ def render_context(
             notes.append(
                 f"no wheelhouse at {settings.wheels_dir}: the image installs "
                 f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
-                "index (`scripts/setup.sh wheelhouse` makes the build independent of it)"
+                "index (`scripts/setup.sh image-wheelhouse` makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
         plan = plan_render(

@@ -335,7 +335,8 @@ def test_base_python_other_than_the_wheelhouse_fails_at_once_and_says_what_to_ru
         f"the base image's python is {TEST_BASE_PYTHON}, but the wheelhouse holds wheels for python 3.10"
         in text
     )
-    assert f"WHEELS_PYTHON={TEST_BASE_PYTHON} scripts/setup.sh wheelhouse" in text and "[base 2/2]" in text
+    assert f'python_version = "{TEST_BASE_PYTHON}" and run scripts/setup.sh image-wheelhouse' in text
+    assert "[base 2/2]" in text
     assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
 
 
