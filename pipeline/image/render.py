@@ -296,6 +296,37 @@ def plan_render(
     )
 
 
+AITER_STAGE = "aiter"  # the Dockerfile's `FROM base AS aiter`
+_ATOM_STAGE = re.compile(r"^FROM aiter AS atom$", re.MULTILINE)
+_FIRST_FROM = re.compile(r"^FROM ", re.MULTILINE)
+
+
+def aiter_stage_key(
+    dockerfile: str, aiter_tree: str, submodules: tuple[SubmoduleSpec, ...], wheel_hashes: Mapping[str, str]
+) -> str:
+    """sha256 over what the stages up to aiter's are built from, and nothing of ATOM or the model.
+
+    Their Dockerfile instructions (base digest, archs, build arguments, aiter's build command;
+    comments, which name the model and the inputs digest, left out), the aiter tree and its
+    submodules' commits they COPY, and the wheelhouse they install from. Every model and ATOM
+    commit with the same aiter pin and settings has the same key, so the registry cache under it
+    holds one compile of aiter for all of them.
+    """
+    start, end = _FIRST_FROM.search(dockerfile), _ATOM_STAGE.search(dockerfile)
+    if start is None or end is None:
+        raise RenderError("internal: the rendered Dockerfile has no `FROM aiter AS atom` stage.")
+    # comments are no part of a build step (and the next stage's banner names ATOM)
+    text = dockerfile[start.start() : end.start()]
+    steps = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    inputs = {
+        "stages": steps,
+        "aiter_tree": aiter_tree,
+        "submodules": sorted([s.path, s.sha] for s in submodules),
+        "wheels": dict(sorted(wheel_hashes.items())),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def check_build_settings(settings: Settings) -> None:
     """The [image] build settings that reach the Dockerfile or the build command line."""
     img = settings.image
@@ -755,6 +786,10 @@ def render_context(
                 "inputs": plan.inputs,
                 "parity": {"summary": report.summary, "uncovered": report.uncovered},
                 "build": {"network": img.network, "secrets": list(img.build_secrets)},
+                "aiter_stage": {
+                    "target": AITER_STAGE,
+                    "key": aiter_stage_key(texts[DOCKERFILE], aiter_tree, tuple(specs), wheel_hashes),
+                },
                 "selfcheck": {
                     "aiter_dir": AITER_DIR,
                     "atom_dir": ATOM_DIR,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.errors import ExitCode
+from pipeline.errors import ExitCode, UsageError
 from pipeline.rebuild import ModelOutcome, Plan, _verdict, overall_exit, summary_markdown
 from pipeline.stages import check
 
@@ -113,3 +113,37 @@ def test_the_matrix_is_the_pin_jobs_plan_and_every_model_job_builds_it(
     assert run["run"].endswith("--plan pins/plan.json")
     assert "--atom" not in run["run"] and "--aiter" not in run["run"]
     assert not {"PIPELINE_ATOM_REF", "PIPELINE_AITER_REF"} & set(model_job["env"])  # no pin of its own
+
+
+def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once(tmp_path: Path) -> None:
+    d1, d2, d3, d4 = ("1" * 64, "2" * 64, "3" * 64, "4" * 64)
+    ok = {"status": "ok", "released": False}
+    plan = Plan(
+        "a" * 40, "b" * 40,
+        {
+            "A": {**ok, "inputs_digest": d1, "aiter_stage": "k1"},
+            "B": {**ok, "inputs_digest": d1, "aiter_stage": "k1"},  # same image as A
+            "C": {**ok, "inputs_digest": d2, "aiter_stage": "k1"},
+            "D": {**ok, "inputs_digest": d3, "aiter_stage": "k2"},
+            "E": {**ok, "inputs_digest": d4, "aiter_stage": "k1", "released": True},
+            "F": {"status": "incompatible", "notes": ["aiter x breaks it"]},
+        },
+    )  # fmt: skip
+    assert [(b["models"], b["aiter_stage"], b["lead"]) for b in plan.builds()] == [
+        (["A", "B"], "k1", True),
+        (["C"], "k1", False),
+        (["D"], "k2", True),
+    ]
+    assert plan.matrix() == {
+        "lead": [d1, d3],
+        "follow": [d2],
+        "smoke": ["A", "B", "C", "D"],
+        "left_out": ["F"],
+        "released": ["E"],
+    }
+    assert plan.build_of(d2)["models"] == ["C"]
+    with pytest.raises(UsageError, match="has no build with inputs digest '4444"):
+        plan.build_of(d4)  # released: nothing to build
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    assert json.loads((tmp_path / "plan.json").read_text())["matrix"] == plan.matrix()
+    assert Plan.load(tmp_path / "plan.json").builds() == plan.builds()
