@@ -69,6 +69,7 @@ class ImageSettings(_Section):
     docker_cli: str
     build_secrets: list[str]
     cache_repository: str
+    buildx_builder: str
     selfcheck: bool
     require_git: bool
 
