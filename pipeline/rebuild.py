@@ -324,7 +324,7 @@ def plan_rebuild(
         if result is not None:
             reports = out_dir / "reports" / model
             reports.mkdir(parents=True, exist_ok=True)
-            for name in ("check.json", "check.txt", "lock.toml"):
+            for name in ("check.json", "check.txt", "check.sarif", "lock.toml"):
                 if (result.run_dir / name).is_file():
                     shutil.copyfile(result.run_dir / name, reports / name)
             if (reports / "lock.toml").is_file() and entry["status"] == "ok":

@@ -2,13 +2,14 @@
 # Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
 #
 #   scripts/setup.sh [apt] [pip] [dockerd] [base-image] [wheelhouse]   (no argument: all five, in this order)
-#   scripts/setup.sh production                                        (a release runner: nothing for tests)
+#   scripts/setup.sh production | venv | image-wheelhouse              (a release runner: nothing for tests)
 #
 # The first line is the developer's set-up (`make setup`, `make test`). `production` is what a CI
 # runner that plans, builds, smoke-tests or tags runs, and nothing else:
 #   production  a virtual environment (VENV, default .venv) with the tool and its runtime dependencies
 #               only (`pip install .`: no test or plot extra, no editable install, nothing as root in
 #               the system's python), then the image wheelhouse. Prints the venv's bin directory.
+#   venv        the virtual environment alone (a smoke or tag runner: no image is built there)
 #   image-wheelhouse
 #               the wheelhouse for [image] python_version into [paths] wheels_dir, both read from the
 #               configuration by the tool (pipeline.toml here, PIPELINE_* variables), so render reads
@@ -288,7 +289,7 @@ step_image_wheelhouse() {
     wheels_for "$ver" "$py" "$dir"
 }
 
-step_production() {
+step_venv() {
     local venv="${VENV:-.venv}" base="$PYTHON"
     if [ ! -x "$venv/bin/python" ]; then
         say "production: creating the virtual environment $venv"
@@ -299,8 +300,12 @@ step_production() {
     # a copy, not an editable install: the runner's checkout can change under a running job
     "$venv/bin/python" -m pip install --disable-pip-version-check -q . \
         || die "production: pip install . into $venv failed (is the package index reachable?)."
-    PYTHON="$venv/bin/python" step_image_wheelhouse
     say "production: the tool is $venv/bin/pipeline (add $(cd "$venv/bin" && pwd) to PATH)"
+}
+
+step_production() {
+    step_venv
+    PYTHON="${VENV:-.venv}/bin/python" step_image_wheelhouse
 }
 
 steps=("$@")
@@ -314,6 +319,7 @@ for s in "${steps[@]}"; do
         wheelhouse) timed wheelhouse step_wheelhouse ;;
         image-wheelhouse) timed image-wheelhouse step_image_wheelhouse ;;
         production) timed production step_production ;;
-        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheelhouse; image-wheelhouse, production)" ;;
+        venv) timed venv step_venv ;;
+        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheelhouse; image-wheelhouse, venv, production)" ;;
     esac
 done

@@ -51,4 +51,4 @@ def test_a_complete_wheelhouse_where_render_reads_it_is_kept(tmp_path: Path) -> 
 
 def test_an_unknown_step_names_the_production_steps(tmp_path: Path) -> None:
     got = _setup("nonsense", tmp_path)
-    assert got.returncode == 1 and "image-wheelhouse, production" in got.stderr
+    assert got.returncode == 1 and "image-wheelhouse, venv, production" in got.stderr
