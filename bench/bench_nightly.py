@@ -99,6 +99,7 @@ def write_plan(models: list[str], out: Path) -> float:
         PIPELINE_LOCKS_DIR=str(work / "locks"),
         PIPELINE_WHEELS_DIR=str(work / "no-wheelhouse"),
         PIPELINE_CACHE_DIR=os.environ.get("BENCH_CACHE_DIR", str(work / "cache")),
+        PYTHONPATH=str(REPO),  # this checkout's pipeline, whatever is installed
     )
     argv = [
         sys.executable,

@@ -203,7 +203,7 @@ class Plan:
         if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
             raise UsageError(
                 f"{path} is not a rebuild plan ({PLAN_SCHEMA}).",
-                hint="Write it with `pipeline rebuild --plan DIR` (the workflow's pins job does).",
+                hint="Write it with `pipeline rebuild --write-plan DIR` (the workflow's plan job does).",
             )
         try:
             return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)

@@ -28,7 +28,7 @@ print("passed" if v.get("passed") is True else v.get("status", "unreadable"))' "
     att=()
     [ -f "$dir/attestations.json" ] && att=(--build-attestations "$dir/attestations.json")
     if pipeline tag --image "$ref" --verdict "$verdict" --lock "$PLAN_DIR/$(plan_json "plan['models']['$model']['lock']")" \
-            --recipe "recipes/$model.yaml" "${att[@]}"; then
+            --recipe "${PIPELINE_RECIPES_DIR:-recipes}/$model.yaml" "${att[@]}"; then
         tagged=$((tagged + 1))
     else
         failed+=("$model")
