@@ -113,3 +113,18 @@ def test_a_file_that_is_no_plan_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="is not a rebuild plan"):
         Plan.load(bad)
     assert main(["rebuild", "--plan", str(bad), "--write-plan", str(tmp_path / "x")]) == ExitCode.USAGE
+
+
+def test_a_build_job_takes_one_of_the_plans_digests_and_nothing_else(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _env(fx, tmp_path, monkeypatch)
+    out = tmp_path / "plan"
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    capsys.readouterr()
+    assert main(["rebuild", "--build", "0" * 64]) == ExitCode.USAGE  # no plan
+    assert "--build takes --plan" in capsys.readouterr().err
+    code = main(["rebuild", "--plan", str(out / "plan.json"), "--build", "0" * 64, "--candidate-dir", "c"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and "has no build with inputs digest '000000" in err
+    assert not (tmp_path / "c").exists()  # nothing half-done
