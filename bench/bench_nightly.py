@@ -91,6 +91,7 @@ def write_plan(models: list[str], out: Path) -> float:
         PIPELINE_ATOM_REPO=atom,
         PIPELINE_AITER_REPO=aiter,
         PIPELINE_OFFLINE="1",  # the mirrors as they are: no fetch, no registry
+        PIPELINE_SUBMODULES="in-build",  # aiter's submodules need no mirror of their own to render
         PIPELINE_BASE_IMAGE=BASE,
         PIPELINE_RECIPES_DIR=str(REPO / "recipes"),
         PIPELINE_PATCHES_DIR=str(REPO / "patches" / "atom"),

@@ -157,6 +157,12 @@ def build_image(
     found = _find(engine, digest, ref, settings, env, log, remote_lookup)
     if found is not None:
         image_id, where = found
+        # found on this engine only: the registry gets it too, so other machines pull it by digest
+        pushed = (
+            _push_candidate(engine, settings, env, ref, log)
+            if where == "local" and settings.tag.registry
+            else ""
+        )
         return BuildOutcome(
             image_id=image_id,
             skipped=True,
@@ -165,6 +171,7 @@ def build_image(
             image_ref=ref,
             inputs_digest=digest,
             found_in=where,
+            pushed=pushed,
         )
 
     phases: dict[str, float] = {}

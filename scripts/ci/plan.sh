@@ -49,10 +49,17 @@ if [ -n "${GITHUB_OUTPUT:-}" ]; then
     done
 fi
 # a model no common pair serves: an annotation, a row; the report job fails the run for it
-plan_json '"\n".join(f"{m}\t{e[\"status\"]}\t{\"; \".join(e.get(\"notes\", []))}" for m, e in sorted(plan["models"].items()) if e["status"] != "ok")' |
-while IFS=$'\t' read -r model status notes; do
-    [ -n "$model" ] || continue
-    printf '::error title=%s left out of the rebuild::%s: %s\n' "$model" "$status" "${notes:0:500}"
-    [ -n "${GITHUB_STEP_SUMMARY:-}" ] && printf '| %s | left out: %s | %s |\n' "$model" "$status" "${notes:0:500}" >>"$GITHUB_STEP_SUMMARY"
-done
+"$PYTHON" - "$PLAN_DIR/plan.json" <<'PY'
+import json, os, sys
+plan = json.load(open(sys.argv[1]))
+summary = os.environ.get("GITHUB_STEP_SUMMARY")
+for model, entry in sorted(plan["models"].items()):
+    if entry["status"] == "ok":
+        continue
+    notes = "; ".join(entry.get("notes", []))[:500].replace("\n", " ")
+    print(f"::error title={model} left out of the rebuild::{entry['status']}: {notes}")
+    if summary:
+        with open(summary, "a") as f:
+            f.write(f"| {model} | left out: {entry['status']} | {notes} |\n")
+PY
 ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json 'len(plan["matrix"]["smoke"])'), left out $left_out"

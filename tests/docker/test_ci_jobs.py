@@ -34,6 +34,7 @@ from tests.servers.sshd import Sshd, start_sshd
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = (MODEL, f"{MODEL}-B", f"{MODEL}-C")
+WHEELS = test_wheelhouse()  # read before a fixture points PIPELINE_CACHE_DIR elsewhere
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_the_workflows_jobs_in_order_compile_aiter_once_and_carry_one_digest_to_
     }  # fmt: skip
     pipeline_env = {
         **world.env,
-        "PIPELINE_WHEELS_DIR": str(test_wheelhouse()),
+        "PIPELINE_WHEELS_DIR": str(WHEELS),
         "PIPELINE_PYTHON_VERSION": TEST_BASE_PYTHON,
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",
@@ -140,6 +141,13 @@ def test_the_workflows_jobs_in_order_compile_aiter_once_and_carry_one_digest_to_
     assert compiles == 1  # aiter's stage ran once for the three models
     assert [c["aiter_cached"] for c in candidates if c["inputs_digest"] in follow] == [True, True]
     by_model = {m: c for c in candidates for m in c["models"]}
+    # the lead's job run again (a re-run of the workflow): the image is on engine A, nothing is
+    # built, and the same registry digest is handed on
+    _job("build.sh", lead[0], env={**build_env, "CANDIDATES_DIR": str(tmp_path / "again")})
+    (again,) = [json.loads(p.read_text()) for p in (tmp_path / "again").glob("*/candidate.json")]
+    first = next(c for c in candidates if c["inputs_digest"] == lead[0])
+    assert again["skipped"] is True and again["found_in"] == "local"
+    assert again["candidate"] == first["candidate"]
 
     # smoke on engine B through ssh://, each candidate pulled by its registry digest
     smoke_env = {**base, **pipeline_env, "DOCKER_HOST": sshd.docker_host, "PATH": sshd.env_path}
