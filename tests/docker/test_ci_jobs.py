@@ -101,7 +101,7 @@ def test_the_workflows_jobs_in_order_compile_aiter_once_and_carry_one_digest_to_
         "plan.sh",
         env={**base, **pipeline_env, "GITHUB_OUTPUT": str(outputs), "REQUESTED_MODELS": json.dumps(MODELS)},
     )
-    for module in ("pytest", "ruff", "mypy", "bcrypt", "matplotlib"):
+    for module in ("pytest", "ruff", "mypy", "matplotlib", "tests"):
         probe = subprocess.run(
             [str(venv / "bin" / "python"), "-c", f"import {module}"], capture_output=True, check=False
         )
