@@ -123,6 +123,8 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     if inputs.given_lock is not None:
         lock = Lock.load(inputs.given_lock)
         sources.mirrors_for_lock(ctx.settings, lock, fetch=not inputs.offline)  # its commits must be there
+        # a host that never pinned (a build job given the plan's lock) mirrors the submodules too
+        sources.mirror_lock_submodules(ctx.settings, lock.aiter.submodules, ctx.log, offline=inputs.offline)
         ctx.log.detail(f"using the given lock file {inputs.given_lock}")
         return Outputs(lock=lock, lock_path=inputs.out, changed=lock.save(inputs.out))
 
