@@ -76,8 +76,15 @@ def test_the_workflows_jobs_in_order_compile_aiter_once_and_carry_one_digest_to_
 ) -> None:
     recipes = world.root / "recipes"
     text = (recipes / f"{MODEL}.yaml").read_text().replace("limit: 60", "limit: 8")
+    # What this test follows is the image from job to job: no serving benchmark (its latency
+    # gate is a timing on a shared machine), and B and C serve the chat check alone (lm_eval's
+    # start-up is most of a smoke here)
+    text = text[: text.index("  - kind: serving-benchmark")]
+    start = text.index("  - kind: gsm8k")
+    lighter = text[:start]
     for name in MODELS:  # three models, one aiter pin
-        (recipes / f"{name}.yaml").write_text(text.replace(f"name: {MODEL}\n", f"name: {name}\n"))
+        body = text if name == MODEL else lighter
+        (recipes / f"{name}.yaml").write_text(body.replace(f"name: {MODEL}\n", f"name: {name}\n"))
     dirs = {
         k: str(tmp_path / v)
         for k, v in (("PLAN_DIR", "plan"), ("CANDIDATES_DIR", "cand"), ("VERDICTS_DIR", "ver"))
