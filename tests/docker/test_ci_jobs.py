@@ -163,8 +163,8 @@ def test_the_workflows_jobs_in_order_compile_aiter_once_and_carry_one_digest_to_
             _job("smoke.sh", model, env=smoke_env)
     finally:
         for c in candidates:
-            name, digest = c["candidate"].rsplit(":", 1)[0], c["candidate"].rsplit("@", 1)[1]
-            docker_cleanup.image(f"{name}@{digest}")
+            tagged, digest = c["candidate"].rsplit("@", 1)  # repository:tag@sha256:...
+            docker_cleanup.image(f"{tagged.rsplit(':', 1)[0]}@{digest}")
     for model in MODELS:
         verdict = json.loads((tmp_path / "ver" / model / "verdict.json").read_text())
         assert verdict["passed"] is True, verdict
