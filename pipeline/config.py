@@ -76,6 +76,7 @@ class ImageSettings(_Section):
     docker_cli: str
     build_secrets: list[str]
     cache_repository: str
+    buildx_builder: str
     selfcheck: bool
     require_git: bool
 

@@ -155,19 +155,66 @@ def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
 
 # -- one pin and one check for every model of a scheduled rebuild (the workflow's first job) --
 
-PLAN_SCHEMA = "atom-image-pipeline/rebuild-plan/v1"
+PLAN_SCHEMA = "atom-image-pipeline/rebuild-plan/v2"
 PLAN_FILE = "plan.json"
+CANDIDATE_FILE = "candidate.json"
 
 
 @dataclass
 class Plan:
-    """The ATOM x aiter pair every model of one rebuild builds, with each model's lock and check."""
+    """The ATOM x aiter pair every model of one rebuild builds, with each model's lock and check,
+    its rendered inputs digest and aiter stage key: what the workflow's matrices are made of."""
 
     atom: str
     aiter: str
-    models: dict[str, dict[str, Any]]  # model -> status, exit_code, lock (relative), verdict, notes
+    models: dict[str, dict[str, Any]]  # model -> status, exit_code, lock (relative), verdict, notes,
+    # inputs_digest, aiter_stage, released (that digest is already released: nothing to build)
     notes: list[str] = field(default_factory=list)
     root: Path = Path(".")
+
+    def builds(self) -> list[dict[str, Any]]:
+        """One build per distinct inputs digest to build: {inputs_digest, aiter_stage, models, lead}.
+
+        `lead` is the first build of each aiter stage key: it compiles aiter and pushes that stage
+        to the registry cache; the others start once it has (`needs:` in the workflow), from it.
+        """
+        by_digest: dict[str, list[str]] = {}
+        for model, e in sorted(self.models.items()):
+            if e["status"] == "ok" and e.get("inputs_digest") and not e.get("released"):
+                by_digest.setdefault(e["inputs_digest"], []).append(model)
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for digest, models in sorted(by_digest.items(), key=lambda kv: kv[1][0]):
+            key = self.models[models[0]].get("aiter_stage", "")
+            out.append(
+                {"inputs_digest": digest, "aiter_stage": key, "models": models, "lead": key not in seen}
+            )
+            seen.add(key)
+        return out
+
+    def matrix(self) -> dict[str, Any]:
+        """What the workflow's jobs fan out over (all JSON lists; an empty one skips its job)."""
+        builds = self.builds()
+        built = {m for b in builds for m in b["models"]}
+        return {
+            "lead": [b["inputs_digest"] for b in builds if b["lead"]],
+            "follow": [b["inputs_digest"] for b in builds if not b["lead"]],
+            "smoke": sorted(built),
+            "left_out": sorted(m for m, e in self.models.items() if e["status"] != "ok"),
+            "released": sorted(
+                m for m, e in self.models.items() if e["status"] == "ok" and e.get("released")
+            ),
+        }
+
+    def build_of(self, digest: str) -> dict[str, Any]:
+        found = [b for b in self.builds() if b["inputs_digest"] == digest]
+        if not found:
+            listed = ", ".join(b["inputs_digest"][:12] for b in self.builds()) or "none"
+            raise UsageError(
+                f"the rebuild plan has no build with inputs digest {digest[:64]!r} (it has: {listed}).",
+                hint="Pass one of the plan's `lead` or `follow` digests (plan.json, `matrix`).",
+            )
+        return found[0]
 
     @classmethod
     def load(cls, path: Path) -> Plan:
@@ -179,9 +226,14 @@ class Plan:
         if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
             raise UsageError(
                 f"{path} is not a rebuild plan ({PLAN_SCHEMA}).",
-                hint="Write it with `pipeline rebuild --plan DIR` (the workflow's pins job does).",
+                hint="Write it with `pipeline rebuild --write-plan DIR` (the workflow's plan job does).",
             )
-        return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)
+        try:
+            return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)
+        except KeyError as e:
+            raise UsageError(
+                f"rebuild plan {path} lacks {e}.", hint="Write it again with --write-plan."
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -190,6 +242,8 @@ class Plan:
             "aiter": self.aiter,
             "models": self.models,
             "notes": self.notes,
+            "builds": self.builds(),
+            "matrix": self.matrix(),
         }
 
     def request(self, model: str, registry: str | None) -> BuildRequest:
@@ -290,10 +344,14 @@ def plan_rebuild(
         if lock is not None and (lock.atom.sha, lock.aiter.sha) != (atom, aiter):
             entry.update(status="failed", exit_code=int(ExitCode.USAGE))
             entry["notes"].append(f"pinned {lock.atom.sha[:9]} x {lock.aiter.sha[:10]}, not the planned pair")
+        if entry["status"] == "ok" and result is not None:
+            entry.update(_rendered(model, result.run_dir, settings, log, env))
+            if entry.get("error"):
+                entry.update(status="failed", exit_code=entry.pop("exit"), notes=[entry.pop("error")])
         if result is not None:
             reports = out_dir / "reports" / model
             reports.mkdir(parents=True, exist_ok=True)
-            for name in ("check.json", "check.txt", "lock.toml"):
+            for name in ("check.json", "check.txt", "check.sarif", "lock.toml"):
                 if (result.run_dir / name).is_file():
                     shutil.copyfile(result.run_dir / name, reports / name)
             if (reports / "lock.toml").is_file() and entry["status"] == "ok":
@@ -319,6 +377,28 @@ def _failed(model: str, result: RunResult, notes: list[str], error: PipelineErro
         outcome.verdict = "not checked"
     outcome.notes = [*notes, str(error)]
     return outcome
+
+
+def _rendered(
+    model: str, run_dir: Path, settings: Settings, log: Logger, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The checked run rendered: its inputs digest and aiter stage key, and whether that digest is
+    already released (then no job builds it)."""
+    from pipeline.image.context import read_manifest
+
+    result = execute(BuildRequest(model=model, resume=run_dir, until="render"), settings, log, env)
+    rendered = result.output("render", render.Outputs)
+    if result.error is not None or rendered is None:
+        why = result.error.message.splitlines()[0] if result.error is not None else "no render result"
+        code = int(result.error.exit_code) if result.error is not None else int(ExitCode.USAGE)
+        return {"error": f"render: {why}", "exit": code}
+    manifest = read_manifest(rendered.context)
+    released = _read_released(settings, model).get("inputs_digest") == rendered.inputs_digest
+    return {
+        "inputs_digest": rendered.inputs_digest,
+        "aiter_stage": manifest.aiter_stage,
+        "released": released,
+    }
 
 
 def rebuild_model(
@@ -447,3 +527,70 @@ def overall_exit(outcomes: list[ModelOutcome]) -> int:
     # Anything but "no GPUs here" wins; a run that only lacked GPUs reports that.
     real = [c for c in codes if c != ExitCode.NO_HARDWARE]
     return max(real) if real else int(ExitCode.NO_HARDWARE)
+
+
+# -- the workflow's build job: one inputs digest of the plan, built once for all its models --
+
+
+def build_planned(
+    plan: Plan,
+    digest: str,
+    settings: Settings,
+    log: Logger,
+    env: Mapping[str, str],
+    *,
+    registry: str | None,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Render the planned lock of the digest's first model, refuse a render that is not the planned
+    digest, build (or find) the candidate and hand it on: `out_dir/candidate.json` names it by
+    registry digest for the smoke and tag jobs."""
+    from dataclasses import replace
+
+    entry = plan.build_of(digest)
+    model = entry["models"][0]
+    req = replace(plan.request(model, registry), until="render")
+    result = execute(req, settings, log, env)
+    if result.error is not None:
+        raise result.error
+    rendered = result.output("render", render.Outputs)
+    if rendered is None:
+        raise PipelineError(f"internal: the run for {model} ended without a render result.")
+    if rendered.inputs_digest != digest:
+        raise PipelineError(
+            f"{model}: this build host renders inputs digest {rendered.inputs_digest[:12]} from the planned "
+            f"lock, the plan says {digest[:12]}: its templates, wheelhouse or [image] settings differ from "
+            "the plan job's; nothing was built.",
+            hint="Build from the plan's own checkout and wheelhouse (the workflow downloads both), with the "
+            "same pipeline.toml and PIPELINE_* variables as the plan job.",
+        )
+    resumed = execute(
+        BuildRequest(model=model, resume=result.run_dir, until="build", registry=registry), settings, log, env
+    )
+    if resumed.error is not None:
+        raise resumed.error
+    built = resumed.output("build", build.Outputs)
+    if built is None:
+        raise PipelineError(f"internal: the run for {model} ended without a build result.")
+    pushed = built.pushed or (built.found_in if built.found_in not in ("", "local") else "")
+    if not pushed:
+        raise PipelineError(
+            f"the candidate of {', '.join(entry['models'])} ({built.ref}) is not in a registry: smoke and "
+            "tag jobs pull it by digest from there.",
+            hint="Set [tag] registry (or --registry) to the registry the GPU hosts pull from.",
+        )
+    record = {
+        "inputs_digest": digest,
+        "aiter_stage": entry["aiter_stage"],
+        "models": entry["models"],
+        "image": built.image,
+        "candidate": pushed,  # repository:tag@sha256:... in the registry
+        "skipped": built.skipped,
+        "found_in": built.found_in,
+        "aiter_cached": built.aiter_cached,
+        "attestations": str(built.attestations) if built.attestations else "",
+        "run_dir": str(resumed.run_dir),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / CANDIDATE_FILE, record)
+    return record

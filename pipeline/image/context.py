@@ -101,6 +101,7 @@ class ContextManifest:
     network: str = ""
     secrets: tuple[str, ...] = ()
     selfcheck: dict[str, Any] | None = None
+    aiter_stage: str = ""  # the aiter stage's own key (render.aiter_stage_key); "" from older renders
     raw: dict[str, Any] = field(default_factory=dict)  # the manifest as read (provenance records it)
 
 
@@ -143,5 +144,6 @@ def read_manifest(context: Path) -> ContextManifest:
         network=str(build.get("network", "")),
         secrets=tuple(str(x) for x in build.get("secrets", ())),
         selfcheck=dict(data["selfcheck"]) if data.get("selfcheck") else None,
+        aiter_stage=str(dict(data.get("aiter_stage") or {}).get("key", "")),
         raw=data,
     )

@@ -98,18 +98,33 @@ def build_provenance(
 
 
 def write_build_attestations(
-    run_dir: Path, *, builder: str, unsupported: str, statement: Mapping[str, Any]
+    run_dir: Path,
+    *,
+    builder: str,
+    unsupported: str,
+    statement: Mapping[str, Any],
+    attested: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write provenance.json and attestations.json (which links it) into `run_dir`; the latter's path."""
+    """Write provenance.json and attestations.json (which links it) into `run_dir`; the latter's path.
+
+    `attested`: where buildx pushed the image with its attestations ({ref: name@index digest,
+    metadata}); they are linked there (the index holds SLSA provenance and the SPDX SBOM).
+    """
     provenance = run_dir / PROVENANCE
     atomic_write_json(provenance, statement)
     path = run_dir / ATTESTATIONS
+    slsa = sbom = None
+    if attested is not None:
+        ref = str(attested["ref"])
+        slsa = {"ref": ref, "mode": "max", "metadata": dict(attested.get("metadata") or {})}
+        sbom = {"ref": ref, "format": "spdx"}
+        unsupported = f"buildx attached SLSA provenance (mode=max) and an SPDX SBOM to {ref}"
     atomic_write_json(
         path,
         {
             "builder": builder,
-            "slsa_provenance": None,
-            "sbom": None,
+            "slsa_provenance": slsa,
+            "sbom": sbom,
             "note": unsupported,
             "build_provenance": {
                 "path": PROVENANCE,
@@ -138,6 +153,9 @@ def record_attestations(attestations: Path | None, image_id: str) -> dict[str, A
         return out
     out["front_end"] = str(data.get("builder", ""))
     out["note"] = str(data.get("note", ""))
+    for kind in ("slsa_provenance", "sbom"):  # buildx's, in the registry: linked by reference
+        if isinstance(data.get(kind), dict):
+            out[kind] = {k: v for k, v in data[kind].items() if k != "metadata"}
     link = data.get("build_provenance") or {}
     if not link:
         out["build_provenance_note"] = "the build wrote no build provenance"

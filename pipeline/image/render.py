@@ -305,6 +305,37 @@ def plan_render(
     )
 
 
+AITER_STAGE = "aiter"  # the Dockerfile's `FROM base AS aiter`
+_ATOM_STAGE = re.compile(r"^FROM aiter AS atom$", re.MULTILINE)
+_FIRST_FROM = re.compile(r"^FROM ", re.MULTILINE)
+
+
+def aiter_stage_key(
+    dockerfile: str, aiter_tree: str, submodules: tuple[SubmoduleSpec, ...], wheel_hashes: Mapping[str, str]
+) -> str:
+    """sha256 over what the stages up to aiter's are built from, and nothing of ATOM or the model.
+
+    Their Dockerfile instructions (base digest, archs, build arguments, aiter's build command;
+    comments, which name the model and the inputs digest, left out), the aiter tree and its
+    submodules' commits they COPY, and the wheelhouse they install from. Every model and ATOM
+    commit with the same aiter pin and settings has the same key, so the registry cache under it
+    holds one compile of aiter for all of them.
+    """
+    start, end = _FIRST_FROM.search(dockerfile), _ATOM_STAGE.search(dockerfile)
+    if start is None or end is None:
+        raise RenderError("internal: the rendered Dockerfile has no `FROM aiter AS atom` stage.")
+    # comments are no part of a build step (and the next stage's banner names ATOM)
+    text = dockerfile[start.start() : end.start()]
+    steps = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    inputs = {
+        "stages": steps,
+        "aiter_tree": aiter_tree,
+        "submodules": sorted([s.path, s.sha] for s in submodules),
+        "wheels": dict(sorted(wheel_hashes.items())),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def check_build_settings(settings: Settings) -> None:
     """The [image] build settings that reach the Dockerfile or the build command line."""
     img = settings.image
@@ -483,10 +514,10 @@ def check_wheelhouse_python(wheels_dir: Path, names: list[str], python_version: 
         f"the wheelhouse {wheels_dir} holds wheels for python {', '.join(theirs)} (e.g. {foreign[0][0]}), "
         f"but [image] python_version is {python_version}, the base image's python: pip in the image "
         "could not install them.",
-        hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (it needs "
-        f"python{python_version} on this host) and leave [paths] wheels_dir empty (default "
-        f"<cache>/wheels/py{python_version}), or "
-        "set [image] python_version to the base image's python.",
+        hint=f"Run `scripts/setup.sh image-wheelhouse`: it downloads the wheelhouse for [image] "
+        f"python_version ({python_version}; it needs python{python_version} on this host) into [paths] "
+        "wheels_dir, both read from this configuration. Or set [image] python_version to the base "
+        "image's python.",
     )
 
 
@@ -508,9 +539,9 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint=f"Run `WHEELS_PYTHON={python_version} scripts/setup.sh wheelhouse` (the base image's "
-                "python, [image] python_version), or point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a "
-                f"wheelhouse for python {python_version}.",
+                hint="Run `scripts/setup.sh image-wheelhouse` (the wheelhouse for [image] python_version, "
+                "into [paths] wheels_dir, both read from this configuration), or point [paths] wheels_dir "
+                "(PIPELINE_WHEELS_DIR) at a wheelhouse for [image] python_version.",
             )
         return {}
     hashes = {}
@@ -736,8 +767,7 @@ def render_context(
             notes.append(
                 f"no wheelhouse at {settings.wheels_dir}: the image installs "
                 f"{toolpins.LM_EVAL_REQUIREMENT} and {toolpins.SETUPTOOLS_SCM_REQUIREMENT} from the package "
-                f"index (`WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse`, the "
-                "base image's python as [image] python_version says, makes the build independent of it)"
+                "index (`scripts/setup.sh image-wheelhouse` makes the build independent of it)"
             )
         aiter_requirements = aiter.read_blob(lock.aiter.sha, "requirements.txt") is not None
         if settings.sources.offline and not settings.image.offline_build:
@@ -750,7 +780,7 @@ def render_context(
                 "[sources] offline is true, but this image installs from the package index: "
                 + "; ".join(from_index)
                 + ". Its build needs the network; [image] offline_build = true builds from the wheelhouse "
-                f"only (WHEELS_PYTHON={settings.image.python_version} scripts/setup.sh wheelhouse)"
+                "only (`scripts/setup.sh image-wheelhouse` makes it)"
             )
         note = base_image_note(lock, settings)
         if note:
@@ -845,6 +875,10 @@ def render_context(
                 "inputs": plan.inputs,
                 "parity": {"summary": report.summary, "uncovered": report.uncovered},
                 "build": {"network": img.network, "secrets": list(img.build_secrets)},
+                "aiter_stage": {
+                    "target": AITER_STAGE,
+                    "key": aiter_stage_key(texts[DOCKERFILE], aiter_tree, tuple(specs), wheel_hashes),
+                },
                 "selfcheck": {
                     "aiter_dir": AITER_DIR,
                     "atom_dir": ATOM_DIR,

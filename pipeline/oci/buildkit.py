@@ -10,6 +10,13 @@ from a stable directory, and target pruning. A CLI with buildx (docker >= 23) ta
 command line. What the 20.10 front end cannot do: provenance (SLSA) and SBOM attestations
 (they need buildx >= 0.10 with BuildKit >= 0.11) and `--cache-to` of type registry.
 
+Where the CLI has buildx, `build(..., buildx=BuildxOptions(...))` builds through it instead:
+`docker buildx build --builder B` (a remote or docker-container builder), registry cache
+(`--cache-from`/`--cache-to type=registry,...,mode=max`), `--provenance=mode=max --sbom=true`,
+`--metadata-file`, and `--push` (attestations kept in the registry) or `--load`. buildx cannot be
+installed on the machines this is developed on: that path is tested against a stand-in `docker`
+that records its arguments and writes a metadata file (tests/git/test_buildx.py).
+
 `find_cli()` picks a CLI that can drive BuildKit (the newer static `docker` earlier on PATH
 without buildx refuses it); `engine_has_buildkit()` asks the engine. Builds return the same
 `BuiltImage` as the classic path (steps named `[stage i/n] INSTRUCTION`, cache hits), plus the
@@ -24,8 +31,9 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import BuildError, InfraError
 from pipeline.oci.engine import BuiltImage, EngineAPI
@@ -48,6 +56,18 @@ TAIL_MARKER = "--- last lines of the failing step ---\n"
 class BuildKitImage(BuiltImage):
     context_bytes: int = 0  # what BuildKit transferred of the build context
     cli: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)  # buildx --metadata-file, as written
+
+
+@dataclass(frozen=True)
+class BuildxOptions:
+    """How a buildx build differs from the 20.10 CLI's: where it builds and what it keeps."""
+
+    builder: str = ""  # --builder (a remote or docker-container builder); "" the CLI's current one
+    cache_to: str = ""  # registry reference the build cache is exported to (mode=max)
+    push: str = ""  # push the result to this reference (attestations kept)
+    load: bool = True  # else: load the result into the engine (False: a stage built for its cache only)
+    attest: bool = True  # --provenance=mode=max --sbom=true (a push keeps them; a load cannot)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,7 @@ def build(
     docker_host: str | None = None,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
+    buildx: BuildxOptions | None = None,
 ) -> BuildKitImage:
     """Build `context` with BuildKit; BuildError names the failing `[stage i/n] ...` step.
 
@@ -187,27 +208,25 @@ def build(
     run_env["DOCKER_BUILDKIT"] = "1"
     if docker_host:
         run_env["DOCKER_HOST"] = docker_host
+    if buildx is not None and not cli.buildx:
+        raise BuildError(f"the docker CLI {cli.path} has no buildx plug-in; build without buildx options.")
     with tempfile.TemporaryDirectory(prefix="atom-buildkit-") as tmp:
         iidfile = Path(tmp) / "iid"
-        argv = [
-            cli.path,
-            "build",
-            "--progress=plain",
-            "--iidfile",
-            str(iidfile),
-            "-f",
-            str(context / dockerfile),
-        ]
+        metadata_file = Path(tmp) / "metadata.json"
+        argv = [cli.path, *(["buildx"] if buildx is not None else []), "build", "--progress=plain"]
+        argv += ["--iidfile", str(iidfile), "-f", str(context / dockerfile)]
+        if buildx is not None:
+            argv += _buildx_flags(buildx, metadata_file, tag)
         if network:
             argv += ["--network", network]
         for key, value in (labels or {}).items():
             argv += ["--label", f"{key}={value}"]
         for key, value in (buildargs or {}).items():
             argv += ["--build-arg", f"{key}={value}"]
-        if inline_cache:
+        if inline_cache and buildx is None:
             argv += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
         for ref in cache_from:
-            argv += ["--cache-from", ref]
+            argv += ["--cache-from", f"type=registry,ref={ref}" if buildx is not None else ref]
         for i, (sid, value) in enumerate(sorted((secrets or {}).items())):
             var = f"ATOM_SECRET_{i}"
             run_env[var] = value
@@ -216,7 +235,7 @@ def build(
             argv += ["--target", target]
         if nocache:
             argv.append("--no-cache")
-        if tag:
+        if tag and buildx is None:
             argv += ["-t", tag]
         argv.append(str(context))
         progress = _Progress(on_line)
@@ -248,7 +267,11 @@ def build(
         if code != 0:
             raise _error(progress, tag, code)
         image_id = iidfile.read_text().strip() if iidfile.is_file() else ""
-    if not image_id:
+        metadata = _read_metadata(metadata_file) if buildx is not None else {}
+    if buildx is not None and buildx.push and not image_id:
+        image_id = str(metadata.get("containerimage.config.digest", ""))  # nothing loaded: the config
+    cache_only = buildx is not None and not buildx.push and not buildx.load  # a stage for its cache
+    if not image_id and not cache_only:
         raise _error(progress, tag, code, "the build finished without an image id")
     return BuildKitImage(
         id=image_id,
@@ -257,7 +280,36 @@ def build(
         cached=list(progress.cached),
         context_bytes=sum(progress.transfer.values()),
         cli=cli.path,
+        metadata=metadata,
     )
+
+
+def _buildx_flags(opts: BuildxOptions, metadata_file: Path, tag: str | None) -> list[str]:
+    flags = ["--metadata-file", str(metadata_file)]
+    if opts.builder:
+        flags += ["--builder", opts.builder]
+    if opts.cache_to:
+        flags += ["--cache-to", f"type=registry,ref={opts.cache_to},mode=max"]
+    if opts.attest:
+        flags += ["--provenance=mode=max", "--sbom=true"]
+    if opts.push:
+        flags += ["-t", opts.push, "--push"]
+    elif opts.load:
+        flags += [*(["-t", tag] if tag else []), "--load"]
+    return flags
+
+
+def _read_metadata(path: Path) -> dict[str, Any]:
+    """buildx's --metadata-file (image digest, descriptor, provenance); {} when it wrote none."""
+    import json
+
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")[:1_000_000])
+    except ValueError as e:
+        raise BuildError(f"buildx wrote a metadata file that is not JSON: {e}.") from None
+    return data if isinstance(data, dict) else {}
 
 
 _ENGINE_GONE = ("Cannot connect to the Docker daemon", "error during connect", "connection refused")

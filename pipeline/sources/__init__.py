@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     )
     from pipeline.sources.refs import nearest_refs, resolve_ref
     from pipeline.sources.repos import open_repo, repo_path
-    from pipeline.sources.submodules import read_submodules, submodule_mirror
+    from pipeline.sources.submodules import mirror_lock_submodules, read_submodules, submodule_mirror
     from pipeline.sources.urls import (
         is_local,
         mirror_name,
@@ -83,6 +83,7 @@ _WHERE = {
     "repo_path": "repos",
     "resolve_ref": "refs",
     "read_submodules": "submodules",
+    "mirror_lock_submodules": "submodules",
     "submodule_mirror": "submodules",
     "is_local": "urls",
     "mirror_name": "urls",
@@ -115,6 +116,7 @@ __all__ = [
     "keep_pinned",
     "last_fetched",
     "lock_path",
+    "mirror_lock_submodules",
     "mirror_name",
     "mirror_path",
     "mirrors_for_lock",

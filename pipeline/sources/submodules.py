@@ -56,6 +56,22 @@ def submodule_mirror(settings: Settings, url: str) -> GitRepo | None:
     return _open_existing(mirror_path(settings, url))
 
 
+def mirror_lock_submodules(
+    settings: Settings, subs: tuple[Submodule, ...], log: Logger, *, offline: bool
+) -> None:
+    """Mirror the submodules a lock pins where none is yet (a build host given the plan's lock),
+    as pinning does: local URLs always, others unless offline; failures are warnings."""
+    from pipeline.sources.urls import is_local
+
+    if not settings.sources.mirror_submodules:
+        return
+    for sub in subs:
+        if submodule_mirror(settings, sub.url) is not None:
+            continue
+        if not offline or (sub.url and is_local(sub.url)):
+            _mirror_submodule(settings, sub, log)
+
+
 def _mirror_submodule(settings: Settings, sub: Submodule, log: Logger) -> None:
     if not sub.url:
         log.warn(f"submodule {sub.path} has no URL in .gitmodules; not mirrored.")

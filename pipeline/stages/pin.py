@@ -125,6 +125,8 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     if inputs.given_lock is not None:
         lock = Lock.load(inputs.given_lock)
         sources.mirrors_for_lock(ctx.settings, lock, fetch=not inputs.offline)  # its commits must be there
+        # a host that never pinned (a build job given the plan's lock) mirrors the submodules too
+        sources.mirror_lock_submodules(ctx.settings, lock.aiter.submodules, ctx.log, offline=inputs.offline)
         from pipeline.stages.verify import verify_lock
 
         verify_lock(ctx, lock, lock_path=inputs.given_lock, lock_given=True, patches_dir=inputs.patches_dir)

@@ -28,14 +28,15 @@ from pipeline.cli import main
 from pipeline.config import Settings, load_settings
 from pipeline.errors import BuildError, ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.image.build import BUILD_LOG, BuildOutcome, build_image
+from pipeline.image.build import BUILD_LOG, BuildOutcome, aiter_cache_tag, build_image
 from pipeline.image.buildprogress import timings_path
-from pipeline.image.context import RenderedContext
+from pipeline.image.context import RenderedContext, read_manifest
 from pipeline.image.render import render_context
 from pipeline.image.selfcheck import SelfCheckError
 from pipeline.lock import Lock, PatchPin
 from pipeline.log import Logger
 from pipeline.oci.engine import Engine
+from pipeline.oci.registry import RegistryClient
 from tests.fixtures.build_repos import (
     AITER_BUILD_CMD,
     ATOM_INSTALL_CMD,
@@ -340,7 +341,7 @@ def test_base_python_other_than_python_version_fails_at_the_first_step_and_says_
         build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup)
     text = str(e.value)
     assert f"the base image's python is {TEST_BASE_PYTHON}, but [image] python_version is 3.10" in text
-    assert f"WHEELS_PYTHON={TEST_BASE_PYTHON} scripts/setup.sh wheelhouse" in text and "[base 2/" in text
+    assert "scripts/setup.sh image-wheelhouse" in text and "[base 2/" in text
     assert engine.images_with_label(labels.INPUTS_DIGEST, ctx.inputs_digest) == []
 
 
@@ -620,16 +621,28 @@ def test_registry_cache_lets_a_clean_engine_skip_the_aiter_build(
     # engine B has nothing: no image, no build cache, not even the base (it pulls it by digest)
     b = second_engine
     assert b.images_with_label(labels.INPUTS_DIGEST) == [] and b.image(pinned_base) is None
-    second = build(
-        b,
-        ctx.dir,
-        s.model_copy(update={"paths": s.paths.model_copy(update={"cache_dir": str(tmp_path / "cache-b")})}),
-        tmp_path / "run-b",
-        docker_cleanup,
-    )
+    s_b = s.model_copy(update={"paths": s.paths.model_copy(update={"cache_dir": str(tmp_path / "cache-b")})})
+    second = build(b, ctx.dir, s_b, tmp_path / "run-b", docker_cleanup)
     assert second.aiter_cached is True, (tmp_path / "run-b" / BUILD_LOG).read_text()[-3000:]
     log_b = (tmp_path / "run-b" / BUILD_LOG).read_text()
     assert "aiter built in" not in log_b  # the expensive step's own output: it did not run
     with b.run(second.image_id, ["python3", "-c", "print(open('/app/aiter-test/BUILD_STAMP').read())"]) as c:
         assert c.wait(timeout=60) == 0
         assert c.logs().strip() == stamp_a
+
+    # aiter's stage went to the registry cache under its own key, compiled once (alone, before the
+    # full build on engine A, which started from it)
+    key = read_manifest(ctx.dir).aiter_stage
+    log_a = (tmp_path / "run-a" / BUILD_LOG).read_text()
+    assert log_a.count("aiter built in") == 1, log_a[-3000:]
+    reg = RegistryClient(registry.host)
+    assert reg.manifest_digest(f"atom-pipeline-test/cache-{case}", aiter_cache_tag(key)) is not None
+    # Another ATOM tree (no patch) with the same aiter pin: another image, the same aiter stage
+    # key, and on engine B nothing of aiter is compiled.
+    ctx2 = render(
+        repos, s, tmp_path / "ctx2", lock_for(repos, pinned_base, patched=False, atom_ref=f"c2-{case}")
+    )
+    assert ctx2.inputs_digest != ctx.inputs_digest and read_manifest(ctx2.dir).aiter_stage == key
+    third = build(b, ctx2.dir, s_b, tmp_path / "run-c", docker_cleanup)
+    log_c = (tmp_path / "run-c" / BUILD_LOG).read_text()
+    assert third.aiter_cached is True and "aiter built in" not in log_c, log_c[-3000:]

@@ -58,7 +58,7 @@ def test_one_plan_one_pair_for_every_model(
     out = tmp_path / "pins"
     assert main(["rebuild", "--write-plan", str(out)]) == ExitCode.OK
     data = json.loads((out / "plan.json").read_text())
-    assert data["schema"] == "atom-image-pipeline/rebuild-plan/v1"
+    assert data["schema"] == "atom-image-pipeline/rebuild-plan/v2"
     assert sorted(data["models"]) == ["Alpha", "Gamma"]
     # aiter's head breaks Alpha's path: the pair falls back once, for both models, to the aiter
     # Alpha was written against (the fixture's first aiter commit).
@@ -75,6 +75,19 @@ def test_one_plan_one_pair_for_every_model(
         assert (lock.model, lock.atom.sha, lock.aiter.sha) == (model, data["atom"], data["aiter"])
         report = json.loads((out / "reports" / model / "check.json").read_text())
         assert report["compatible"] is True and report["reach"]["architecture"] == f"{model}ForCausalLM"
+    # Each model rendered: one image per model, one aiter stage for both (the same aiter pin), so
+    # the first build compiles aiter and the second starts from its registry cache.
+    alpha, gamma = data["models"]["Alpha"], data["models"]["Gamma"]
+    assert len(alpha["inputs_digest"]) == 64 and alpha["inputs_digest"] != gamma["inputs_digest"]
+    assert len(alpha["aiter_stage"]) == 64 and alpha["aiter_stage"] == gamma["aiter_stage"]
+    assert [(b["models"], b["lead"]) for b in data["builds"]] == [(["Alpha"], True), (["Gamma"], False)]
+    assert data["matrix"] == {
+        "lead": [alpha["inputs_digest"]],
+        "follow": [gamma["inputs_digest"]],
+        "smoke": ["Alpha", "Gamma"],
+        "left_out": [],
+        "released": [],
+    }
     # A model job builds exactly that lock: no pin of its own, no fallback.
     plan = Plan.load(out / "plan.json")
     req = plan.request("Gamma", None)
@@ -161,3 +174,18 @@ def test_a_failed_row_keeps_what_pin_and_check_found(
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1].endswith("failed (exit 6)")
     assert cells[2] == fx.atom_sha[:9] and cells[3] == fx.aiter_sha[:10] and cells[4].startswith("compatible")
+
+
+def test_a_build_job_takes_one_of_the_plans_digests_and_nothing_else(
+    fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _env(fx, tmp_path, monkeypatch)
+    out = tmp_path / "plan"
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    capsys.readouterr()
+    assert main(["rebuild", "--build", "0" * 64]) == ExitCode.USAGE  # no plan
+    assert "--build takes --plan" in capsys.readouterr().err
+    code = main(["rebuild", "--plan", str(out / "plan.json"), "--build", "0" * 64, "--candidate-dir", "c"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and "has no build with inputs digest '000000" in err
+    assert not (tmp_path / "c").exists()  # nothing half-done

@@ -154,7 +154,7 @@ def test_without_a_wheelhouse_offline_is_refused_online_uses_the_index(
         )
 
     offline = s.model_copy(update={"image": s.image.model_copy(update={"offline_build": True})})
-    with pytest.raises(RenderError, match=r"scripts/setup\.sh wheelhouse") as e:
+    with pytest.raises(RenderError, match=r"scripts/setup\.sh image-wheelhouse") as e:
         go(offline, tmp_path / "ctx")
     assert "lm_eval-0.4.13" in str(e.value)
     assert not (tmp_path / "ctx").exists() and not list(tmp_path.glob(".ctx.*"))  # nothing half-done

@@ -1,16 +1,15 @@
 """`pipeline rebuild`'s reporting: obsolete patches, exit code, the CI summary."""
 
-import contextlib
-import io
 import json
-import textwrap
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from pipeline.errors import ExitCode
+from pipeline.errors import ExitCode, UsageError
 from pipeline.rebuild import ModelOutcome, Plan, _verdict, overall_exit, summary_markdown
 from pipeline.stages import check
 
@@ -57,18 +56,6 @@ def _workflow() -> dict[str, Any]:
     return wf
 
 
-def test_the_workflow_matrix_is_the_recipes_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    root = Path(__file__).resolve().parents[2]
-    (step,) = [s for s in _workflow()["jobs"]["pins"]["steps"] if s.get("id") == "list"]
-    one_liner = step["run"].split("python3 -c '", 1)[1].split("')", 1)[0]
-    monkeypatch.chdir(root)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(one_liner, {})  # the job's own listing, run here
-    assert json.loads(out.getvalue()) == sorted(p.stem for p in (root / "recipes").glob("*.yaml"))
-    assert "MiniMax-M3-MXFP4" in json.loads(out.getvalue())
-
-
 def test_the_verdict_column_says_what_the_gate_excused_as_the_check_counts_it() -> None:
     out = check.Outputs(
         atom_sha="a" * 40, aiter_sha="b" * 40, errors=0, warnings=4, waived=2, checked=9, unchecked=0,
@@ -78,38 +65,97 @@ def test_the_verdict_column_says_what_the_gate_excused_as_the_check_counts_it() 
     assert "(1 off the model's path, 2 waived by the recipe)" in out.figure()
 
 
-def test_the_matrix_is_the_pin_jobs_plan_and_every_model_job_builds_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    jobs = _workflow()["jobs"]
-    pins, model_job = jobs["pins"], jobs["rebuild"]
-    # The matrix is what the pin job planned, and nothing runs before the plan exists.
-    assert model_job["needs"] == "pins"
-    assert model_job["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.pins.outputs.models) }}"
-    assert pins["outputs"]["models"] == "${{ steps.plan.outputs.models }}"
-    (plan_step,) = [s for s in pins["steps"] if s.get("id") == "plan"]
-    assert "pipeline rebuild --write-plan pins $args" in plan_step["run"]
-    assert plan_step["env"]["MODELS"] == "${{ steps.list.outputs.models }}"
-    # The plan step's own output code, run on a plan as `rebuild --write-plan` writes it.
-    code = plan_step["run"].split("<<'PY' >> \"$GITHUB_OUTPUT\"\n", 1)[1].split("\nPY", 1)[0]
-    plan = Plan("a" * 40, "b" * 40, {"Zeta": {"status": "ok"}, "Alpha": {"status": "incompatible"}})
-    (tmp_path / "pins").mkdir()
-    (tmp_path / "pins" / "plan.json").write_text(json.dumps(plan.to_json()))
-    monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(textwrap.dedent(code), {})
-    lines = dict(line.split("=", 1) for line in out.getvalue().splitlines())
-    assert json.loads(lines["models"]) == ["Alpha", "Zeta"]  # every planned model gets a job
-    assert (lines["atom"], lines["aiter"]) == ("a" * 40, "b" * 40)
-    # The plan goes up once and comes down in every model job, which builds from it alone.
-    (upload,) = [s for s in pins["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
-    (download,) = [
-        s for s in model_job["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact")
+def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once(tmp_path: Path) -> None:
+    d1, d2, d3, d4 = ("1" * 64, "2" * 64, "3" * 64, "4" * 64)
+    ok = {"status": "ok", "released": False}
+    plan = Plan(
+        "a" * 40, "b" * 40,
+        {
+            "A": {**ok, "inputs_digest": d1, "aiter_stage": "k1"},
+            "B": {**ok, "inputs_digest": d1, "aiter_stage": "k1"},  # same image as A
+            "C": {**ok, "inputs_digest": d2, "aiter_stage": "k1"},
+            "D": {**ok, "inputs_digest": d3, "aiter_stage": "k2"},
+            "E": {**ok, "inputs_digest": d4, "aiter_stage": "k1", "released": True},
+            "F": {"status": "incompatible", "notes": ["aiter x breaks it"]},
+        },
+    )  # fmt: skip
+    assert [(b["models"], b["aiter_stage"], b["lead"]) for b in plan.builds()] == [
+        (["A", "B"], "k1", True),
+        (["C"], "k1", False),
+        (["D"], "k2", True),
     ]
-    assert upload["with"]["path"].rstrip("/") == "pins" and download["with"]["path"] == "pins"
-    assert upload["with"]["name"] == download["with"]["name"] == "pins-${{ github.run_id }}"
-    (run,) = [s for s in model_job["steps"] if s.get("id") == "rebuild"]
-    assert run["run"].endswith("--plan pins/plan.json")
-    assert "--atom" not in run["run"] and "--aiter" not in run["run"]
-    assert not {"PIPELINE_ATOM_REF", "PIPELINE_AITER_REF"} & set(model_job["env"])  # no pin of its own
+    assert plan.matrix() == {
+        "lead": [d1, d3],
+        "follow": [d2],
+        "smoke": ["A", "B", "C", "D"],
+        "left_out": ["F"],
+        "released": ["E"],
+    }
+    assert plan.build_of(d2)["models"] == ["C"]
+    with pytest.raises(UsageError, match="has no build with inputs digest '4444"):
+        plan.build_of(d4)  # released: nothing to build
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    assert json.loads((tmp_path / "plan.json").read_text())["matrix"] == plan.matrix()
+    assert Plan.load(tmp_path / "plan.json").builds() == plan.builds()
+
+
+_SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+_RUN = re.compile(r'^scripts/ci/([a-z]+)\.sh( "\$[A-Z]+")?$')
+
+
+def test_every_step_of_the_workflow_is_a_job_script_or_an_action_pinned_by_sha() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for name, job in _workflow()["jobs"].items():
+        for step in job["steps"]:
+            if "uses" in step:
+                assert _SHA_PIN.match(step["uses"]), (name, step["uses"])
+                continue
+            m = _RUN.match(step["run"])
+            assert m, (name, step["run"])  # thin YAML: the logic is in a script tests can run
+            script = root / "scripts" / "ci" / f"{m.group(1)}.sh"
+            assert script.is_file() and os.access(script, os.X_OK), script
+            assert "${{" not in step["run"]  # values reach the script through env, never the command
+
+
+def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() -> None:
+    jobs = _workflow()["jobs"]
+    assert set(jobs) == {"plan", "build-lead", "build", "smoke", "tag", "report"}
+    hosted = ("ubuntu-latest",)
+    assert jobs["plan"]["runs-on"] in hosted and jobs["report"]["runs-on"] in hosted  # no GPU, no build host
+    assert jobs["build-lead"]["runs-on"] == jobs["build"]["runs-on"] == ["self-hosted", "linux", "build"]
+    assert jobs["smoke"]["runs-on"] == ["self-hosted", "linux", "mi355"]
+    assert jobs["smoke"]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
+    assert jobs["tag"]["concurrency"] == {
+        "group": "tag-${{ github.repository }}",
+        "cancel-in-progress": False,
+    }
+
+    def secrets(job: dict[str, Any]) -> set[str]:
+        text = yaml.safe_dump(job)
+        return set(re.findall(r"secrets\.(\w+)", text))
+
+    assert secrets(jobs["plan"]) == secrets(jobs["report"]) == set()
+    assert secrets(jobs["build-lead"]) == secrets(jobs["build"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
+    assert secrets(jobs["smoke"]) == {"HF_TOKEN"}
+    assert secrets(jobs["tag"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
+    # write permissions only where something is published
+    assert _workflow()["permissions"] == {"contents": "read"}
+    assert jobs["plan"]["permissions"]["security-events"] == "write"
+    assert jobs["report"]["permissions"]["checks"] == "write"
+
+
+def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> None:
+    jobs = _workflow()["jobs"]
+    plan_keys = set(Plan("a" * 40, "b" * 40, {}).matrix())
+    assert set(jobs["plan"]["outputs"]) <= plan_keys
+    assert jobs["build-lead"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.lead) }}"
+    assert jobs["build"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.follow) }}"
+    assert jobs["smoke"]["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke) }}"
+    assert "build-lead" in jobs["build"]["needs"]  # aiter's stage is in the registry cache first
+    assert {"build-lead", "build"} <= set(jobs["smoke"]["needs"]) and "smoke" in jobs["tag"]["needs"]
+    assert jobs["report"]["if"] == "${{ always() }}"
+    uses = [s.get("uses", "") for s in jobs["plan"]["steps"]] + [
+        s.get("uses", "") for s in jobs["report"]["steps"]
+    ]
+    assert any(u.startswith("github/codeql-action/upload-sarif@") for u in uses)
+    assert any(u.startswith("EnricoMi/publish-unit-test-result-action/") for u in uses)

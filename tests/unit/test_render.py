@@ -386,3 +386,37 @@ def test_version_from_describe() -> None:
     assert pep440_from_describe("v0.1.9.post1-0-g08f04b889a", sha) == "0.1.9.post1+g08f04b889a"
     assert pep440_from_describe(None, sha, "p1") == "0.0.0+g08f04b889a.p1"
     assert pep440_from_describe("weird-tag;rm-3-gabc", sha) == "0.0.0+g08f04b889a"
+
+
+def _aiter_key(s: Settings, lock: Lock, *, atom_tree: str = "3" * 40, aiter_tree: str = "4" * 40) -> str:
+    from pipeline.image.render import aiter_stage_key
+
+    p = plan(s, lock, atom_tree=atom_tree)
+    subs = (SubmoduleSpec(CK, CK_URL, CK_SHA, "mirror"),)
+    return aiter_stage_key(render_dockerfile(TEMPLATES, p.values), aiter_tree, subs, {"w.whl": "7" * 64})
+
+
+def test_the_aiter_stage_key_is_shared_by_models_and_atom_commits_with_one_aiter_pin(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    key = _aiter_key(s, make_lock(s))
+    other_model = make_lock(s).model_copy(update={"model": "Kimi-K3"})
+    other_atom = make_lock(s, patches=())
+    other_atom = other_atom.model_copy(
+        update={
+            "sources": other_atom.sources.model_copy(
+                update={"atom": other_atom.atom.model_copy(update={"sha": "9" * 40})}
+            )
+        }
+    )
+    # another model, another ATOM commit, no patches: the image differs, aiter's stage does not
+    assert plan(s, other_model).inputs_digest != plan(s).inputs_digest
+    assert _aiter_key(s, other_model) == key
+    assert _aiter_key(s, other_atom, atom_tree="8" * 40) == key
+    # what aiter's stage is built from changes the key: its tree, archs, base digest, build arguments
+    assert _aiter_key(s, make_lock(s), aiter_tree="6" * 40) != key
+    assert _aiter_key(settings(tmp_path, gpu_archs="gfx942"), make_lock(s)) != key
+    assert _aiter_key(settings(tmp_path, max_jobs="8"), make_lock(s)) != key
+    rebased = make_lock(s).model_copy(
+        update={"base_image": BaseImagePin(ref=s.image.base_image, digest="sha256:" + "2" * 64)}
+    )
+    assert _aiter_key(s, rebased) != key

@@ -52,7 +52,8 @@ def test_a_wheelhouse_for_another_python_is_refused_naming_the_fix(tmp_path: Pat
     msg = e.value.message
     assert "holds wheels for python 3.11" in msg and "python_version is 3.10" in msg
     assert "numpy-2.4.6-cp311" in msg
-    assert e.value.hint is not None and "WHEELS_PYTHON=3.10 scripts/setup.sh wheelhouse" in e.value.hint
+    assert e.value.hint is not None and "scripts/setup.sh image-wheelhouse" in e.value.hint
+    assert "python_version (3.10; it needs python3.10 on this host)" in e.value.hint
     assert not dest.exists()  # nothing half-done
 
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The plan job (a GitHub-hosted runner, no GPU, no build): pin and check once for every model,
+# render each to its inputs digest and aiter stage key, write plan/ (plan.json, each model's lock
+# and check reports), the check's SARIF (one run, every model's findings), the matrices as job
+# outputs, and a summary row and an annotation for each model left out of the build.
+#
+#   scripts/ci/plan.sh            REQUESTED_MODELS: a JSON list of recipe names ("" or []: all)
+. "$(dirname "$0")/common.sh"
+
+setup_tool production
+
+args=()
+if [ -n "${REQUESTED_MODELS:-}" ]; then
+    while IFS= read -r m; do
+        [ -n "$m" ] && args+=("--model=$m")
+    done < <("$PYTHON" -c 'import json, os, re
+models = json.loads(os.environ["REQUESTED_MODELS"] or "[]")
+assert isinstance(models, list), "REQUESTED_MODELS must be a JSON list"
+for m in models:
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(m)), f"not a model name: {m!r}"
+    print(m)') || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
+fi
+# exit 0: every model is planned; another code: the worst of the models left out, after the whole
+# plan was written (the others still build; the report job ends the run red for those left out)
+plan_rc=0
+pipeline rebuild --write-plan "$PLAN_DIR" "${args[@]}" || plan_rc=$?
+[ -f "$PLAN_DIR/plan.json" ] || ci_die "rebuild --write-plan wrote no plan (exit $plan_rc)"
+[ "$plan_rc" = 0 ] || echo "plan: some models were left out (exit $plan_rc); the others are planned" >&2
+
+# one SARIF run for the upload: every model's findings, deduplicated
+"$PYTHON" - "$PLAN_DIR" <<'PY'
+import json, sys
+from pathlib import Path
+plan_dir = Path(sys.argv[1])
+runs, seen, results = [], set(), []
+for f in sorted(plan_dir.glob("reports/*/check.sarif")):
+    for run in json.loads(f.read_text()).get("runs", []):
+        runs.append(run)
+        for r in run.get("results", []):
+            key = json.dumps(r, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                results.append(r)
+if runs:
+    merged = {**runs[0], "results": results}
+    out = {"version": "2.1.0", "$schema": "https://json.schemastore.org/sarif-2.1.0.json", "runs": [merged]}
+    (plan_dir / "check.sarif").write_text(json.dumps(out, indent=1) + "\n")
+PY
+
+left_out=$(plan_json 'plan["matrix"]["left_out"]')
+if [ -n "${GITHUB_OUTPUT:-}" ]; then
+    for k in lead follow smoke left_out; do
+        echo "$k=$(plan_json "plan['matrix']['$k']")" >>"$GITHUB_OUTPUT"
+    done
+fi
+# a model no common pair serves: an annotation, a row; the report job fails the run for it
+"$PYTHON" - "$PLAN_DIR/plan.json" <<'PY'
+import json, os, sys
+plan = json.load(open(sys.argv[1]))
+summary = os.environ.get("GITHUB_STEP_SUMMARY")
+for model, entry in sorted(plan["models"].items()):
+    if entry["status"] == "ok":
+        continue
+    notes = "; ".join(entry.get("notes", []))[:500].replace("\n", " ")
+    print(f"::error title={model} left out of the rebuild::{entry['status']}: {notes}")
+    if summary:
+        with open(summary, "a") as f:
+            f.write(f"| {model} | left out: {entry['status']} | {notes} |\n")
+PY
+ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json 'len(plan["matrix"]["smoke"])'), left out $left_out"
