@@ -539,9 +539,9 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
             raise RenderError(
                 f"the wheelhouse {wheels_dir} lacks {', '.join(missing)}: an offline build ([image] "
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
-                hint="Run `scripts/setup.sh image-wheelhouse` (the wheelhouse for [image] python_version, "
-                "into [paths] wheels_dir, both read from this configuration), or point [paths] wheels_dir "
-                "(PIPELINE_WHEELS_DIR) at a wheelhouse for [image] python_version.",
+                hint=f"Run `scripts/setup.sh image-wheelhouse` (the wheelhouse for [image] python_version, "
+                f"python {python_version}, into [paths] wheels_dir, both read from this configuration), or "
+                f"point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for python {python_version}.",
             )
         return {}
     hashes = {}

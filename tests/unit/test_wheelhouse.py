@@ -58,7 +58,9 @@ def test_a_wheelhouse_for_another_python_is_refused_naming_the_fix(tmp_path: Pat
 
 
 def test_a_missing_wheelhouse_hint_names_the_python_of_python_version(tmp_path: Path) -> None:
-    """`scripts/setup.sh wheelhouse` alone builds for the host's python: the hint names the image's."""
+    """`scripts/setup.sh wheelhouse` alone builds for the host's python: the hint names the image's
+    (`image-wheelhouse` reads it from the configuration)."""
     with pytest.raises(RenderError) as e:
         link_wheelhouse(tmp_path / "none", tmp_path / "ctx" / "wheels", required=True, python_version="3.11")
-    assert e.value.hint is not None and "WHEELS_PYTHON=3.11 scripts/setup.sh wheelhouse" in e.value.hint
+    assert e.value.hint is not None and "scripts/setup.sh image-wheelhouse" in e.value.hint
+    assert "python 3.11" in e.value.hint
