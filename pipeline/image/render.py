@@ -541,7 +541,8 @@ def link_wheelhouse(wheels_dir: Path, dest: Path, *, required: bool, python_vers
                 "offline_build) installs lm-eval, setuptools_scm and pip from it only.",
                 hint=f"Run `scripts/setup.sh image-wheelhouse` (the wheelhouse for [image] python_version, "
                 f"python {python_version}, into [paths] wheels_dir, both read from this configuration), or "
-                f"point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for python {python_version}.",
+                f"point [paths] wheels_dir (PIPELINE_WHEELS_DIR) at a wheelhouse for python "
+                f"{python_version}.",
             )
         return {}
     hashes = {}
