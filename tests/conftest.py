@@ -69,6 +69,10 @@ def _unit_tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     if tier_of(request.node.path) != "unit":
         yield
         return
+    # GitPython runs `git version` when first imported: let that happen before the guard, so a unit
+    # test's outcome does not depend on whether an earlier test imported it.
+    import git  # noqa: F401
+
     monkeypatch.setattr(subprocess, "Popen", _RefusingPopen)
     monkeypatch.setattr(os, "system", _forbidden("os.system"))
     monkeypatch.setattr(os, "popen", _forbidden("os.popen"))
