@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pipeline.errors import PipelineError, UsageError
 from pipeline.runs import RunDir, StageState, Status
 from pipeline.stages import TABLE, Table
-from pipeline.stages.base import Context, StageData, Upstream, inputs_record, local, portable
+from pipeline.stages.base import (
+    Context,
+    InputsRecord,
+    StageData,
+    Upstream,
+    inputs_record,
+    local,
+    portable,
+)
 from pipeline.stages.spec import HOST_LOCAL, BuildSpec
 
 if TYPE_CHECKING:
@@ -257,6 +265,31 @@ def execute(
 FROZEN = frozenset({"pin"})
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Whether a stage of an existing run runs, and why (said on the console and by `--print`)."""
+
+    run: bool
+    why: str
+    kept: bool = False  # a FROZEN stage whose inputs moved: the run keeps its decision
+
+
+def decide(name: str, prev: StageState | None, seen: InputsRecord, *, repin: bool = False) -> Decision:
+    """The one skip/run rule of a resumed run: `drive` acts on it, `build --print` shows it."""
+    if prev is None:
+        return Decision(True, "no record")
+    if prev.status != "ok":
+        return Decision(True, f"it {prev.status} earlier")
+    if repin and name in FROZEN:
+        return Decision(True, "--repin")
+    if prev.inputs_digest == seen.digest:
+        return Decision(False, "done earlier for the same inputs")
+    changes = "; ".join(seen.changes(prev.inputs, prev.reads))
+    if name in FROZEN:
+        return Decision(False, changes or "its inputs changed", kept=True)
+    return Decision(True, changes or "its inputs digest changed (the record predates the inputs it keeps)")
+
+
 def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: bool = False) -> RunResult:
     """The skip/resume/stop loop over the table's stages."""
     result = RunResult(rd.path, [])
@@ -278,17 +311,14 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             except PipelineError as e:
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
             digest = seen.digest
-            done = prev is not None and prev.status == "ok"
-            changes = seen.changes(prev.inputs, prev.reads) if prev is not None and done else []
-            kept = done and prev is not None and prev.inputs_digest != digest and name in FROZEN and not repin
-            again = repin and name in FROZEN  # --repin: the run's decision is made again, said so
-            if done and prev is not None and (prev.inputs_digest == digest or kept) and not again:
+            choice = decide(name, prev, seen, repin=repin)
+            if not choice.run and prev is not None:
                 outputs = stage.Outputs.model_validate(local(prev.outputs, rd.path))
                 rec.status = "skipped"
                 rec.figure = f"done earlier: {outputs.figure()}"
-                if kept:  # a run's decision is not re-made behind its back
+                if choice.kept:  # a run's decision is not re-made behind its back
                     ctx.log.warn(
-                        f"{name}: {'; '.join(changes) or 'its inputs changed'} since this run did it; "
+                        f"{name}: {choice.why} since this run did it; "
                         f"the run keeps {outputs.figure()}. Pass --repin to {name} again."
                     )
                 up.set(name, outputs)
@@ -296,12 +326,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 result.states.append(prev)
                 continue
             if prev is not None:  # it ran before in this run: say why it runs again
-                why = "; ".join(changes) if done else f"it {prev.status} earlier"
-                if again:
-                    why = "--repin"
-                elif done and not changes:
-                    why = "its inputs digest changed (the record predates the inputs it keeps)"
-                ctx.log.info(f"{name} runs again: {why}")
+                ctx.log.info(f"{name} runs again: {choice.why}")
             try:
                 outputs = stage.run(ctx, inputs)
             except PipelineError as e:
@@ -313,7 +338,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 rec.figure = "interrupted"
                 rd.record(StageState(name, "stopped", digest, {}, time.monotonic() - start, "interrupted"))
                 raise
-            if done and prev is not None and name in FROZEN:
+            if prev is not None and prev.status == "ok" and name in FROZEN:
                 before = stage.Outputs.model_validate(local(prev.outputs, rd.path)).figure()
                 ctx.log.info(f"{name} again (--repin): {before} → {outputs.figure()}")
             st = StageState(

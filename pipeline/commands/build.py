@@ -204,8 +204,9 @@ def _print_plan(app: App, req: BuildRequest, settings: Settings, *, as_json: boo
 
     from pipeline.log import Logger
     from pipeline.orchestrate import (
-        FROZEN,
+        Decision,
         config_line,
+        decide,
         refuse_contradictions,
         resolve_spec,
         resumed,
@@ -238,25 +239,23 @@ def _print_plan(app: App, req: BuildRequest, settings: Settings, *, as_json: boo
             action, why = "run", "a new run"
         elif rerun:
             action, why = "run", "a stage before it runs"
-        elif prev is None or prev.status != "ok":
-            action, why, rerun = "run", "no record" if prev is None else f"it {prev.status} before", True
         else:
             stage = TABLE[name].load()
             try:
                 inputs = stage.plan(ctx, spec, up)
-                seen = inputs_record(name, inputs, stage.reads(ctx, inputs), rd.path)
-                changed = seen.digest != prev.inputs_digest
-                why = f"done earlier for the same inputs ({prev.figure})"
-                if changed and name in FROZEN:  # the run's decision is kept (--repin remakes it)
-                    changed, why = False, f"done earlier ({prev.figure}); the run keeps it"
-                elif changed:
-                    why = "; ".join(seen.changes(prev.inputs, prev.reads)) or "its inputs changed"
+                choice = decide(name, prev, inputs_record(name, inputs, stage.reads(ctx, inputs), rd.path))
             except PipelineError as e:
-                changed, why = True, f"its inputs cannot be planned here: {e.message}"
-            if changed:
-                action, rerun = "run", True
+                choice = Decision(True, f"its inputs cannot be planned here: {e.message}")
+            if choice.run:
+                action, why, rerun = "run", choice.why, True
             else:
+                assert prev is not None  # decide() runs a stage with no record
                 action = "skip"
+                why = (
+                    f"done earlier ({prev.figure}); the run keeps it"
+                    if choice.kept
+                    else f"{choice.why} ({prev.figure})"
+                )
                 outputs: StageData = stage.Outputs.model_validate(local(prev.outputs, rd.path))
                 up.set(name, outputs)
                 if isinstance(outputs, render.Outputs):
