@@ -313,6 +313,9 @@ def _read_metadata(path: Path) -> dict[str, Any]:
 
 
 _ENGINE_GONE = ("Cannot connect to the Docker daemon", "error during connect", "connection refused")
+# A registry the engine cannot reach, as Go's resolver and dialer word it.
+_UNREACHABLE = ("no such host", "dial tcp", "i/o timeout", "network is unreachable", "TLS handshake timeout",
+                "connection refused", "server misbehaving")  # fmt: skip
 
 
 def _error(progress: _Progress, tag: str | None, code: int, reason: str = "") -> BuildError | InfraError:
@@ -327,6 +330,17 @@ def _error(progress: _Progress, tag: str | None, code: int, reason: str = "") ->
     failed = next(iter(progress.errors), "") or progress.last_vertex
     step = progress.title(failed) if failed else "before the first step"
     why = reason or progress.errors.get(failed, "") or f"docker build exited {code}"
+    if step.startswith("[internal] load metadata for") and any(s in why for s in _UNREACHABLE):
+        # the base image's registry cannot be reached: the network, not the build, failed
+        return InfraError(
+            f"The image build{f' of {tag}' if tag else ''} could not pull its base image: "
+            f"{step.removeprefix('[internal] load metadata for ')} is in a registry the engine cannot reach "
+            f"({why.strip()[-200:]}).",
+            hint="Give the engine network access to that registry, or load the base image on the engine "
+            "(`docker load`/`docker pull` where it can reach it), or mirror it into a registry it reaches "
+            "and set [image] base_image to that reference.",
+            evidence=text,
+        )
     tail = "\n".join(progress.output.get(failed, [])[-40:]) or "\n".join(progress.lines[-40:])
     return BuildError(
         f"The image build{f' of {tag}' if tag else ''} failed at {step}: {why.strip()}",

@@ -143,3 +143,32 @@ def test_mirror_context_links_changes_and_drops_what_is_gone(tmp_path: Path) -> 
     mirror_context(src, dest)
     assert sorted(p.name for p in (dest / "atom").iterdir()) == ["a.py", "c.py", "link.py"]
     assert (dest / "atom" / "a.py").stat().st_mtime_ns == mtime  # unchanged files keep their metadata
+
+
+# What BuildKit (20.10 CLI, plain progress) printed here when the base image's registry was not reachable.
+UNREACHABLE_BASE = """\
+#3 [internal] load metadata for docker.io/rocm/pytorch:rocm7.2.4
+#3 sha256:cc40addf84c888ee9e312bbaec132db8bc974547d9fb3e6d7f1e0d88f6abcf0d
+#3 ERROR: failed to do request: Head "https://registry-1.docker.io/v2/rocm/pytorch/manifests/rocm7.2.4": \
+dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host
+------
+ > [internal] load metadata for docker.io/rocm/pytorch:rocm7.2.4:
+------
+failed to solve with frontend dockerfile.v0: failed to create LLB definition: failed to do request"""
+
+
+def test_a_base_image_whose_registry_cannot_be_reached_is_infra_not_a_build_failure() -> None:
+    p = _Progress(lambda _line: None)
+    for line in UNREACHABLE_BASE.splitlines():
+        p.feed(line)
+    err = _error(p, "atom:candidate-1", 1)
+    assert err.exit_code == 11
+    assert "could not pull its base image: docker.io/rocm/pytorch:rocm7.2.4" in err.message
+    assert err.hint is not None and "[image] base_image" in err.hint
+    # a step that fails for its own reasons stays a build error
+    p = _Progress(lambda _line: None)
+    for line in (
+        UNREACHABLE_BASE.replace("no such host", "manifest unknown").replace("dial tcp: ", "").splitlines()
+    ):
+        p.feed(line)
+    assert _error(p, "atom:candidate-1", 1).exit_code == 7
