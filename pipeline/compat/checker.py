@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline.compat import incremental
 from pipeline.compat.aiterapi import (
     TORCH_OPS,
     ApiIndex,
@@ -152,6 +153,17 @@ def _remember(caches: Caches, pair: tuple[str, str], calls: FileCalls) -> FileCa
     return calls
 
 
+def _add_times(got: dict[str, int], out: str, prefix: str) -> None:
+    """Fold `git log --diff-filter=A --format=%x01%at --name-only` into {path: first time added}."""
+    for chunk in out.split("\x01"):
+        head, _, names = chunk.partition("\n")
+        if not head.strip():
+            continue
+        for p in names.split():
+            if p.startswith(prefix):
+                got[p] = min(got.get(p, 1 << 62), int(head))
+
+
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:
     """aiter's default branch (the pin may be older than the ATOM commit)."""
     return aiter.rev_parse("HEAD") or fallback
@@ -163,12 +175,19 @@ class FirstParent:
     def __init__(self, aiter: GitRepo, tip: str, facts: SummaryCache | None = None) -> None:
         key = f"first-parent:{tip}"
         got = facts.data.get(key) if facts is not None else None
+        if got is None and facts is not None:  # the last run's tip is on these first parents: extend it
+            for old in incremental.newest(facts.data, "first-parent:")[:1]:
+                since = incremental.first_parents_since(aiter, tip, old.split(":", 1)[1])
+                if since is not None:
+                    got = since + facts.data[old]
         if got is None:
             out = aiter.git("log", "--first-parent", "--format=%ct %H", tip)
             got = [(int(ts), sha) for ts, sha in (line.split() for line in out.splitlines() if line)]
-            if facts is not None:
-                facts.data[key] = got
-                facts.dirty = True
+        if facts is not None and key not in facts.data:
+            for old in incremental.newest(facts.data, "first-parent:")[incremental.KEEP_TIPS - 1 :]:
+                del facts.data[old]  # (the whole history per tip: every run reads them)
+            facts.data[key] = got
+            facts.dirty = True
         self.commits: list[tuple[int, str]] = got
 
     def as_of(self, when: int) -> str | None:
@@ -326,22 +345,39 @@ class Checker:
 
     def _start_file_added(self) -> None:
         key = f"added:{self.atom_sha}"
+        if incremental.newest(self.caches.facts.data, "added:")[:1]:
+            return  # a previous run's: extended when needed (a few commits on, in most runs)
         if key not in self.caches.facts.data and key not in self.caches.soon:
             self.caches.soon[key] = self.atom.soon(*self._added_args())
+
+    def _added_since(self) -> dict[str, int] | None:
+        """The last run's `added` table extended by the commits since, when they are a plain chain."""
+        for old in incremental.newest(self.caches.facts.data, "added:")[:1]:
+            chain = incremental.linear_since(self.atom, self.atom_sha, old.split(":", 1)[1])
+            if chain is None:
+                return None
+            got = dict(self.caches.facts.data[old])
+            if chain:  # (no pathspec: with single parents no history simplification applies)
+                out = self.atom.git(
+                    "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
+                    self.atom_sha, f"^{old.split(':', 1)[1]}",
+                )  # fmt: skip
+                _add_times(got, out, f"{ATOM_PREFIX}/")
+            return got
+        return None
 
     def file_added(self, path: str) -> int | None:
         """When the ATOM file first appeared (author time): no call in it is older."""
         key = f"added:{self.atom_sha}"
         got: dict[str, int] | None = self.caches.facts.data.get(key)
         if got is None:
-            out = (self.caches.soon.pop(key, None) or self.atom.soon(*self._added_args())).stdout()
-            got = {}
-            for chunk in out.split("\x01"):
-                head, _, names = chunk.partition("\n")
-                if not head.strip():
-                    continue
-                for p in names.split():
-                    got[p] = min(got.get(p, 1 << 62), int(head))
+            got = self._added_since()
+            if got is None:
+                out = (self.caches.soon.pop(key, None) or self.atom.soon(*self._added_args())).stdout()
+                got = {}
+                _add_times(got, out, "")
+            for old in incremental.newest(self.caches.facts.data, "added:")[incremental.KEEP_TIPS - 1 :]:
+                del self.caches.facts.data[old]
             self.caches.facts.data[key] = got
             self.caches.facts.dirty = True
         return got.get(path)
