@@ -1481,6 +1481,7 @@ class ApiIndex:
                 todo = {p: b for p, b in todo.items() if p in hits}
             for sha, data in self.tree.repo.read_blobs(sorted(set(todo.values()))):
                 table[sha] = frozenset(m.decode() for m in word.findall(data))
+            self.cache.data[key] = table  # (set again: a value changed in place is not saved)
             self.cache.dirty = True
         for p, b in blobs.items():
             for n in table.get(b, ()):
@@ -1492,9 +1493,10 @@ class ApiIndex:
         called more ops): what each blob mentions of `names` is known there."""
         want = set(names)
         best: dict[str, frozenset[str]] | None = None
-        for k, v in self.cache.data.items():
+        for k in list(self.cache.data):  # (keys first: the values are unpickled when read)
             wider = isinstance(k, str) and k.startswith("op-mentions:") and want <= set(k[12:].split(","))
-            if wider and (best is None or len(v) > len(best)):
+            v = self.cache.data.get(k) if wider else None
+            if v is not None and (best is None or len(v) > len(best)):
                 best = v
         if best is None:
             return {}
