@@ -123,6 +123,15 @@ class LazyValues(dict[str, Any]):
             self[key] = default
         return self[key]
 
+    def __iter__(self) -> Any:  # (not dict's: `dict(this)` and `{**this}` then read through __getitem__)
+        return iter(list(dict.keys(self)))
+
+    def keys(self) -> Any:  # (what `dict(this)` reads: only the values that unpickle)
+        return [k for k in list(dict.keys(self)) if self._unpack(k)]
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self.items())
+
     def touch(self, key: str) -> None:
         """Move an entry last (used recently: pruning keeps the newest), as it is."""
         v = dict.pop(self, key)
