@@ -1087,11 +1087,20 @@ class ApiIndex:
         return False
 
     def _mentions(self, path: str, name: str) -> bool:
-        """Does the file's text name `name` anywhere (kept per blob for the whole run)?"""
+        """Does the file's text name `name` anywhere (kept per blob, across runs: a nightly check
+        asks the same of the same star-imported modules, most of them unchanged)?"""
         key = (self.tree.blobs[path], path, name)
         got = self.cache.mentions.get(key)
         if got is None:
-            got = self.cache.mentions[key] = name.encode() in self._raw(key[0])
+            table: dict[str, bool] | None = self.cache.data.get(f"mentions:{key[0]}")
+            got = table.get(name) if table is not None else None
+            if got is None:
+                got = name.encode() in self._raw(key[0])
+                table = table if table is not None else {}
+                table[name] = got
+                self.cache.data[f"mentions:{key[0]}"] = table  # (set again: saved with the new name)
+                self.cache.dirty = True
+            self.cache.mentions[key] = got
         return got
 
     def _raw(self, sha: str) -> bytes:
