@@ -253,6 +253,7 @@ class Checker:
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
         self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
         self._blob_at: dict[tuple[str, str], str | None] = {}
+        self._versions_at: dict[tuple[str, str], tuple[str, list[FileVersion], int]] = {}  # (pin, path)
         self._on_tip: dict[str, bool] = {}
         self._first_parents: set[str] = set()
         self._doubt: dict[tuple[int, int], tuple[RawCall, Signature, bool]] = {}
@@ -530,6 +531,12 @@ class Checker:
 
     def _versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
         """(rev, the file's versions newest first, index of the first one at or before the pin)."""
+        got = self._versions_at.get((aiter_sha, path))
+        if got is None:
+            got = self._versions_at[(aiter_sha, path)] = self._read_versions(aiter_sha, path)
+        return got
+
+    def _read_versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
         self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
         rev = self._history_rev(aiter_sha)
         vs = self.hist.file_log(rev, path)
