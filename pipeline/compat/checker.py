@@ -513,10 +513,7 @@ class Checker:
         """`name` as defined in `path` at an aiter commit (no index: one tree lookup, cached summary)."""
         key = (aiter_sha, path)
         if key not in self._blob_at:
-            try:
-                self._blob_at[key] = str((self.aiter.repo.commit(aiter_sha).tree / path).hexsha)
-            except (KeyError, ValueError):
-                self._blob_at[key] = None
+            self._blob_at[key] = self.aiter.blob_sha(aiter_sha, path)
         return self.hist.sig_at(path, self._blob_at[key], name)
 
     def _history_rev(self, aiter_sha: str) -> str:

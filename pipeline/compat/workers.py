@@ -69,7 +69,7 @@ class Workers:
         pool = self._get()
         if pool is None:
             return 0
-        git_dir = str(repo.repo.git_dir)
+        git_dir = repo.git_dir
         for path, sha in todo:  # (the workers read the blobs: this process goes on binding)
             args = (git_dir, sha, path, module_from_path(path))
             cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
