@@ -44,7 +44,7 @@ from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cau
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
-from pipeline.compat.workers import PARALLEL_MIN_FILES, Workers
+from pipeline.compat.workers import PARALLEL_MIN_BYTES, PARALLEL_MIN_FILES, Workers
 from pipeline.errors import SourceError, sentence
 from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 
@@ -126,15 +126,24 @@ def scan_atom_stream(
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     results = None
-    if len(missing) >= PARALLEL_MIN_FILES:
+    if missing:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
         todo = [k for k, (_, d) in enumerate(work) if worth_scanning(d)]
-        todo.sort(key=lambda k: -len(work[k][1]))  # big files first: better balance
-        results = caches.workers.scan([(k, *work[k]) for k in todo])
-    if results is None:  # few files, one core or no fork: here
-        got = caches.atom.get_many(atom, pairs, scan_file)
-        yield from ((i, got[p]) for i, (p, _) in enumerate(pairs))
+        # A cold tree, or a night's few changed files when they are big (ATOM's model files are
+        # 200 KB): parsed in the workers while this process binds the calls of the others.
+        if len(missing) >= PARALLEL_MIN_FILES or (
+            len(todo) >= 2 and sum(len(work[k][1]) for k in todo) >= PARALLEL_MIN_BYTES
+        ):
+            todo.sort(key=lambda k: -len(work[k][1]))  # big files first: better balance
+            results = caches.workers.scan([(k, *work[k]) for k in todo])
+        if results is None:  # few or small files, one core or no fork: here
+            for i, (path, data) in zip(missing, work, strict=True):
+                _remember(caches, pairs[i], scan_file(data, path))
+    if results is None:
+        for i, (path, sha) in enumerate(pairs):
+            yield i, caches.atom.data[f"{sha}:{path}"]
+            caches.atom.data.touch(f"{sha}:{path}")  # (used recently: pruning keeps it)
         return
     todo_set = set(todo)
     for i, (path, sha) in enumerate(pairs):

@@ -18,7 +18,8 @@ from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.errors import SourceError
 from pipeline.gitw import BlobReader, GitRepo
 
-PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process
+PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process,
+PARALLEL_MIN_BYTES = 256 << 10  # unless they are this big together (a night's changed model files)
 
 
 def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
