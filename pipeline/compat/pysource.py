@@ -2,8 +2,10 @@
 
 No checkout and no import: a tree is the `{path: blob sha}` map of a commit,
 and each blob is parsed once (per machine) into a small, picklable summary.
-The cache is a single pickle per kind of summary under the cache dir, keyed by
-blob SHA plus a schema version, so a warm run only lists the trees.
+The cache is a single file per kind of summary under the cache dir, keyed by
+blob SHA plus a schema version, so a warm run only lists the trees. Each value
+in it stays pickled until read (`LazyValues`): a nightly check, which reads a
+part of it and adds a few entries, neither unpickles nor re-pickles the rest.
 """
 
 from __future__ import annotations
