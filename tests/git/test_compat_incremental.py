@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.compat import CheckReport, incremental, run_check
+from pipeline.compat.pysource import SummaryCache
 from pipeline.compat.reach import ModelFacts, Reach, compute_reach
 from pipeline.gitw import GitRepo
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
@@ -37,6 +38,15 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> tuple[CompatRepos, Path]:
     # A bare copy whose default branch is moved to each night's aiter (the tip histories read from).
     bare = root / "aiter.git"
     git(root, "clone", "-q", "--bare", str(repos.aiter), str(bare))
+    # T4: a file added overnight, written (authored) before aiter's last change.
+    write_files(
+        repos.atom,
+        {"atom/late.py": "import aiter\n\n\ndef f(a, b, c, d):\n    return aiter.reduce_v1(a, b, c, d)\n"},
+    )
+    git(repos.atom, "add", "-A")
+    git(repos.atom, "commit", "-q", "-m", "T4: a late file", date="2026-05-03T10:00:00+00:00",
+        env={"GIT_AUTHOR_DATE": "2026-03-15T10:00:00+00:00"})  # fmt: skip
+    repos.t["T4"] = git(repos.atom, "rev-parse", "HEAD")
     return repos, bare
 
 
@@ -62,6 +72,10 @@ class Extensions:
         monkeypatch.setattr(incremental, "linear_since", linear)
 
 
+def _fact(cache: Path, kind: str, key: str) -> Any:
+    return SummaryCache.open(kind, cache).data.get(key)
+
+
 def _night(fx: tuple[CompatRepos, Path], atom: str, aiter: str, cache: Path) -> CheckReport:
     repos, bare = fx
     git(bare, "update-ref", "refs/heads/main", aiter)
@@ -79,13 +93,22 @@ def test_each_night_with_the_last_nights_cache_reports_what_a_cold_check_reports
         (t["T1b"], a["A2"]),  # ATOM: an unrelated change; aiter: fused_qk's signature (star-imported)
         (t["T2"], a["A3"]),  # the callers updated; gemm's `scale` removed, a module deleted
         (t["T3"], a["A4"]),  # a caller file changed again; three signatures changed
-        (t["T3"], a["A3"]),  # aiter's branch moved back: its histories are read whole again
+        (t["T4"], a["A4"]),  # a file added
+        (t["T4"], a["A3"]),  # aiter's branch moved back: its histories are read whole again
     ]
     cache = tmp_path / "cache"
     for i, (atom_sha, aiter_sha) in enumerate(nights):
         got = _night(fx, atom_sha, aiter_sha, cache)
         cold = _night(fx, atom_sha, aiter_sha, tmp_path / f"cold{i}")
         assert _said(got) == _said(cold), f"night {i}: {atom_sha[:8]} x {aiter_sha[:8]}"
+        # The facts carried over are the facts read whole: first parents, raw log, file-added times.
+        for kind, key in (
+            ("facts", f"first-parent:{aiter_sha}"),
+            ("logs", f"all-logs:{aiter_sha}:aiter/"),
+            ("facts", f"added:{atom_sha}"),
+        ):
+            kept = _fact(cache, kind, key)
+            assert kept is not None and kept == _fact(tmp_path / f"cold{i}", kind, key), (i, key)
     assert any(f.severity == "error" for f in got.findings)  # (the nights compared real findings)
     # Nights 1-3 extended aiter's first parents (the first parents once, the raw log once, each
     # night) and ATOM's file-added times; night 4 could not (aiter moved back).
