@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
-
-import git
-from git.exc import BadName, GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+from typing import IO, TYPE_CHECKING
 
 from pipeline.errors import InfraError, SourceError, sentence
 from pipeline.pickling import by_fields
+
+if TYPE_CHECKING:
+    import git  # (imported when `GitRepo.repo` is first used: 60 ms a check does not need)
 
 ProgressFn = Callable[[str], None]
 
@@ -328,26 +328,127 @@ class BlobReader:
 STREAM_MIN_BLOBS = 16  # from this many blobs, one `cat-file --batch` of their own beats round trips
 
 
+def _is_git_dir(d: Path) -> bool:
+    """A git directory: objects, refs and HEAD (as gitpython's `is_git_dir` decides)."""
+    head = d / "HEAD"
+    return (d / "objects").is_dir() and (d / "refs").is_dir() and (head.is_file() or head.is_symlink())
+
+
+def find_git_dir(path: Path) -> Path | None:
+    """The git directory of `path`: itself (bare), its `.git` directory, or where its `.git` file
+    points (a linked work tree, a submodule). None: not a repository (no parent is searched)."""
+    if _is_git_dir(path):
+        return path
+    dot = path / ".git"
+    if dot.is_dir():
+        return dot if _is_git_dir(dot) else None
+    if dot.is_file():
+        try:
+            text = dot.read_text(errors="replace")
+        except OSError:
+            return None
+        if text.startswith("gitdir:"):
+            target = Path(text[len("gitdir:") :].strip())
+            target = target if target.is_absolute() else path / target
+            return target if target.is_dir() else None
+    return None
+
+
+class _Objects:
+    """One persistent `git cat-file --batch` of a repository: commits and blobs by name, no process
+    per question (as gitpython's, without importing gitpython)."""
+
+    def __init__(self, git_dir: str) -> None:
+        self.git_dir = git_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def get(self, name: str) -> tuple[str, str, bytes] | None:
+        """(sha, type, content) of the object `name` denotes, or None when it names none."""
+        if not name or any(c in name for c in "\n\r\0"):
+            return None
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            proc = self._proc = subprocess.Popen(
+                ["git", f"--git-dir={self.git_dir}", "cat-file", "--batch"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=git_env(None),
+            )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(name.encode() + b"\n")
+            proc.stdin.flush()
+            header = proc.stdout.readline().split()
+            if len(header) != 3 or not header[2].isdigit():
+                return None  # "<name> missing" / "ambiguous"
+            data = proc.stdout.read(int(header[2]))
+            proc.stdout.read(1)
+        except (OSError, ValueError) as e:
+            self.close()
+            raise SourceError(f"`git cat-file --batch` failed in {self.git_dir}: {e}") from e
+        return header[0].decode(), header[1].decode(), data
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+
+
+def _commit_info(sha: str, data: bytes) -> CommitInfo:
+    """A raw commit object read as gitpython read it: committer date, summary and author name,
+    decoded as UTF-8 (gitpython never honoured an `encoding` header, and neither do we)."""
+    head, _, message = data.partition(b"\n\n")
+    author = committed = b""
+    for line in head.split(b"\n"):
+        if line.startswith(b"author "):
+            author = line[7:]
+        elif line.startswith(b"committer "):
+            committed = line[10:]
+    name = author.rpartition(b" <")[0].decode("utf-8", "replace")
+    ts = int(committed.rsplit(b" ", 2)[-2]) if committed.count(b" ") >= 2 else 0
+    subject = message.decode("utf-8", "replace").split("\n", 1)[0]
+    return CommitInfo(sha, datetime.fromtimestamp(ts, tz=UTC), subject, name)
+
+
 class GitRepo:
     """A local repository (bare mirror or work tree)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        try:
-            self.repo = git.Repo(self.path)
-        except (InvalidGitRepositoryError, NoSuchPathError) as e:
-            raise SourceError(
-                f"{self.path} is not a git repository.",
-                hint="Check the repository path in your configuration or flags.",
-            ) from e
+        found = find_git_dir(self.path) if self.path.is_dir() else None
+        self._repo: git.Repo | None = None
+        if found is None:
+            self.git_dir = str(self.repo.git_dir)  # (gitpython decides, and says why not)
+        else:
+            self.git_dir = str(found)
         # The work tree when `path` is one (it holds `.git`), None for a bare repository: not
         # gitpython's guess, which takes a mirror without a `config` file for a work tree's .git.
         self.work_tree: Path | None = self.path if (self.path / ".git").exists() else None
-        if self.work_tree is None:
-            # Pin git's discovery to this repository for every command gitpython runs (bare
-            # mirrors without a `config` file are otherwise missed). Never for a work tree:
-            # GIT_DIR alone makes git take the current directory as the work tree.
-            self.repo.git.update_environment(GIT_DIR=str(self.repo.git_dir))
+        self._objects = _Objects(self.git_dir)
+
+    @property
+    def repo(self) -> git.Repo:
+        """gitpython's view of the repository, for what our own commands do not cover (imported on
+        first use: a check never needs it)."""
+        if self._repo is None:
+            import git
+            from git.exc import InvalidGitRepositoryError, NoSuchPathError
+
+            try:
+                repo = git.Repo(self.path)
+            except (InvalidGitRepositoryError, NoSuchPathError) as e:
+                raise SourceError(
+                    f"{self.path} is not a git repository.",
+                    hint="Check the repository path in your configuration or flags.",
+                ) from e
+            if not (self.path / ".git").exists():
+                # Pin git's discovery to this repository for every command gitpython runs (bare
+                # mirrors without a `config` file are otherwise missed). Never for a work tree:
+                # GIT_DIR alone makes git take the current directory as the work tree.
+                repo.git.update_environment(GIT_DIR=str(repo.git_dir))
+            self._repo = repo
+        return self._repo
 
     # -- plumbing -----------------------------------------------------------
     def git(self, *args: str, env: Mapping[str, str] | None = None) -> str:
@@ -357,22 +458,19 @@ class GitRepo:
     # -- objects ------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:
         """Full SHA of `rev` as a commit, or None when it does not resolve."""
-        try:
-            return str(self.repo.commit(rev).hexsha)
-        except (BadName, ValueError, GitCommandError):
-            return None
+        got = self._objects.get(f"{rev}^{{commit}}")
+        return got[0] if got is not None and got[1] == "commit" else None
 
     def commit_info(self, rev: str) -> CommitInfo:
-        try:
-            c = self.repo.commit(rev)
-        except (BadName, ValueError, GitCommandError) as e:
-            raise SourceError(f"{rev!r} is not a commit in {self.path}.") from e
-        return CommitInfo(
-            sha=c.hexsha,
-            date=datetime.fromtimestamp(c.committed_date, tz=UTC),
-            subject=str(c.summary),
-            author=str(c.author.name),
-        )
+        got = self._objects.get(f"{rev}^{{commit}}")
+        if got is None or got[1] != "commit":
+            raise SourceError(f"{rev!r} is not a commit in {self.path}.")
+        return _commit_info(got[0], got[2])
+
+    def blob_sha(self, rev: str, path: str) -> str | None:
+        """The SHA of the blob at `path` in commit `rev`, or None when there is none."""
+        got = self._objects.get(f"{rev}:{path}")
+        return got[0] if got is not None and got[1] == "blob" else None
 
     def list_files(self, rev: str, prefix: str = "", suffix: str = "") -> list[str]:
         """Paths of blobs under `prefix` at `rev` ending with `suffix`."""
@@ -408,27 +506,31 @@ class GitRepo:
 
     def read_blob(self, rev: str, path: str) -> bytes | None:
         """Contents of `path` at `rev`, or None if absent."""
-        try:
-            data: bytes = (self.repo.commit(rev).tree / path).data_stream.read()
-            return data
-        except KeyError:
-            return None
+        got = self._objects.get(f"{rev}:{path}")
+        if got is not None:
+            return got[2]
+        if self.rev_parse(rev) is None:
+            raise SourceError(f"{rev!r} is not a commit in {self.path}.")
+        return None
 
     def read_blobs(self, shas: Sequence[str]) -> Iterator[tuple[str, bytes]]:
-        """Blobs by SHA: a few through gitpython's persistent `cat-file --batch` (no process to
-        start), many through one `stream_blobs` (no round trip per blob: 2-3x faster for a tree)."""
+        """Blobs by SHA: a few through the repository's persistent `cat-file --batch` (no process
+        to start), many through one `stream_blobs` (no round trip per blob: 2-3x faster for a tree)."""
         if len(shas) >= STREAM_MIN_BLOBS:
             yield from self.stream_blobs(shas)
             return
         for sha in shas:
-            yield sha, self.repo.odb.stream(bytes.fromhex(sha)).read()
+            got = self._objects.get(sha)
+            if got is None:
+                raise SourceError(f"object {sha} is missing from {self.path}.")
+            yield sha, got[2]
 
     def cat_blobs(self, shas: Sequence[str]) -> dict[str, bytes]:
         """Many blobs in one `git cat-file --batch` run (one round trip instead of one per blob)."""
         if not shas:
             return {}
         proc = subprocess.run(
-            ["git", f"--git-dir={self.repo.git_dir}", "cat-file", "--batch"],
+            ["git", f"--git-dir={self.git_dir}", "cat-file", "--batch"],
             input=("\n".join(shas) + "\n").encode(),
             capture_output=True,
             check=False,
@@ -455,7 +557,7 @@ class GitRepo:
         if not shas:
             return
         proc = subprocess.Popen(
-            ["git", f"--git-dir={self.repo.git_dir}", "cat-file", "--batch"],
+            ["git", f"--git-dir={self.git_dir}", "cat-file", "--batch"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -514,7 +616,7 @@ class GitRepo:
     def soon(self, *args: str) -> GitSoon:
         """Start `git <args>` in this repository now; its `result()` is read when needed."""
         if self.work_tree is None:
-            return GitSoon([f"--git-dir={self.repo.git_dir}", *args], where=str(self.path))
+            return GitSoon([f"--git-dir={self.git_dir}", *args], where=str(self.path))
         return GitSoon(args, where=str(self.path), cwd=self.work_tree)
 
     def run(
@@ -536,7 +638,7 @@ class GitRepo:
             work_tree = self.work_tree
         if work_tree is None:
             # --git-dir always: mirrors may lack a `config` file, which makes git's own discovery fail.
-            return run_git([f"--git-dir={self.repo.git_dir}", *args], env=env, progress=progress)
+            return run_git([f"--git-dir={self.git_dir}", *args], env=env, progress=progress)
         return run_git(list(args), cwd=work_tree, env=env, progress=progress)
 
 

@@ -1087,11 +1087,20 @@ class ApiIndex:
         return False
 
     def _mentions(self, path: str, name: str) -> bool:
-        """Does the file's text name `name` anywhere (kept per blob for the whole run)?"""
+        """Does the file's text name `name` anywhere (kept per blob, across runs: a nightly check
+        asks the same of the same star-imported modules, most of them unchanged)?"""
         key = (self.tree.blobs[path], path, name)
         got = self.cache.mentions.get(key)
         if got is None:
-            got = self.cache.mentions[key] = name.encode() in self._raw(key[0])
+            table: dict[str, bool] | None = self.cache.data.get(f"mentions:{key[0]}")
+            got = table.get(name) if table is not None else None
+            if got is None:
+                got = name.encode() in self._raw(key[0])
+                table = table if table is not None else {}
+                table[name] = got
+                self.cache.data[f"mentions:{key[0]}"] = table  # (set again: saved with the new name)
+                self.cache.dirty = True
+            self.cache.mentions[key] = got
         return got
 
     def _raw(self, sha: str) -> bytes:
@@ -1481,6 +1490,7 @@ class ApiIndex:
                 todo = {p: b for p, b in todo.items() if p in hits}
             for sha, data in self.tree.repo.read_blobs(sorted(set(todo.values()))):
                 table[sha] = frozenset(m.decode() for m in word.findall(data))
+            self.cache.data[key] = table  # (set again: a value changed in place is not saved)
             self.cache.dirty = True
         for p, b in blobs.items():
             for n in table.get(b, ()):
@@ -1492,9 +1502,10 @@ class ApiIndex:
         called more ops): what each blob mentions of `names` is known there."""
         want = set(names)
         best: dict[str, frozenset[str]] | None = None
-        for k, v in self.cache.data.items():
+        for k in list(self.cache.data):  # (keys first: the values are unpickled when read)
             wider = isinstance(k, str) and k.startswith("op-mentions:") and want <= set(k[12:].split(","))
-            if wider and (best is None or len(v) > len(best)):
+            v = self.cache.data.get(k) if wider else None
+            if v is not None and (best is None or len(v) > len(best)):
                 best = v
         if best is None:
             return {}

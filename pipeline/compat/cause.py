@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from pipeline.compat import incremental
 from pipeline.compat.aiterapi import (
     TORCH_OPS,
     ModSummary,
@@ -94,7 +95,7 @@ class History:
     def use_first_parent(self, tip: str, commits: list[tuple[int, str]], prefix: str) -> None:
         """Answer `file_log` for commits on `tip`'s first parents from one `git log --raw` of `prefix`."""
         if self._all is None:
-            self._all = self.first_parent_log(tip, prefix)
+            self._all = self.first_parent_log(tip, prefix, {sha for _, sha in commits})
             self._order = {sha: i for i, (_, sha) in enumerate(commits)}
 
     def parent(self, sha: str) -> str | None:
@@ -188,21 +189,44 @@ class History:
         return self.logs() if self.logs is not None else self.facts
 
     @staticmethod
-    def _log_args(rev: str, prefix: str) -> tuple[str, ...]:
+    def _log_args(rev: str, prefix: str, since: str | None = None) -> tuple[str, ...]:
         return (
             "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-renames", "--no-abbrev",
-            "--first-parent", "-m", rev, "--", prefix,
+            "--first-parent", "-m", rev, *([f"^{since}"] if since else []), "--", prefix,
         )  # fmt: skip
 
+    def _log_base(self, rev: str, prefix: str) -> str | None:
+        """The newest other tip whose whole log is kept (the last run's): this one may extend it."""
+        store = self._log_store()
+        if store is None:
+            return None
+        for key in incremental.newest(store.data, "all-logs:", f":{prefix}"):
+            base = key[len("all-logs:") : -len(prefix) - 1]
+            if base != rev:
+                return base
+        return None
+
     def start_first_parent_log(self, rev: str, prefix: str) -> None:
-        """Begin the whole-history log now, unless cached: git reads it while the ATOM scan starts."""
+        """Begin the whole-history log now, unless cached: git reads it while the ATOM scan starts
+        (only the commits since the last run's tip when its log is kept: see `first_parent_log`)."""
         fkey = f"all-logs:{rev}:{prefix}"
         store = self._log_store()
-        if fkey not in self.soon and (store is None or fkey not in store.data):
+        if fkey in self.soon or (store is not None and fkey in store.data):
+            return
+        base = self._log_base(rev, prefix)
+        if base is not None:
+            self.soon[f"{fkey}:since:{base}"] = self.repo.soon(*self._log_args(rev, prefix, base))
+        else:
             self.soon[fkey] = self.repo.soon(*self._log_args(rev, prefix))
 
-    def first_parent_log(self, rev: str, prefix: str) -> dict[str, list[FileVersion]]:
-        """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`."""
+    def first_parent_log(
+        self, rev: str, prefix: str, chain: set[str] | None = None
+    ) -> dict[str, list[FileVersion]]:
+        """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`.
+
+        When the log of an older tip on these first parents is kept (`chain`: the first
+        parents, when the caller knows them), only the commits since are read.
+        """
         fkey = f"all-logs:{rev}:{prefix}"
         store = self._log_store()
         cached = store.data.get(fkey) if store is not None else None
@@ -210,30 +234,58 @@ class History:
             logs_c: dict[str, list[FileVersion]] = cached[0]
             self._parents.update(cached[1])
             return logs_c
-        out = (self.soon.pop(fkey, None) or self.repo.soon(*self._log_args(rev, prefix))).stdout()
-        logs: dict[str, list[FileVersion]] = {}
-        parents: dict[str, str | None] = {}
-        for chunk in out.split("\x01"):
-            if not chunk.strip():
-                continue
-            header, _, rest = chunk.partition("\n")
-            sha, par, ts, author, subject = header.split("\x00", 4)
-            parents[sha] = par.split()[0] if par.split() else None
-            info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
-            for line in rest.splitlines():
-                if line.startswith(":") and "\t" in line:
-                    meta, _, fpath = line.partition("\t")
-                    if not fpath.endswith(".py"):
-                        continue
-                    blob = meta.split()[3]
-                    logs.setdefault(fpath, []).append(FileVersion(info, None if set(blob) == {"0"} else blob))
+        base = self._log_base(rev, prefix)
+        ahead = self.soon.pop(f"{fkey}:since:{base}", None) if base is not None else None
+        on_chain = base is not None and (
+            base in chain
+            if chain is not None
+            else incremental.first_parents_since(self.repo, rev, base) is not None
+        )
+        if base is not None and on_chain:
+            assert store is not None
+            old_logs, old_parents = store.data[f"all-logs:{base}:{prefix}"]
+            new_logs, parents = _parse_raw_log(
+                (ahead or self.repo.soon(*self._log_args(rev, prefix, base))).stdout()
+            )
+            logs = dict(old_logs)
+            for path, versions in new_logs.items():
+                logs[path] = versions + old_logs.get(path, [])  # newest first
+            parents = {**old_parents, **parents}
+        else:
+            if ahead is not None:
+                ahead.cancel()
+            logs, parents = _parse_raw_log(
+                (self.soon.pop(fkey, None) or self.repo.soon(*self._log_args(rev, prefix))).stdout()
+            )
         self._parents.update(parents)
         if store is not None:
-            if len(store.data) > 8:
-                store.data.clear()  # one entry per aiter tip seen: keep the newest few
+            for old in incremental.newest(store.data, "all-logs:")[incremental.KEEP_TIPS - 1 :]:
+                del store.data[old]  # one entry per aiter tip seen: the newest (each run loads them all)
             store.data[fkey] = (logs, parents)
             store.dirty = True
         return logs
+
+
+def _parse_raw_log(out: str) -> tuple[dict[str, list[FileVersion]], dict[str, str | None]]:
+    """{path: versions newest first} of the Python files, and {commit: first parent}, of a
+    `git log --raw` in `History._log_args`' format."""
+    logs: dict[str, list[FileVersion]] = {}
+    parents: dict[str, str | None] = {}
+    for chunk in out.split("\x01"):
+        if not chunk.strip():
+            continue
+        header, _, rest = chunk.partition("\n")
+        sha, par, ts, author, subject = header.split("\x00", 4)
+        parents[sha] = par.split()[0] if par.split() else None
+        info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
+        for line in rest.splitlines():
+            if line.startswith(":") and "\t" in line:
+                meta, _, fpath = line.partition("\t")
+                if not fpath.endswith(".py"):
+                    continue
+                blob = meta.split()[3]
+                logs.setdefault(fpath, []).append(FileVersion(info, None if set(blob) == {"0"} else blob))
+    return logs, parents
 
 
 _OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")

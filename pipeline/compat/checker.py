@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline.compat import incremental
 from pipeline.compat.aiterapi import (
     TORCH_OPS,
     ApiIndex,
@@ -43,7 +44,7 @@ from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cau
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
-from pipeline.compat.workers import PARALLEL_MIN_FILES, Workers
+from pipeline.compat.workers import PARALLEL_MIN_BYTES, PARALLEL_MIN_FILES, Workers
 from pipeline.errors import SourceError, sentence
 from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 
@@ -125,15 +126,24 @@ def scan_atom_stream(
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     results = None
-    if len(missing) >= PARALLEL_MIN_FILES:
+    if missing:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
         todo = [k for k, (_, d) in enumerate(work) if worth_scanning(d)]
-        todo.sort(key=lambda k: -len(work[k][1]))  # big files first: better balance
-        results = caches.workers.scan([(k, *work[k]) for k in todo])
-    if results is None:  # few files, one core or no fork: here
-        got = caches.atom.get_many(atom, pairs, scan_file)
-        yield from ((i, got[p]) for i, (p, _) in enumerate(pairs))
+        # A cold tree, or a night's few changed files when they are big (ATOM's model files are
+        # 200 KB): parsed in the workers while this process binds the calls of the others.
+        if len(missing) >= PARALLEL_MIN_FILES or (
+            len(todo) >= 2 and sum(len(work[k][1]) for k in todo) >= PARALLEL_MIN_BYTES
+        ):
+            todo.sort(key=lambda k: -len(work[k][1]))  # big files first: better balance
+            results = caches.workers.scan([(k, *work[k]) for k in todo])
+        if results is None:  # few or small files, one core or no fork: here
+            for i, (path, data) in zip(missing, work, strict=True):
+                _remember(caches, pairs[i], scan_file(data, path))
+    if results is None:
+        for i, (path, sha) in enumerate(pairs):
+            yield i, caches.atom.data[f"{sha}:{path}"]
+            caches.atom.data.touch(f"{sha}:{path}")  # (used recently: pruning keeps it)
         return
     todo_set = set(todo)
     for i, (path, sha) in enumerate(pairs):
@@ -152,6 +162,17 @@ def _remember(caches: Caches, pair: tuple[str, str], calls: FileCalls) -> FileCa
     return calls
 
 
+def _add_times(got: dict[str, int], out: str, prefix: str) -> None:
+    """Fold `git log --diff-filter=A --format=%x01%at --name-only` into {path: first time added}."""
+    for chunk in out.split("\x01"):
+        head, _, names = chunk.partition("\n")
+        if not head.strip():
+            continue
+        for p in names.split():
+            if p.startswith(prefix):
+                got[p] = min(got.get(p, 1 << 62), int(head))
+
+
 def aiter_tip(aiter: GitRepo, fallback: str) -> str:
     """aiter's default branch (the pin may be older than the ATOM commit)."""
     return aiter.rev_parse("HEAD") or fallback
@@ -163,12 +184,19 @@ class FirstParent:
     def __init__(self, aiter: GitRepo, tip: str, facts: SummaryCache | None = None) -> None:
         key = f"first-parent:{tip}"
         got = facts.data.get(key) if facts is not None else None
+        if got is None and facts is not None:  # the last run's tip is on these first parents: extend it
+            for old in incremental.newest(facts.data, "first-parent:")[:1]:
+                since = incremental.first_parents_since(aiter, tip, old.split(":", 1)[1])
+                if since is not None:
+                    got = since + facts.data[old]
         if got is None:
             out = aiter.git("log", "--first-parent", "--format=%ct %H", tip)
             got = [(int(ts), sha) for ts, sha in (line.split() for line in out.splitlines() if line)]
-            if facts is not None:
-                facts.data[key] = got
-                facts.dirty = True
+        if facts is not None and key not in facts.data:
+            for old in incremental.newest(facts.data, "first-parent:")[incremental.KEEP_TIPS - 1 :]:
+                del facts.data[old]  # (the whole history per tip: every run reads them)
+            facts.data[key] = got
+            facts.dirty = True
         self.commits: list[tuple[int, str]] = got
 
     def as_of(self, when: int) -> str | None:
@@ -234,6 +262,7 @@ class Checker:
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
         self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
         self._blob_at: dict[tuple[str, str], str | None] = {}
+        self._versions_at: dict[tuple[str, str], tuple[str, list[FileVersion], int]] = {}  # (pin, path)
         self._on_tip: dict[str, bool] = {}
         self._first_parents: set[str] = set()
         self._doubt: dict[tuple[int, int], tuple[RawCall, Signature, bool]] = {}
@@ -326,22 +355,39 @@ class Checker:
 
     def _start_file_added(self) -> None:
         key = f"added:{self.atom_sha}"
+        if incremental.newest(self.caches.facts.data, "added:")[:1]:
+            return  # a previous run's: extended when needed (a few commits on, in most runs)
         if key not in self.caches.facts.data and key not in self.caches.soon:
             self.caches.soon[key] = self.atom.soon(*self._added_args())
+
+    def _added_since(self) -> dict[str, int] | None:
+        """The last run's `added` table extended by the commits since, when they are a plain chain."""
+        for old in incremental.newest(self.caches.facts.data, "added:")[:1]:
+            chain = incremental.linear_since(self.atom, self.atom_sha, old.split(":", 1)[1])
+            if chain is None:
+                return None
+            got = dict(self.caches.facts.data[old])
+            if chain:  # (no pathspec: with single parents no history simplification applies)
+                out = self.atom.git(
+                    "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
+                    self.atom_sha, f"^{old.split(':', 1)[1]}",
+                )  # fmt: skip
+                _add_times(got, out, f"{ATOM_PREFIX}/")
+            return got
+        return None
 
     def file_added(self, path: str) -> int | None:
         """When the ATOM file first appeared (author time): no call in it is older."""
         key = f"added:{self.atom_sha}"
         got: dict[str, int] | None = self.caches.facts.data.get(key)
         if got is None:
-            out = (self.caches.soon.pop(key, None) or self.atom.soon(*self._added_args())).stdout()
-            got = {}
-            for chunk in out.split("\x01"):
-                head, _, names = chunk.partition("\n")
-                if not head.strip():
-                    continue
-                for p in names.split():
-                    got[p] = min(got.get(p, 1 << 62), int(head))
+            got = self._added_since()
+            if got is None:
+                out = (self.caches.soon.pop(key, None) or self.atom.soon(*self._added_args())).stdout()
+                got = {}
+                _add_times(got, out, "")
+            for old in incremental.newest(self.caches.facts.data, "added:")[incremental.KEEP_TIPS - 1 :]:
+                del self.caches.facts.data[old]
             self.caches.facts.data[key] = got
             self.caches.facts.dirty = True
         return got.get(path)
@@ -476,10 +522,7 @@ class Checker:
         """`name` as defined in `path` at an aiter commit (no index: one tree lookup, cached summary)."""
         key = (aiter_sha, path)
         if key not in self._blob_at:
-            try:
-                self._blob_at[key] = str((self.aiter.repo.commit(aiter_sha).tree / path).hexsha)
-            except (KeyError, ValueError):
-                self._blob_at[key] = None
+            self._blob_at[key] = self.aiter.blob_sha(aiter_sha, path)
         return self.hist.sig_at(path, self._blob_at[key], name)
 
     def _history_rev(self, aiter_sha: str) -> str:
@@ -494,6 +537,12 @@ class Checker:
 
     def _versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
         """(rev, the file's versions newest first, index of the first one at or before the pin)."""
+        got = self._versions_at.get((aiter_sha, path))
+        if got is None:
+            got = self._versions_at[(aiter_sha, path)] = self._read_versions(aiter_sha, path)
+        return got
+
+    def _read_versions(self, aiter_sha: str, path: str) -> tuple[str, list[FileVersion], int]:
         self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
         rev = self._history_rev(aiter_sha)
         vs = self.hist.file_log(rev, path)

@@ -2,8 +2,10 @@
 
 No checkout and no import: a tree is the `{path: blob sha}` map of a commit,
 and each blob is parsed once (per machine) into a small, picklable summary.
-The cache is a single pickle per kind of summary under the cache dir, keyed by
-blob SHA plus a schema version, so a warm run only lists the trees.
+The cache is a single file per kind of summary under the cache dir, keyed by
+blob SHA plus a schema version, so a warm run only lists the trees. Each value
+in it stays pickled until read (`LazyValues`): a nightly check, which reads a
+part of it and adds a few entries, neither unpickles nor re-pickles the rest.
 """
 
 from __future__ import annotations
@@ -55,13 +57,122 @@ def parse_source(data: bytes, path: str) -> ast.Module | str:
         return f"line {line}: {msg}" if line else str(msg)
 
 
+class _Packed:
+    """A cache value as it was read from disk: unpickled when first asked for."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+
+class LazyValues(dict[str, Any]):
+    """A summary cache's `{key: value}`: each value stays pickled until read, and one that was only
+    read is written back as the bytes it was read from. A nightly check reads a fraction of
+    the entries and adds a few: it neither unpickles nor re-pickles the rest.
+
+    Values are immutable facts keyed by what they depend on; a value changed in place without
+    being set again is not saved (the next run only recomputes what it adds)."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.read_from: dict[str, bytes] = {}  # key -> the bytes its unchanged value was read from
+
+    def _unpack(self, key: str) -> bool:
+        """Unpickle the value of a present key; False when absent or stale (then dropped)."""
+        v = dict.get(self, key, _ABSENT)
+        if type(v) is not _Packed:
+            return v is not _ABSENT
+        try:
+            value = pickle.loads(v.raw)
+        except Exception:  # (written by other code: the run computes it again)
+            dict.__delitem__(self, key)
+            return False
+        dict.__setitem__(self, key, value)
+        self.read_from[key] = v.raw
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._unpack(key)
+
+    def __getitem__(self, key: str) -> Any:
+        if not self._unpack(key):
+            raise KeyError(key)
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        self.read_from.pop(key, None)
+
+    def __delitem__(self, key: str) -> None:
+        dict.__delitem__(self, key)
+        self.read_from.pop(key, None)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.__getitem__(self, key) if self._unpack(key) else default
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        v = self[key]
+        del self[key]
+        return v
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __iter__(self) -> Any:  # (not dict's: `dict(this)` and `{**this}` then read through __getitem__)
+        return iter(list(dict.keys(self)))
+
+    def keys(self) -> Any:  # (what `dict(this)` reads: only the values that unpickle)
+        return [k for k in list(dict.keys(self)) if self._unpack(k)]
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self.items())
+
+    def touch(self, key: str) -> None:
+        """Move an entry last (used recently: pruning keeps the newest), as it is."""
+        v = dict.pop(self, key)
+        dict.__setitem__(self, key, v)
+
+    def items(self) -> Any:
+        return [(k, dict.__getitem__(self, k)) for k in list(self) if self._unpack(k)]
+
+    def values(self) -> Any:
+        return [v for _, v in self.items()]
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.read_from.clear()
+
+    def packed(self) -> dict[str, bytes]:
+        """Every entry as bytes: those read or never read as they were, the others pickled now."""
+        out: dict[str, bytes] = {}
+        for k, v in dict.items(self):
+            if type(v) is _Packed:
+                out[k] = v.raw
+            else:
+                was = self.read_from.get(k)
+                out[k] = was if was is not None else pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+        return out
+
+
+LAZY_FORMAT = "lazy-values-1"  # the on-disk shape: (LAZY_FORMAT, {key: pickled value})
+_ABSENT = object()
+
+
 @dataclass
 class SummaryCache:
-    """`{blob sha: summary}` for one kind of summary, persisted as one pickle (read on first use)."""
+    """`{blob sha: summary}` for one kind of summary, persisted as one pickle (read on first use;
+    each value unpickled when first read: `LazyValues`)."""
 
     kind: str
     cache_dir: Path | None
-    _data: dict[str, Any] | None = None
+    _data: LazyValues | None = None
     dirty: bool = False
     raw: dict[str, bytes] = field(default_factory=dict)  # blob sha -> bytes, this run only
     mentions: dict[tuple[str, str, str], bool] = field(default_factory=dict)  # (sha, path, name)
@@ -77,17 +188,17 @@ class SummaryCache:
         return self.cache_dir / f"compat-{self.kind}-v{SCHEMA}.pickle" if self.cache_dir else None
 
     @property
-    def data(self) -> dict[str, Any]:
+    def data(self) -> LazyValues:
         if self._data is None:
             f = self.file
-            self._data = _load(f)
+            self._data = _load_lazy(f)
             if self._data and f is not None:
                 self.loaded_bytes = _size(f)
         return self._data
 
     @data.setter
     def data(self, value: dict[str, Any]) -> None:
-        self._data = value
+        self._data = value if isinstance(value, LazyValues) else LazyValues(value)
 
     @classmethod
     def open(cls, kind: str, cache_dir: Path | None) -> SummaryCache:
@@ -117,7 +228,8 @@ class SummaryCache:
                     self.from_workers.add(key)
                     self.dirty = True
             if got is not None:
-                out[path] = self.data[key] = self.data.pop(key)  # (moved last: used recently)
+                self.data.touch(key)  # (moved last: used recently)
+                out[path] = got
             else:
                 missing.setdefault(sha, []).append(path)
         if missing:
@@ -135,7 +247,7 @@ class SummaryCache:
             return
         if self.loaded_bytes > MAX_CACHE_BYTES:
             self._prune()
-        if _dump(f, self._data):
+        if _dump(f, (LAZY_FORMAT, self._data.packed())):
             self.dirty = False
 
     def _prune(self) -> None:
@@ -173,6 +285,23 @@ def _load(f: Path | None) -> dict[str, Any]:
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
         return {}  # a corrupt or stale cache is only a slower run
     return loaded if isinstance(loaded, dict) else {}
+
+
+def _load_lazy(f: Path | None) -> LazyValues:
+    """A summary cache file's entries, each left pickled (another format: empty, a slower run)."""
+    if f is None or not f.is_file():
+        return LazyValues()
+    try:
+        with f.open("rb") as fh:
+            loaded = pickle.load(fh)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+        return LazyValues()
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and loaded[0] == LAZY_FORMAT):
+        return LazyValues()
+    entries = loaded[1]
+    if not isinstance(entries, dict):
+        return LazyValues()
+    return LazyValues({k: _Packed(v) for k, v in entries.items() if isinstance(v, bytes)})
 
 
 def _dump(f: Path, value: object) -> bool:

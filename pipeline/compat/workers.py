@@ -18,7 +18,8 @@ from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.errors import SourceError
 from pipeline.gitw import BlobReader, GitRepo
 
-PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process
+PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process,
+PARALLEL_MIN_BYTES = 256 << 10  # unless they are this big together (a night's changed model files)
 
 
 def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
@@ -69,7 +70,7 @@ class Workers:
         pool = self._get()
         if pool is None:
             return 0
-        git_dir = str(repo.repo.git_dir)
+        git_dir = repo.git_dir
         for path, sha in todo:  # (the workers read the blobs: this process goes on binding)
             args = (git_dir, sha, path, module_from_path(path))
             cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)

@@ -61,3 +61,38 @@ def test_prune_files_keeps_the_newest(tmp_path: Path) -> None:
         "compat-reach-v7-tree4-v16.pickle",
         "compat-reach-v7-tree5-v16.pickle",
     ]
+
+
+def test_values_stay_pickled_until_read_and_only_new_ones_are_pickled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _filled(tmp_path, 3)
+    c = SummaryCache.open("aiter", tmp_path)
+    assert c.data["blob1:aiter/m1.py"] == "x" * 1000
+    c.data["blob9:aiter/m9.py"] = ["new"]
+    pickled: list[object] = []
+    real = pysource.pickle.dumps
+    monkeypatch.setattr(pysource.pickle, "dumps", lambda v, **k: pickled.append(v) or real(v, **k))
+    c.dirty = True
+    c.save()
+    assert pickled == [["new"]]  # the value only read, and those never read, kept their bytes
+    again = SummaryCache.open("aiter", tmp_path).data
+    assert dict(again) == {
+        **{f"blob{i}:aiter/m{i}.py": "x" * 1000 for i in range(3)},
+        "blob9:aiter/m9.py": ["new"],
+    }
+
+
+def test_a_value_that_no_longer_unpickles_is_absent(tmp_path: Path) -> None:
+    _filled(tmp_path, 2)
+    c = SummaryCache.open("aiter", tmp_path)
+    dict.__setitem__(c.data, "blob0:aiter/m0.py", pysource._Packed(b"not a pickle"))
+    assert "blob0:aiter/m0.py" not in c.data
+    assert c.data.get("blob0:aiter/m0.py") is None
+    assert dict(c.data) == {"blob1:aiter/m1.py": "x" * 1000}
+
+
+def test_a_cache_file_of_the_old_whole_pickle_shape_reads_as_empty(tmp_path: Path) -> None:
+    f = tmp_path / f"compat-aiter-v{pysource.SCHEMA}.pickle"
+    f.write_bytes(pysource.pickle.dumps({"blob0:aiter/m0.py": "x"}))
+    assert dict(SummaryCache.open("aiter", tmp_path).data) == {}

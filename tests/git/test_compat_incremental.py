@@ -1,0 +1,180 @@
+"""A check with the previous night's cache says exactly what a cold check says (issue 28 §7).
+
+Night after night, ATOM and aiter each move on (aiter's default branch with them, as a
+scheduled rebuild sees it), and each night's check runs on the cache the last one left.
+What the cache carries over (aiter's first parents and `git log --raw`, ATOM's file-added
+times, summaries kept pickled until read) must give the report a check with an empty
+cache gives, change by change: a caller file, an aiter callee's signature in a
+star-imported module, a moved-back tip, a merge in ATOM, and a model's reach path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.compat import CheckReport, incremental, run_check
+from pipeline.compat.pysource import SummaryCache
+from pipeline.compat.reach import ModelFacts, Reach, compute_reach
+from pipeline.gitw import GitRepo
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.gitfixture import commit_all, git, write_files
+from tests.fixtures.reach_repos import build_reach_repos
+
+
+def _said(r: CheckReport) -> dict[str, Any]:
+    out = r.to_json()
+    out.pop("seconds", None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory) -> tuple[CompatRepos, Path]:
+    root = tmp_path_factory.mktemp("nightly")
+    repos = build_compat_repos(root / "fx")
+    # A bare copy whose default branch is moved to each night's aiter (the tip histories read from).
+    bare = root / "aiter.git"
+    git(root, "clone", "-q", "--bare", str(repos.aiter), str(bare))
+    # T4: a file added overnight, written (authored) before aiter's last change.
+    write_files(
+        repos.atom,
+        {"atom/late.py": "import aiter\n\n\ndef f(a, b, c, d):\n    return aiter.reduce_v1(a, b, c, d)\n"},
+    )
+    git(repos.atom, "add", "-A")
+    git(repos.atom, "commit", "-q", "-m", "T4: a late file", date="2026-05-03T10:00:00+00:00",
+        env={"GIT_AUTHOR_DATE": "2026-03-15T10:00:00+00:00"})  # fmt: skip
+    repos.t["T4"] = git(repos.atom, "rev-parse", "HEAD")
+    return repos, bare
+
+
+class Extensions:
+    """How often each whole-history fact was extended from the last run's, not read whole."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.first_parents = 0
+        self.linear = 0
+        fp, lin = incremental.first_parents_since, incremental.linear_since
+
+        def first_parents(*a: Any) -> Any:
+            got = fp(*a)
+            self.first_parents += got is not None
+            return got
+
+        def linear(*a: Any) -> Any:
+            got = lin(*a)
+            self.linear += got is not None
+            return got
+
+        monkeypatch.setattr(incremental, "first_parents_since", first_parents)
+        monkeypatch.setattr(incremental, "linear_since", linear)
+
+
+def _fact(cache: Path, kind: str, key: str) -> Any:
+    return SummaryCache.open(kind, cache).data.get(key)
+
+
+def _night(fx: tuple[CompatRepos, Path], atom: str, aiter: str, cache: Path) -> CheckReport:
+    repos, bare = fx
+    git(bare, "update-ref", "refs/heads/main", aiter)
+    return run_check(GitRepo(repos.atom), atom, GitRepo(bare), aiter, cache_dir=cache)
+
+
+def test_each_night_with_the_last_nights_cache_reports_what_a_cold_check_reports(
+    fx: tuple[CompatRepos, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repos, _ = fx
+    t, a = repos.t, repos.a
+    seen = Extensions(monkeypatch)
+    nights = [
+        (t["T1"], a["A1c"]),
+        (t["T1b"], a["A2"]),  # ATOM: an unrelated change; aiter: fused_qk's signature (star-imported)
+        (t["T2"], a["A3"]),  # the callers updated; gemm's `scale` removed, a module deleted
+        (t["T3"], a["A4"]),  # a caller file changed again; three signatures changed
+        (t["T4"], a["A4"]),  # a file added
+        (t["T4"], a["A3"]),  # aiter's branch moved back: its histories are read whole again
+    ]
+    cache = tmp_path / "cache"
+    for i, (atom_sha, aiter_sha) in enumerate(nights):
+        got = _night(fx, atom_sha, aiter_sha, cache)
+        cold = _night(fx, atom_sha, aiter_sha, tmp_path / f"cold{i}")
+        assert _said(got) == _said(cold), f"night {i}: {atom_sha[:8]} x {aiter_sha[:8]}"
+        # The facts carried over are the facts read whole: first parents, raw log, file-added times.
+        for kind, key in (
+            ("facts", f"first-parent:{aiter_sha}"),
+            ("logs", f"all-logs:{aiter_sha}:aiter/"),
+            ("facts", f"added:{atom_sha}"),
+        ):
+            kept = _fact(cache, kind, key)
+            assert kept is not None and kept == _fact(tmp_path / f"cold{i}", kind, key), (i, key)
+    assert any(f.severity == "error" for f in got.findings)  # (the nights compared real findings)
+    # Nights 1-3 extended aiter's first parents (the first parents once, the raw log once, each
+    # night) and ATOM's file-added times; night 4 could not (aiter moved back).
+    assert seen.first_parents >= 3
+    assert seen.linear >= 3
+
+
+def test_a_merge_in_atom_reads_its_file_history_whole_and_reports_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repos = build_compat_repos(tmp_path / "fx")
+    t, a = repos.t, repos.a
+    cache = tmp_path / "cache"
+    run_check(GitRepo(repos.atom), t["T2"], GitRepo(repos.aiter), a["A4"], cache_dir=cache)
+    # A side branch from T1 adds a caller; merged on top of T3.
+    git(repos.atom, "checkout", "-q", "-b", "side", t["T1"])
+    write_files(repos.atom, {"atom/side.py": "import aiter\n\n\ndef f(x):\n    return aiter.gemm(x)\n"})
+    commit_all(repos.atom, "side: a caller", "2026-04-20T10:00:00+00:00")
+    git(repos.atom, "checkout", "-q", "main")
+    git(repos.atom, "reset", "-q", "--hard", t["T3"])
+    git(repos.atom, "merge", "-q", "--no-ff", "-m", "merge side", "side", date="2026-05-03T10:00:00+00:00")
+    merged = git(repos.atom, "rev-parse", "HEAD")
+    seen = Extensions(monkeypatch)
+    got = run_check(GitRepo(repos.atom), merged, GitRepo(repos.aiter), a["A4"], cache_dir=cache)
+    cold = run_check(GitRepo(repos.atom), merged, GitRepo(repos.aiter), a["A4"], cache_dir=tmp_path / "c")
+    assert _said(got) == _said(cold)
+    assert any(f.path == "atom/side.py" for f in got.findings)
+    assert seen.linear == 0  # a merge in between: not a plain chain
+
+
+def _reach_said(r: Reach) -> dict[str, object]:
+    return {
+        "json": r.to_json(),
+        "parents": r.parents,
+        "excluded": r.excluded,
+        "importers": r.importers,
+        "summary": r.edges_summary(),
+        "evidence": {p: r.evidence(p) for p in sorted(r.files)},
+    }
+
+
+def test_a_reach_path_changed_overnight_gives_the_cold_reach(tmp_path: Path) -> None:
+    repos = build_reach_repos(tmp_path / "fx")
+    atom = GitRepo(repos.atom)
+    first = repos.atom_sha
+    cache = tmp_path / "cache"
+    facts = ModelFacts("GammaForCausalLM")
+    compute_reach(atom, first, facts, cache_dir=cache)
+    # Gamma's module now imports another file inside a function: a new edge on the model's path.
+    write_files(
+        repos.atom,
+        {
+            "atom/models/gamma.py": (
+                "from atom.model_ops.attn import Backend\n\n\n"
+                "class GammaForCausalLM:\n"
+                "    backend = Backend\n\n"
+                "    def run(self, x):\n"
+                "        from atom.model_ops.broken import run\n\n"
+                "        return run(x, x, x)\n"
+            )
+        },
+    )
+    second = commit_all(repos.atom, "Gamma calls broken.run", "2026-01-20T00:00:00+00:00")
+    got = compute_reach(atom, second, facts, cache_dir=cache)
+    cold_dir = tmp_path / "cold"
+    cold = compute_reach(atom, second, facts, cache_dir=cold_dir)
+    assert _reach_said(got) == _reach_said(cold)
+    assert got.on_path("atom/model_ops/broken.py")
+    shutil.rmtree(cold_dir)
