@@ -24,6 +24,9 @@ PATCHES = f"{OURS}.patches"  # JSON list of {"name": ..., "sha256": ...}
 # model whose lock pins the same pair shares the image; its verdict binds its lock to it)
 PAIR_DIGEST = f"{OURS}.pair.digest"
 INPUTS_DIGEST = f"{OURS}.inputs.digest"  # sha256 over everything that determines the image
+# What images built before the image was model-free carried instead of PAIR_DIGEST (the digest of
+# one model's lock); read only to tell such an image apart from one this pipeline never built.
+OLD_LOCK_SHA256 = f"{OURS}.lock.sha256"
 # On a smoke run's containers only, never on an image (an image serves every model of its pair).
 MODEL = f"{OURS}.model"
 RECIPE = f"{OURS}.recipe"  # recipe file name

@@ -188,6 +188,13 @@ def check_binding(
         (labels.INPUTS_DIGEST, verdict.inputs_digest, "inputs digest"),
     ):
         got = lbl.get(key)
+        if not got and key == labels.PAIR_DIGEST and lbl.get(labels.OLD_LOCK_SHA256):
+            raise TagError(
+                f"refusing to tag {image}: it was built by an older version of this pipeline, whose images "
+                f"named their model ({labels.OLD_LOCK_SHA256}); this one binds a model's lock to an image "
+                f"by the image's {labels.PAIR_DIGEST} label, which it lacks.",
+                hint="Rebuild it (`pipeline build --model MODEL`) and smoke-test the new image, then tag it.",
+            )
         if not got:
             raise TagError(
                 f"refusing to tag {image}: the image has no label {key}, so it was not built by this "

@@ -585,6 +585,20 @@ def test_two_models_of_one_pair_tag_the_same_image(world: World, fake: FakeRegis
     assert fake.tags[REPO][f"{other}-verified"] == fake.tags[REPO][f"{MODEL}-verified"] == first.digest
 
 
+def test_an_image_of_the_older_model_naming_pipeline_is_refused_with_what_to_do(
+    world: World, fake: FakeRegistry
+) -> None:
+    engine = _engine(world, fake)
+    old = {k: v for k, v in world.labels.items() if k != labels.PAIR_DIGEST}
+    engine.images["atom:test"] = ImageInfo(
+        IMAGE_ID, ["atom:test"], [], {**old, labels.OLD_LOCK_SHA256: world.lock.digest()}, ""
+    )
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "older version of this pipeline" in str(e.value) and "Rebuild it" in (e.value.hint or "")
+    assert engine.pushed == []
+
+
 def test_unlabelled_image_refused(world: World, fake: FakeRegistry) -> None:
     engine = _engine(world, fake)
     engine.images["atom:test"] = ImageInfo(IMAGE_ID, ["atom:test"], [], {}, "")
