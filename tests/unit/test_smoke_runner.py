@@ -428,3 +428,22 @@ def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "error" and data["exit_code"] == 2 and "no image 'nope:1'" in data["error"]
     assert data["image"] == {"ref": "nope:1"} and data["run_dir"] == str(tmp_path)
+
+
+def test_cli_binds_the_given_lock_and_refuses_one_of_another_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.oci.engine
+
+    container = FakeContainer([])
+    monkeypatch.setattr(
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(container))
+    )
+    other = tmp_path / "other.toml"
+    make_lock(patches=False).save(other)
+    argv = ["smoke", "--image", "atom:test", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, "--lock", str(other)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "the image is not this lock's" in err and "nothing was started" in err and container.execs == []
+    assert main([*argv, "--lock", str(tmp_path / "absent.toml")]) == ExitCode.USAGE
+    assert "absent.toml does not exist" in capsys.readouterr().err
