@@ -20,11 +20,16 @@ ATOM_URL = f"{OURS}.atom.url"
 AITER_SHA = f"{OURS}.aiter.sha"
 AITER_URL = f"{OURS}.aiter.url"
 PATCHES = f"{OURS}.patches"  # JSON list of {"name": ..., "sha256": ...}
+# Lock.pair_digest() of the locks the image is built from: model-free, as the image is (every
+# model whose lock pins the same pair shares the image; its verdict binds its lock to it)
+PAIR_DIGEST = f"{OURS}.pair.digest"
+INPUTS_DIGEST = f"{OURS}.inputs.digest"  # sha256 over everything that determines the image
+# What images built before the image was model-free carried instead of PAIR_DIGEST (the digest of
+# one model's lock); read only to tell such an image apart from one this pipeline never built.
+OLD_LOCK_SHA256 = f"{OURS}.lock.sha256"
+# On a smoke run's containers only, never on an image (an image serves every model of its pair).
 MODEL = f"{OURS}.model"
 RECIPE = f"{OURS}.recipe"  # recipe file name
-RECIPE_SHA256 = f"{OURS}.recipe.sha256"
-LOCK_SHA256 = f"{OURS}.lock.sha256"  # Lock.digest() of the lock the image was built from
-INPUTS_DIGEST = f"{OURS}.inputs.digest"  # sha256 over everything that determines the image
 TOOL_VERSION = f"{OURS}.tool.version"
 
 # Containers a run starts (smoke server, probes): who owns them, so a later run can tell a

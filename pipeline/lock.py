@@ -150,6 +150,39 @@ class Lock(_Frozen):
             src.pop("ref")
         return hashlib.sha256(tomli_w.dumps(data).encode()).hexdigest()
 
+    def pair(self) -> dict[str, Any]:
+        """What the image is built from, and nothing else: the commits (URL, SHA, commit date: the
+        image's `created`), aiter's submodules, the base image by digest and the applied series.
+
+        No model (two models on one pair share one image), no refs asked, no patch the series did
+        not apply, no commit subject: none of them reaches the image.
+        """
+        atom, aiter = self.atom, self.aiter
+        return {
+            "version": LOCK_VERSION,
+            "atom": {"url": atom.url, "sha": atom.sha, "date": atom.date},
+            "aiter": {
+                "url": aiter.url,
+                "sha": aiter.sha,
+                "date": aiter.date,
+                "submodules": [{"path": s.path, "url": s.url, "sha": s.sha} for s in aiter.submodules],
+            },
+            "base_image": self.base_image.pinned,
+            "patches": [{"name": p.name, "sha256": p.sha256} for p in self.applied_patches],
+        }
+
+    def pair_toml(self) -> str:
+        """`pair()` as TOML: the file the image carries in place of the (model's) lock."""
+        return tomli_w.dumps(self.pair())
+
+    def pair_digest(self) -> str:
+        """sha256 over `pair()`: the same for every model whose lock pins the same image inputs.
+
+        The image's identity is made of it (not of `digest()`, which names the model): two models
+        with the same pair share one build, and each verdict binds its model's lock to that image.
+        """
+        return hashlib.sha256(self.pair_toml().encode()).hexdigest()
+
     def with_patches(self, patches: tuple[PatchPin, ...]) -> Lock:
         return self.model_copy(update={"patches": patches})
 

@@ -572,6 +572,8 @@ def build_planned(
     built = resumed.output("build", build.Outputs)
     if built is None:
         raise PipelineError(f"internal: the run for {model} ended without a build result.")
+    # one image for every model of the digest: each other model's recipe tools, checked on it
+    shared_image_tools(entry["models"][1:], built.image, digest, settings, log, env)
     pushed = built.pushed or (built.found_in if built.found_in not in ("", "local") else "")
     if not pushed:
         raise PipelineError(
@@ -594,3 +596,24 @@ def build_planned(
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / CANDIDATE_FILE, record)
     return record
+
+
+def shared_image_tools(
+    models: list[str], image: str, digest: str, settings: Settings, log: Logger, env: Mapping[str, str]
+) -> None:
+    """The recipe-tools self-check of each model that shares an image it did not render: the image
+    is model-free, the tools its recipe's checks run are the model's."""
+    if not models or not settings.image.selfcheck:
+        return
+    from pipeline.image.build import require_recipe_tools
+    from pipeline.image.render import recipe_tools
+    from pipeline.oci.engine import Engine
+    from pipeline.recipes.recipe import find_recipe
+
+    engine = Engine.connect(settings.smoke.docker_host or None, env=env, log=log)
+    try:
+        for model in models:
+            tools, modules = recipe_tools(find_recipe(model, Path(settings.paths.recipes_dir)))
+            require_recipe_tools(engine, image, tools, modules, model=model, inputs_digest=digest, log=log)
+    finally:
+        engine.close()

@@ -52,6 +52,13 @@ def _labels(raw: tuple[str, ...]) -> dict[str, str]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Recipe file (instead of --model).",
 )
+@click.option(
+    "--lock",
+    "lock_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The model's lock (default: locks/<MODEL>.toml when it exists): the verdict binds it to the "
+    "image, which must be built from its pair.",
+)
 @click.option("--docker-host", help="Engine with the GPUs, e.g. ssh://user@mi355-host ([smoke] docker_host).")
 @click.option("--run-all", is_flag=True, default=None, help="Run every check even after a gate failed.")
 @click.option(
@@ -81,6 +88,7 @@ def command(
     image: str,
     model: str | None,
     recipe_file: Path | None,
+    lock_file: Path | None,
     docker_host: str | None,
     run_all: bool | None,
     quick: bool,
@@ -115,11 +123,21 @@ def command(
         recipe_file if recipe_file is not None else find_recipe(str(model), Path(settings.paths.recipes_dir))
     )
     recipe = load_recipe(path, allowed_secrets=settings.recipe_secrets)
+    if lock_file is None:
+        from pipeline.lock import default_lock_path
+
+        found = default_lock_path(Path(settings.paths.locks_dir), recipe.name)
+        lock_file = found if found.is_file() else None
+    elif not lock_file.is_file():
+        raise UsageError(
+            f"lock file {lock_file} does not exist.", hint="Pass the model's lock with --lock FILE."
+        )
     ctx = app.context(f"smoke-{recipe.name}", work_dir=run_dir)
     inputs = smoke.Inputs(
         image=image,
         model=recipe.name,
         recipe=path,
+        lock=lock_file,
         out_dir=ctx.work_dir,
         run_all=settings.smoke.run_all_checks,
         quick=quick,

@@ -157,6 +157,8 @@ def build_image(
     found = _find(engine, digest, ref, settings, env, log, remote_lookup)
     if found is not None:
         image_id, where = found
+        # the image may have been built for another model of the pair: this model's recipe tools
+        recipe_tools_check(engine, image_id, manifest, settings, extra_labels, log)
         # found on this engine only: the registry gets it too, so other machines pull it by digest
         pushed = (
             _push_candidate(engine, settings, env, ref, log)
@@ -487,6 +489,57 @@ def _selfcheck(
         raise selfcheck.failure(result, image_id, run_dir)
     log.info("image self-check passed: aiter and atom are the checked trees, the recipe's tools are there")
     return (run_dir / selfcheck.REPORT) if run_dir is not None else None
+
+
+def recipe_tools_check(
+    engine: EngineAPI,
+    image_id: str,
+    manifest: ContextManifest,
+    settings: Settings,
+    extra_labels: Mapping[str, str] | None,
+    log: Logger,
+) -> None:
+    """The model's part of the self-check on an image it found: its recipe's tools are there."""
+    if not settings.image.selfcheck or manifest.selfcheck is None:
+        return
+    require_recipe_tools(
+        engine,
+        image_id,
+        [str(t) for t in manifest.selfcheck.get("tools", [])],
+        [str(m) for m in manifest.selfcheck.get("modules", [])],
+        model=manifest.model,
+        inputs_digest=manifest.inputs_digest,
+        log=log,
+        labels=extra_labels,
+    )
+
+
+def require_recipe_tools(
+    engine: EngineAPI,
+    image_id: str,
+    tools: list[str],
+    modules: list[str],
+    *,
+    model: str,
+    inputs_digest: str,
+    log: Logger,
+    labels: Mapping[str, str] | None = None,
+) -> None:
+    """`model`'s recipe tools must be in the image, which may have been built for another model of
+    its pair. When they are not, the image is kept (it serves those models) and this model stops."""
+    from pipeline.image import selfcheck
+
+    fails = selfcheck.check_recipe_tools(engine, image_id, tools, modules, labels=labels)
+    who = model or "this model"
+    if fails:
+        raise selfcheck.SelfCheckError(
+            f"the image {image_id[:19]} (inputs digest {inputs_digest[:12]}) lacks what the recipe of "
+            f"{who} runs:\n" + "\n".join(f"  - {f}" for f in fails),
+            hint="The image is kept: it serves the other models of its pair. Have the image install the "
+            "tool for every model (the template), or change the recipe's checks.",
+        )
+    if tools or modules:
+        log.info(f"{who}'s recipe tools are in {image_id[:19]}: {', '.join([*tools, *modules])}")
 
 
 def _attestations(

@@ -21,7 +21,7 @@ from pipeline.fsutil import acquire_lock, sha256_file
 MANIFEST = "render.json"
 
 
-LOCK_NAME = "atom-image.lock.toml"
+PAIR_NAME = "atom-image.pair.toml"  # Lock.pair(): what the image is built from, no model
 
 
 DOCKERFILE = "Dockerfile"  # BuildKit (RUN --mount)

@@ -77,8 +77,8 @@ def build_provenance(
             },
         },
         "patches": _json_label(lab.get(labels.PATCHES, "[]")),
-        "recipe": {"name": lab.get(labels.RECIPE, ""), "sha256": lab.get(labels.RECIPE_SHA256, "")},
-        "lock_sha256": lab.get(labels.LOCK_SHA256, ""),
+        # the pinned inputs, model-free: the model and recipe an image served are its verdicts'
+        "pair_digest": lab.get(labels.PAIR_DIGEST, ""),
         "dockerfiles": dict(render_manifest.get("dockerfiles") or {}),
         "templates": dict(inputs.get("templates") or {}),
         "wheels": dict(inputs.get("wheels") or {}),

@@ -39,8 +39,8 @@ from pipeline.image.context import (
     DOCKERFILE,
     DOCKERFILE_CLASSIC,
     FILES_INDEX,
-    LOCK_NAME,
     MANIFEST,
+    PAIR_NAME,
     PARITY,
     WHEELS,
     RenderedContext,
@@ -64,7 +64,7 @@ from pipeline.validate import submodule_url_problem
 if TYPE_CHECKING:
     from pipeline.gitw import GitRepo
 
-DIGEST_SCHEMA = 2
+DIGEST_SCHEMA = 3  # 3: the pair digest, no model or recipe
 WHEELS_IN_IMAGE = "/tmp/atom-wheels"
 
 # Where the trees live in the image (as in the upstream ATOM release image).
@@ -77,6 +77,12 @@ ATOM_TREE = f"{labels.OURS}.atom.tree"  # tree id of the patched ATOM commit (co
 AITER_SUBMODULES = f"{labels.OURS}.aiter.submodules"  # JSON list of {path, sha}
 LM_EVAL = f"{labels.OURS}.lm-eval.version"  # the lm-eval baked into the image
 SETUPTOOLS_SCM = f"{labels.OURS}.setuptools-scm.version"
+
+# The image carries the pair it is built from (Lock.pair()), not a model's lock.
+PAIR_HEADER = (
+    "# The pinned inputs this image is built from (atom-image-pipeline: Lock.pair()); its sha256 is the\n"
+    "# image's org.atom-image-pipeline.pair.digest label. Every model whose lock pins them shares it.\n"
+)
 
 # Only what is not part of the trees: the image must hold exactly the exported trees.
 DOCKERIGNORE = f"# written by atom-image-pipeline render\n**/.git\n/{MANIFEST}\n/{FILES_INDEX}\n/{PARITY}\n"
@@ -178,8 +184,6 @@ def plan_render(
     atom_tree: str,
     aiter_tree: str,
     submodules: tuple[SubmoduleSpec, ...],
-    recipe_name: str,
-    recipe_sha256: str,
     settings: Settings,
     template_hashes: Mapping[str, str],
     source_date_epoch: int | None = None,
@@ -188,7 +192,12 @@ def plan_render(
     wheel_hashes: Mapping[str, str] | None = None,
     aiter_requirements: bool = False,
 ) -> RenderPlan:
-    """Every value, label and the inputs digest. Pure: same inputs, same plan."""
+    """Every value, label and the inputs digest. Pure: same inputs, same plan.
+
+    Nothing of the model or its recipe: the image is made of the lock's pair (`Lock.pair()`), the
+    trees, the settings, the templates and the wheels, so two models whose locks pin the same pair
+    share one image. Which model and recipe it served is the smoke verdict's to say.
+    """
     img = settings.image
     check_model(lock.model)
     repository = check_repository(img.repository)
@@ -226,10 +235,9 @@ def plan_render(
         labels.OCI_REVISION: lock.atom.sha,
         labels.OCI_CREATED: created,
         labels.OCI_VERSION: version,
-        labels.OCI_TITLE: f"ATOM inference image for {lock.model}",
+        labels.OCI_TITLE: "ATOM inference image",
         labels.OCI_BASE_NAME: lock.base_image.ref.split("@", 1)[0],
         labels.OCI_BASE_DIGEST: lock.base_image.digest,
-        labels.MODEL: lock.model,
         labels.ATOM_SHA: lock.atom.sha,
         labels.ATOM_URL: lock.atom.url,
         ATOM_TREE: atom_tree,
@@ -237,16 +245,13 @@ def plan_render(
         labels.AITER_URL: lock.aiter.url,
         AITER_SUBMODULES: f_json([{"path": s.path, "sha": s.sha} for s in submodules]),
         labels.PATCHES: f_json(patches),
-        labels.RECIPE: recipe_name,
-        labels.RECIPE_SHA256: recipe_sha256,
-        labels.LOCK_SHA256: lock.digest(),
+        labels.PAIR_DIGEST: lock.pair_digest(),
         labels.TOOL_VERSION: __version__,
         LM_EVAL: toolpins.LM_EVAL_VERSION,
         SETUPTOOLS_SCM: toolpins.SETUPTOOLS_SCM_VERSION,
     }
     values: dict[str, Any] = {
         "tool_version": __version__,
-        "model": lock.model,
         "base_image": lock.base_image.pinned,
         "gpu_archs": img.gpu_archs,
         "aiter_build_cmd": img.aiter_build_cmd,
@@ -254,7 +259,7 @@ def plan_render(
         "aiter_dir": AITER_DIR,
         "atom_dir": ATOM_DIR,
         "pipeline_dir": PIPELINE_DIR,
-        "lock_name": LOCK_NAME,
+        "pair_name": PAIR_NAME,
         "aiter_sha": lock.aiter.sha,
         "atom_sha": lock.atom.sha,
         "aiter_version": aiter_version,
@@ -285,10 +290,9 @@ def plan_render(
     inputs: dict[str, Any] = {
         "schema": DIGEST_SCHEMA,
         "tool_version": __version__,
-        "lock": lock.digest(),  # the pinned facts; not the refs they were asked by
+        "pair": lock.pair_digest(),  # the pinned facts; not the model, nor the refs they were asked by
         "atom_tree": atom_tree,
         "aiter_tree": aiter_tree,
-        "recipe": {"name": recipe_name, "sha256": recipe_sha256},
         "templates": dict(sorted(template_hashes.items())),
         "wheels": dict(sorted((wheel_hashes or {}).items())),
         "values": values,
@@ -668,7 +672,6 @@ def render_context(
             f"recipe {recipe_path} does not exist.",
             hint="Write the model's recipe (recipes/<model>.yaml) or pass the right --model.",
         )
-    recipe_sha = sha256_file(recipe_path)
     template_hashes = template_sources(templates_dir)
 
     # ATOM: the patched commit must descend from the locked one.
@@ -791,8 +794,6 @@ def render_context(
             atom_tree=atom_tree,
             aiter_tree=aiter_tree,
             submodules=tuple(specs),
-            recipe_name=recipe_path.name,
-            recipe_sha256=recipe_sha,
             settings=settings,
             template_hashes=template_hashes,
             source_date_epoch=source_date_epoch,
@@ -857,7 +858,7 @@ def render_context(
                 )
         for name, text in texts.items():
             atomic_write_text(stage / name, text)
-        atomic_write_text(stage / LOCK_NAME, lock.to_toml())
+        atomic_write_text(stage / PAIR_NAME, PAIR_HEADER + lock.pair_toml())
         atomic_write_text(stage / ".dockerignore", DOCKERIGNORE)
         atomic_write_text(stage / PARITY, report.markdown)
         atomic_write_json(stage / FILES_INDEX, {k: list(v) for k, v in sorted(index.items())})

@@ -7,7 +7,9 @@ script that reads files and package metadata and imports nothing that could need
   and their installed versions are the ones render told setuptools_scm;
 - every file the patch series changes has the sha256 render recorded;
 - exactly one aiter is installed (no PyPI `amd-aiter` or other copy shadowing ours);
-- the recipe's tools exist (`lm_eval` at the pinned version, the benchmark module);
+- the recipe's tools exist (`lm_eval` at the pinned version, the benchmark module); an image found
+  rather than built (another model of the same pair built it) gets this part alone
+  (`check_recipe_tools`): the recipe is the model's, not the image's;
 - `pip check` finds no conflicts.
 
 Then the installed ATOM and aiter Python files are copied out of that container into throwaway
@@ -37,12 +39,9 @@ REPORT = "selfcheck.json"
 TREES_TAR = "/tmp/atom-selfcheck-trees.tar"
 _FIXED_DATE = "2026-01-01T00:00:00+00:00"  # both sides of the compat comparison get the same history
 
-# Runs inside the image (python3, stdlib only). argv[1]: the expectations as JSON.
-_PROBE = r"""
-import hashlib, importlib.machinery, importlib.metadata as md, importlib.util, json, os, re, shutil
-import subprocess, sys, tarfile
-exp = json.loads(sys.argv[1])
-out = {}
+# Where a module is, found without executing it (a parent package's __init__ could need a GPU).
+_LOCATE = r"""
+import importlib.machinery, importlib.util
 
 def locate(name):
     top, _, rest = name.partition(".")
@@ -58,6 +57,16 @@ def locate(name):
         where = list(spec.submodule_search_locations)
         spec = importlib.machinery.PathFinder.find_spec(".".join(parts), where)
     return spec.origin if spec is not None else None
+"""
+
+# Runs inside the image (python3, stdlib only). argv[1]: the expectations as JSON.
+_PROBE = (
+    _LOCATE
+    + r"""
+import hashlib, importlib.metadata as md, json, os, re, shutil
+import subprocess, sys, tarfile
+exp = json.loads(sys.argv[1])
+out = {}
 
 def norm(n):
     return re.sub(r"[-_.]+", "-", n).lower()
@@ -98,6 +107,24 @@ with tarfile.open(sys.argv[2], "w") as tf:
                         tf.add(full, arcname=key + "/" + os.path.relpath(full, root))
 print("SELFCHECK " + json.dumps(out, sort_keys=True))
 """
+)
+
+# The recipe's tools alone (argv[1]: {"tools": [...], "modules": [...]}): what a model needs of an
+# image another model's build made (the image is the same for every model of its pair).
+_TOOLS_PROBE = (
+    _LOCATE
+    + r"""
+import json, os, shutil, sys
+exp = json.loads(sys.argv[1])
+out = {
+    "tools": {
+        t: shutil.which(t) or (t if os.path.isabs(t) and os.path.isfile(t) else None) for t in exp["tools"]
+    },
+    "modules": {m: locate(m) for m in exp["modules"]},
+}
+print("TOOLS " + json.dumps(out, sort_keys=True))
+"""
+)
 
 
 @dataclass
@@ -156,12 +183,7 @@ def judge(expected: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
                 f"patched file {atom_dir}/{path} has sha256 {got or 'none (missing)'}, "
                 f"the series gives {sha or 'deleted'}"
             )
-    for tool, where in dict(facts.get("tools") or {}).items():
-        if not where:
-            fails.append(f"the recipe's tool `{tool}` is not in the image")
-    for module, where in dict(facts.get("modules") or {}).items():
-        if not where:
-            fails.append(f"the recipe's module `{module}` is not in the image")
+    fails += tool_failures(facts)
     lm = dists.get("lm-eval", [])
     if not lm or lm[0]["version"] != expected["lm_eval_version"]:
         fails.append(f"lm-eval {expected['lm_eval_version']} is not installed (found {lm})")
@@ -169,6 +191,45 @@ def judge(expected: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
     if pip.get("code") != 0:
         fails.append(f"`pip check` reports conflicts: {str(pip.get('output', '')).strip()[-600:]}")
     return fails
+
+
+def tool_failures(facts: Mapping[str, Any]) -> list[str]:
+    """The recipe's executables and modules the image lacks (pure)."""
+    tools = dict(facts.get("tools") or {})
+    modules = dict(facts.get("modules") or {})
+    fails = [f"the recipe's tool `{t}` is not in the image" for t, where in tools.items() if not where]
+    fails += [f"the recipe's module `{m}` is not in the image" for m, where in modules.items() if not where]
+    return fails
+
+
+def check_recipe_tools(
+    engine: EngineAPI,
+    image: str,
+    tools: list[str],
+    modules: list[str],
+    *,
+    labels: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> list[str]:
+    """Run the recipe-tools probe in `image` (no devices, no network): the failed rules.
+
+    The model's part of the self-check, outside the inputs digest: run for every model on the image
+    it found or built, since one image serves every model whose lock pins its pair.
+    """
+    if not tools and not modules:
+        return []
+    with engine.run(
+        image,
+        ["python3", "-c", _TOOLS_PROBE, json.dumps({"tools": tools, "modules": modules})],
+        network_mode="none",
+        labels=dict(labels or {}),
+    ) as c:
+        code = c.wait(timeout=timeout)
+        logs = c.logs()
+    lines = [ln for ln in logs.splitlines() if ln.startswith("TOOLS ")]
+    if code != 0 or not lines:
+        return [f"the recipe-tools probe exited {code} in the image: " + logs.strip()[-1500:]]
+    return tool_failures(json.loads(lines[-1][len("TOOLS ") :]))
 
 
 def _check_signature(report: Any) -> dict[str, Any]:

@@ -106,6 +106,7 @@ def build_statement(inp: RecordInputs) -> dict[str, Any]:
         "lock": {
             "path": str(inp.lock_path),
             "sha256": lock.digest(),
+            "pair_digest": lock.pair_digest(),  # the image's label: the image serves every lock with it
             "data": lock.model_dump(mode="json"),
         },
         "sources": {

@@ -5,8 +5,9 @@ The flow, each step refusing with its own message before anything is changed:
 1. the smoke verdict is loaded and must be bound to this image, recipe and lock
    (`check_binding`): passed as derived from its checks (every gate its recipe
    requires, passed; never its top-level `passed`), same image ID, the image's labels carry the
-   verdict's lock/recipe/inputs digests, the recipe and lock files on disk are
-   the ones the verdict was made with;
+   verdict's pair and inputs digests, the recipe and lock files on disk are the ones the
+   verdict was made with, and the lock pins the image's pair (the image names no model: one
+   image serves every model whose lock pins its pair; the verdict binds model, lock and image);
 2. the immutable tag (`settings.tag.tag_template`) and the moving tags are
    computed and validated against the registry tag grammar;
 3. under a file lock per (registry, repository): if the immutable tag already
@@ -183,11 +184,17 @@ def check_binding(
     check_server_evidence(vf, info, image)
     lbl = info.labels
     for key, expected, what in (
-        (labels.LOCK_SHA256, verdict.lock_sha256, "lock"),
-        (labels.RECIPE_SHA256, verdict.recipe.sha256, "recipe"),
+        (labels.PAIR_DIGEST, verdict.pair_digest, "pair"),
         (labels.INPUTS_DIGEST, verdict.inputs_digest, "inputs digest"),
     ):
         got = lbl.get(key)
+        if not got and key == labels.PAIR_DIGEST and lbl.get(labels.OLD_LOCK_SHA256):
+            raise TagError(
+                f"refusing to tag {image}: it was built by an older version of this pipeline, whose images "
+                f"named their model ({labels.OLD_LOCK_SHA256}); this one binds a model's lock to an image "
+                f"by the image's {labels.PAIR_DIGEST} label, which it lacks.",
+                hint="Rebuild it (`pipeline build --model MODEL`) and smoke-test the new image, then tag it.",
+            )
         if not got:
             raise TagError(
                 f"refusing to tag {image}: the image has no label {key}, so it was not built by this "
@@ -200,11 +207,17 @@ def check_binding(
                 f"{where} ({_short(expected)}): the verdict does not belong to this image's build.",
                 hint=RERUN,
             )
-    # lock: the lock file now must be the one the image was built from
+    # model -> lock -> image: the verdict names the model's lock, whose pair the image is built from
+    if not verdict.lock_sha256:
+        raise TagError(
+            f"refusing to tag {image}: {where} binds no lock (smoke ran without the model's lock), so "
+            "nothing says which model's lock this image serves.",
+            hint="Re-run `pipeline smoke` with --lock (the model's lock), then `pipeline tag` again.",
+        )
     if lock_path is None:
-        model = lbl.get(labels.MODEL)
+        model = verdict.recipe.name
         if not model:
-            raise UsageError(f"cannot tell which lock file {image} was built from; pass --lock FILE.")
+            raise UsageError(f"cannot tell which lock file {image} was smoke-tested with; pass --lock FILE.")
         lock_path = default_lock_path(locks_dir, model)
     lock = Lock.load(lock_path)
     if lock.digest() != verdict.lock_sha256:
@@ -213,6 +226,13 @@ def check_binding(
             f"smoke-tested (stale verdict): it is now {_short(lock.digest())}, the verdict was made with "
             f"{_short(verdict.lock_sha256)}.",
             hint="Rebuild from the current lock (`pipeline build`) and smoke-test it, or restore the lock.",
+        )
+    if lock.pair_digest() != lbl[labels.PAIR_DIGEST]:
+        raise TagError(
+            f"refusing to tag {image}: the lock file {lock_path} pins pair {_short(lock.pair_digest())}, "
+            f"the image was built from pair {_short(lbl[labels.PAIR_DIGEST])}: the image is not this "
+            "lock's.",
+            hint="Tag the image built from this lock, or pass the lock it was built from with --lock.",
         )
     return BoundVerdict(vf, info, lock, lock_path, recipe)
 

@@ -35,6 +35,7 @@ from pipeline import __version__, labels
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, DiskError, InfraError, NoHardware, PipelineError, UsageError
 from pipeline.fsutil import atomic_write_text, sha256_file
+from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.oci.engine import ContainerAPI, EngineAPI, ImageInfo
 from pipeline.progress import Progress, Task
@@ -654,6 +655,26 @@ def _container_env(
     return out
 
 
+def bind_lock(lock: Lock | None, image_labels: Mapping[str, str], image: str, log: Logger) -> None:
+    """The model's lock must pin the image's pair (its label), or nothing starts."""
+    pair = image_labels.get(labels.PAIR_DIGEST, "")
+    if lock is None:
+        if pair:
+            log.warn(
+                f"no lock given for this smoke test of {image}: the verdict binds no lock, and "
+                "`pipeline tag` refuses it (pass --lock, or keep locks/<model>.toml)"
+            )
+        return
+    if pair != lock.pair_digest():
+        raise UsageError(
+            f"the lock of {lock.model} pins pair {lock.pair_digest()[:12]}, but {image} was built from "
+            + (f"pair {pair[:12]}" if pair else "no pair this pipeline labelled")
+            + f" ({labels.PAIR_DIGEST}): the image is not this lock's; nothing was started.",
+            hint="Smoke-test the image built from this lock (`pipeline build --model MODEL` names it), "
+            "or pass the lock that image was built from with --lock.",
+        )
+
+
 def run_smoke(
     engine: EngineAPI,
     *,
@@ -667,6 +688,7 @@ def run_smoke(
     run_all: bool = False,
     sysfs_root: Path | None = None,
     options: SmokeOptions | None = None,
+    lock: Lock | None = None,
 ) -> Verdict:
     """Smoke-test `image` with `recipe`; writes and returns the verdict.
 
@@ -676,6 +698,9 @@ def run_smoke(
     answers on the port (verdict "error"), `DiskError` when the run directory has
     no room or is read-only, and lets KeyboardInterrupt through after removing the
     container (verdict "error").
+
+    `lock`: the model's lock; the verdict binds it (its digest) to the image, whose pair label its
+    pair digest must be (the image is model-free: one image serves every model of its pair).
     """
     opts = options or SmokeOptions()
     if run_all and not opts.run_all:
@@ -694,6 +719,8 @@ def run_smoke(
             hint="Build it (`pipeline build`) or pull it on that engine first, or give it by digest "
             "(`--image REPO@sha256:…`, pulled when absent); a tag is never pulled.",
         )
+    image_labels = dict(info.labels or {})
+    bind_lock(lock, image_labels, image, log)
     container_env = _container_env(
         recipe, env, log, settings.recipe_secrets
     )  # masks secrets before anything is logged
@@ -702,11 +729,11 @@ def run_smoke(
     )
     run.image_id = str(info.id)
     leftovers = sweep_leftovers(engine, run.owner, log)  # before anything of ours runs
-    image_labels = dict(info.labels or {})
     base: dict[str, Any] = {
         "image": TestedImage(ref=image, id=str(info.id), digest=_digest(info, image)),
         "recipe": RecipeRef(name=recipe.name, path=str(recipe_path), sha256=sha256_file(recipe_path)),
-        "lock_sha256": image_labels.get(labels.LOCK_SHA256, ""),
+        "lock_sha256": lock.digest() if lock is not None else "",
+        "pair_digest": image_labels.get(labels.PAIR_DIGEST, ""),
         "inputs_digest": image_labels.get(labels.INPUTS_DIGEST, ""),
         "model": recipe.model.id,
         "tool_version": __version__,
@@ -714,11 +741,6 @@ def run_smoke(
         "started": started,
         "leftovers": [x.as_json() for x in leftovers],
     }
-    if image_labels.get(labels.RECIPE_SHA256) and image_labels[labels.RECIPE_SHA256] != base["recipe"].sha256:
-        log.warn(
-            f"{image} was built for a recipe with sha256 {image_labels[labels.RECIPE_SHA256][:12]}…, "
-            f"not {recipe_path} ({base['recipe'].sha256[:12]}…); the verdict records the recipe used here."
-        )
     options_rec = {
         "run_all": opts.run_all,
         "quick": opts.quick,

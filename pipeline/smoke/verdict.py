@@ -108,7 +108,8 @@ class Verdict(_Model):
     reason: str
     image: TestedImage
     recipe: RecipeRef
-    lock_sha256: str = ""
+    lock_sha256: str = ""  # Lock.digest() of the model's lock (it names the model), "" when none was given
+    pair_digest: str = ""  # the image's pair label, which that lock's Lock.pair_digest() equals
     inputs_digest: str = ""
     model: str = ""
     checks: list[CheckResult] = []

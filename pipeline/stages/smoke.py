@@ -1,8 +1,9 @@
 """smoke: serve the model's recipe from the image on MI355 and gate on what it really answers.
 
 Chat, GSM8K through lm_eval, the serving benchmark (pipeline.smoke); the verdict
-is bound to the image, recipe and lock. No GPUs here stops a run (not a
-failure): the image stays a candidate and the hint says how to finish on a GPU host.
+is bound to the image, recipe and the model's lock (whose pair the image's label names). No
+GPUs here stops a run (not a failure): the image stays a candidate and the hint says how to
+finish on a GPU host.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Inputs(StageData):
     candidate: str = ""  # the tag to name in hints (the candidate)
     model: str
     recipe: Path
+    lock: Path | None = None  # the model's lock: the verdict binds it to the image (its pair label)
     out_dir: Path  # verdict.json, summary.md, junit.xml, server logs
     run_all: bool = False
     quick: bool = False
@@ -56,6 +58,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         candidate=built.ref,
         model=spec.model,
         recipe=spec.recipe_path,
+        lock=ctx.work_dir / "lock.toml",
         out_dir=ctx.work_dir / "smoke",
         run_all=ctx.settings.smoke.run_all_checks,
         docker_host=ctx.settings.smoke.docker_host,
@@ -63,7 +66,7 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
 
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
-    return [inputs.recipe]
+    return [inputs.recipe, *([inputs.lock] if inputs.lock else [])]
 
 
 def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
@@ -97,6 +100,7 @@ def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import SmokeFailed
+    from pipeline.lock import Lock
     from pipeline.recipes.recipe import load_recipe
     from pipeline.smoke import SmokeOptions, run_smoke
     from pipeline.smoke.verdict import VERDICT_FILE
@@ -126,13 +130,16 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             run_dir=inputs.out_dir,
             log=ctx.log,
             options=options,
+            lock=Lock.load(inputs.lock) if inputs.lock is not None else None,
         )
     except NoHardware as e:
         if ctx.resume_command:
             ref = inputs.image if "@sha256:" in inputs.image else (inputs.candidate or inputs.image)
             e.hint = (
                 f"The image is kept as an untagged candidate ({ref}). Smoke it on an MI355 host with "
-                f"`pipeline smoke --image {ref} --model {inputs.model} --docker-host ssh://USER@GPU-HOST`, "
+                f"`pipeline smoke --image {ref} --model {inputs.model}"
+                + (f" --lock {inputs.lock}" if inputs.lock is not None else "")
+                + " --docker-host ssh://USER@GPU-HOST`, "
                 f"then run `{ctx.resume_command}`."
             )
         raise

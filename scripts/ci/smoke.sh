@@ -16,6 +16,8 @@ ci_say "$model: pulling $ref"
 docker pull --quiet "$ref" >/dev/null
 mkdir -p "$VERDICTS_DIR"
 rc=0
-pipeline smoke --image "$ref" --model "$model" --run-dir "$VERDICTS_DIR/$model" || rc=$?
+# the model's planned lock: the verdict binds it to the image (model-free: built from its pair)
+pipeline smoke --image "$ref" --model "$model" --lock "$PLAN_DIR/$(plan_json "plan['models']['$model']['lock']")" \
+    --run-dir "$VERDICTS_DIR/$model" || rc=$?
 printf '%s\n' "$ref" >"$VERDICTS_DIR/$model/candidate.txt"
 exit "$rc"

@@ -19,7 +19,7 @@ Fixtures (use these names):
   Anything left with the session label is removed at the end of the session.
 - ``smoke_image`` (session): the test server image (tests/servers/image.py): the base image, the
   real ``lm_eval`` at the pinned version (from the wheels ``make setup`` builds), a local
-  GSM8K-format task and tests/servers at /opt/smoke.  Labelled with ``LOCK_LABEL_VALUE`` and
+  GSM8K-format task and tests/servers at /opt/smoke.  Labelled with ``PAIR_LABEL_VALUE`` and
   ``INPUTS_LABEL_VALUE`` as a built image would be.
 - ``registry`` (function): a Debian ``docker-registry`` (distribution 2.8) on 127.0.0.1 at a free
   port, storage in a tmp dir, no auth.  ``.host`` = ``127.0.0.1:PORT``, ``.url`` = ``http://...``.
@@ -56,7 +56,7 @@ BASE_IMAGE = os.environ.get("ATOM_PIPELINE_TEST_BASE_IMAGE", "atom-pipeline-test
 TEST_LABEL = "org.atom-image-pipeline.test"
 CASE_LABEL = "org.atom-image-pipeline.test-case"
 SESSION_ID = uuid.uuid4().hex[:12]
-LOCK_LABEL_VALUE = "0" * 63 + "1"
+PAIR_LABEL_VALUE = "0" * 63 + "1"
 INPUTS_LABEL_VALUE = "0" * 63 + "2"
 REGISTRY_BIN = os.environ.get("ATOM_PIPELINE_TEST_REGISTRY_BIN", "/usr/bin/docker-registry")
 
@@ -101,7 +101,7 @@ def smoke_image(engine: Engine, base_image: str, tmp_path_factory: pytest.TempPa
             tag=tag,
             labels={
                 TEST_LABEL: SESSION_ID,
-                image_labels.LOCK_SHA256: LOCK_LABEL_VALUE,
+                image_labels.PAIR_DIGEST: PAIR_LABEL_VALUE,
                 image_labels.INPUTS_DIGEST: INPUTS_LABEL_VALUE,
             },
         )

@@ -158,14 +158,16 @@ def build(
     )
 
 
-def render(repos: BuildRepos, s: Settings, out: Path, lock: Lock) -> RenderedContext:
+def render(
+    repos: BuildRepos, s: Settings, out: Path, lock: Lock, recipe: Path | None = None
+) -> RenderedContext:
     return render_context(
         lock=lock,
         atom=GitRepo(repos.atom),
         atom_tree_sha=repos.patched_sha if lock.applied_patches else repos.atom_sha,
         aiter=GitRepo(repos.aiter),
         submodule_repos={CK_PATH: GitRepo(repos.ck)},
-        recipe_path=repos.recipe,
+        recipe_path=recipe or repos.recipe,
         settings=s,
         out_dir=out,
         templates_dir=TEMPLATES,
@@ -225,7 +227,9 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     assert json.loads(lab[labels.PATCHES]) == [{"name": repos.patch_name, "sha256": repos.patch_sha256}]
     assert lab[labels.OCI_BASE_DIGEST] == pinned_base.split("@")[1]
     assert lab[labels.OCI_CREATED] == "2026-06-24T09:12:00Z"
-    assert lab[labels.RECIPE] == f"{MODEL}.yaml"
+    # the image names no model or recipe (one image serves every model of its pair)
+    assert labels.MODEL not in lab and labels.RECIPE not in lab and MODEL not in lab[labels.OCI_TITLE]
+    assert lab[labels.PAIR_DIGEST] == ctx1.labels[labels.PAIR_DIGEST]
     assert lab["org.atom-image-pipeline.lm-eval.version"] == "0.4.13"
 
     # the patched ATOM is what is installed; aiter has its submodule
@@ -267,6 +271,37 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     )
     assert third.skipped and third.image_id == second.image_id and third.log_path is None
     assert not (tmp_path / "run3" / BUILD_LOG).exists()
+
+    # 4. another model whose lock pins the same pair: the same image, found, not built; the model's
+    #    part of the self-check (its recipe's tools) runs on it, and a missing tool stops that model
+    #    only: the image is kept for the models it serves
+    lock2 = lock_for(repos2, pinned_base)
+    text = repos.recipe.read_text()
+    for other, tool in (("Other-Model", "lm_eval"), ("Toolless-Model", "no-such-eval")):
+        recipe = tmp_path / f"{other}.yaml"
+        recipe.write_text(text.replace(f"name: {MODEL}", f"name: {other}").replace("[lm_eval,", f"[{tool},"))
+        ctx = render(repos2, s, tmp_path / f"ctx-{other}", lock2.model_copy(update={"model": other}), recipe)
+        assert ctx.inputs_digest == ctx2.inputs_digest and ctx.image_ref == ctx2.image_ref
+        out = io.StringIO()
+        if tool == "lm_eval":
+            found = build_image(
+                engine, ctx.dir, tag=None, log=Logger(stream=out), run_dir=None, settings=s, env=os.environ
+            )
+            assert found.skipped and found.image_id == second.image_id
+            assert f"{other}'s recipe tools are in" in out.getvalue() and "lm_eval" in out.getvalue()
+        else:
+            with pytest.raises(SelfCheckError) as e:
+                build_image(
+                    engine,
+                    ctx.dir,
+                    tag=None,
+                    log=Logger(stream=out),
+                    run_dir=None,
+                    settings=s,
+                    env=os.environ,
+                )
+            assert "`no-such-eval` is not in the image" in str(e.value) and other in str(e.value)
+            assert engine.image(second.image_id) is not None  # kept: it serves the other models
 
 
 def test_hostile_ref_is_a_label_value_never_a_command(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import labels
 from pipeline.cli import main
 from pipeline.errors import ExitCode
 from pipeline.oci.engine import Engine
@@ -147,9 +148,11 @@ def stage_status(run: Path) -> dict[str, str]:
 
 
 def cleanup_built(engine: Engine, cleanup: DockerCleanup, world: World) -> None:
-    for info in engine.images_with_label("org.atom-image-pipeline.model", MODEL):
-        for ref in (*info.tags, *info.digests):
-            cleanup.image(ref)
+    for info in engine.images_with_label(labels.PAIR_DIGEST):  # the image names no model
+        refs = (*info.tags, *info.digests)
+        if any(world.repository in ref for ref in refs):
+            for ref in refs:
+                cleanup.image(ref)
 
 
 def test_build_to_verified_tag_then_rebuild_falls_back_on_a_breaking_aiter(

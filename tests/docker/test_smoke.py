@@ -49,7 +49,7 @@ from pipeline.smoke.preflight import run_preflight
 from tests.docker.conftest import (
     CASE_LABEL,
     INPUTS_LABEL_VALUE,
-    LOCK_LABEL_VALUE,
+    PAIR_LABEL_VALUE,
     DockerCleanup,
 )
 from tests.fixtures.sysfs import make_sysfs, nodes_dir
@@ -145,7 +145,8 @@ def test_healthy_server_passes_every_gate(
     # bound to the image and recipe
     info = engine.image(smoke_image)
     assert info is not None and verdict.image.id == info.id
-    assert verdict.lock_sha256 == LOCK_LABEL_VALUE and verdict.inputs_digest == INPUTS_LABEL_VALUE
+    assert verdict.pair_digest == PAIR_LABEL_VALUE and verdict.inputs_digest == INPUTS_LABEL_VALUE
+    assert verdict.lock_sha256 == ""  # no lock given: the verdict binds none (tag refuses it)
     assert verdict.recipe.sha256 == sha256_file(recipe)
     # the files: verdict (loadable by the tag stage), summary, junit, the tools' own outputs
     assert load_verdict(run_dir / "verdict.json") == verdict

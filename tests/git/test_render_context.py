@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from pipeline import labels
 from pipeline.config import Settings, load_settings
 from pipeline.errors import RenderError
 from pipeline.gitw import GitRepo
-from pipeline.image.context import LOCK_NAME, MANIFEST, RenderedContext, read_manifest
+from pipeline.image.context import MANIFEST, PAIR_NAME, RenderedContext, read_manifest
 from pipeline.image.render import render_context
 from pipeline.lock import Lock
 from tests.fixtures.build_repos import (
@@ -83,7 +84,10 @@ def test_context_holds_patched_atom_aiter_with_submodule_lock_and_ignore(
     assert (d / "atom/install_atom.py").is_file()
     assert (d / "aiter/aiter/ops/fused_qknorm_idxrqknorm.py").is_file()
     assert (d / "aiter" / CK_PATH / "include/ck.hpp").is_file()  # submodule from its mirror
-    assert Lock.parse((d / LOCK_NAME).read_text()) == repos.lock(base_ref=BASE, base_digest=DIGEST)
+    # the image carries the pair it is built from, not a model's lock
+    pair = (d / PAIR_NAME).read_text()
+    assert tomllib.loads(pair) == repos.lock(base_ref=BASE, base_digest=DIGEST).pair()
+    assert "model" not in tomllib.loads(pair) and "MiniMax" not in pair
     assert "**/.git" in (d / ".dockerignore").read_text()
     assert not list(d.rglob(".git"))
     manifest = json.loads((d / MANIFEST).read_text())
@@ -181,6 +185,31 @@ def test_patch_only_change_changes_digest(repos: BuildRepos, tmp_path: Path) -> 
     b = render(other, tmp_path / "b", lock=other.lock(base_ref=BASE, base_digest=DIGEST))
     assert a.inputs_digest != b.inputs_digest
     assert "split-kv-cache-v2" in (b.dir / "atom/atom/models/minimax_m3.py").read_text()
+
+
+def test_two_models_whose_locks_pin_one_pair_render_one_image(repos: BuildRepos, tmp_path: Path) -> None:
+    """Locks that differ only by model (and asked refs), each with its own recipe: one inputs
+    digest, one candidate, byte-identical Dockerfiles and image files."""
+    lock = repos.lock(base_ref=BASE, base_digest=DIGEST)
+    other = lock.model_copy(update={"model": "Kimi-K2.5-MXFP4"})
+    other = other.model_copy(
+        update={
+            "sources": other.sources.model_copy(update={"atom": other.atom.model_copy(update={"ref": "v1"})})
+        }
+    )
+    recipe = tmp_path / "Kimi-K2.5-MXFP4.yaml"
+    recipe.write_text(repos.recipe.read_text().replace("name: MiniMax-M3-MXFP4", "name: Kimi-K2.5-MXFP4"))
+    a = render(repos, tmp_path / "a", lock=lock)
+    b = render(repos, tmp_path / "b", lock=other, recipe=recipe)
+    assert lock.digest() != other.digest()
+    assert a.inputs_digest == b.inputs_digest and a.image_ref == b.image_ref and a.labels == b.labels
+    for name in ("Dockerfile", "Dockerfile.classic", PAIR_NAME):
+        assert (a.dir / name).read_bytes() == (b.dir / name).read_bytes(), name
+    # a different patch series is a different image
+    repatched = repos.repatch("-v3")
+    c = render(repatched, tmp_path / "c", lock=repatched.lock(base_ref=BASE, base_digest=DIGEST))
+    assert c.inputs_digest != a.inputs_digest
+    assert c.labels[labels.PAIR_DIGEST] != a.labels[labels.PAIR_DIGEST] == lock.pair_digest()
 
 
 def test_unpatched_lock_uses_locked_commit(repos: BuildRepos, tmp_path: Path) -> None:

@@ -82,3 +82,36 @@ def test_digest_ignores_the_requested_refs_but_not_the_shas() -> None:
         }
     )
     assert moved.digest() != a.digest()
+
+
+def test_the_pair_digest_is_what_the_image_is_built_from_and_no_model() -> None:
+    a = make_lock().with_patches((PatchPin(name="0001-x.patch", sha256="d" * 64, status="applied"),))
+    same = a.model_copy(update={"model": "Other-Model"})
+    same = same.with_patches(
+        (*same.patches, PatchPin(name="0002-y.patch", sha256="e" * 64, status="not-needed"))
+    )
+    asked = same.model_copy(
+        update={
+            "sources": same.sources.model_copy(update={"atom": same.atom.model_copy(update={"ref": "v1"})})
+        }
+    )
+    assert a.digest() != same.digest()  # the lock names its model
+    assert a.pair_digest() == same.pair_digest() == asked.pair_digest()  # the image does not
+    assert "model" not in a.pair()
+    other_patch = a.with_patches((PatchPin(name="0001-x.patch", sha256="f" * 64, status="applied"),))
+    other_base = a.model_copy(update={"base_image": BaseImagePin(ref="base:1", digest="sha256:" + "1" * 64)})
+    other_sub = a.model_copy(
+        update={
+            "sources": a.sources.model_copy(
+                update={
+                    "aiter": a.aiter.model_copy(
+                        update={
+                            "submodules": (Submodule(path="3rdparty/ck", url="file:///ck", sha="9" * 40),)
+                        }
+                    )
+                }
+            )
+        }
+    )
+    for other in (other_patch, other_base, other_sub, make_lock()):
+        assert other.pair_digest() != a.pair_digest()

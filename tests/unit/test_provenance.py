@@ -30,8 +30,7 @@ RENDER = {
         labels.AITER_SHA: "e" * 40,
         labels.AITER_URL: "https://github.com/ROCm/aiter",
         labels.PATCHES: json.dumps([{"name": "0001-x.patch", "sha256": "5" * 64}]),
-        labels.RECIPE: "MiniMax-M3-MXFP4.yaml",
-        labels.RECIPE_SHA256: "7" * 64,
+        labels.PAIR_DIGEST: "7" * 64,
     },
     "dockerfiles": {"Dockerfile": "1" * 64, "Dockerfile.classic": "2" * 64},
     "inputs": {
@@ -75,6 +74,7 @@ def test_build_writes_no_slsa_says_why_and_states_its_inputs(tmp_path: Path) -> 
         "patched_commit": "c" * 40,
     }
     assert pred["patches"] == [{"name": "0001-x.patch", "sha256": "5" * 64}]
+    assert pred["pair_digest"] == "7" * 64 and "recipe" not in pred  # the image names no model
     assert pred["wheels"] == {"lm_eval-0.4.13-py3-none-any.whl": "3" * 64}
     assert pred["dockerfiles"]["Dockerfile"] == "1" * 64
     assert (

@@ -159,3 +159,66 @@ def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> No
     ]
     assert any(u.startswith("github/codeql-action/upload-sarif@") for u in uses)
     assert any(u.startswith("EnricoMi/publish-unit-test-result-action/") for u in uses)
+
+
+class _ToolsContainer:
+    """Answers the recipe-tools probe as an image would that lacks `missing` and has the rest."""
+
+    def __init__(self, argv: list[str], missing: set[str]) -> None:
+        self.exp = json.loads(argv[-1])
+        self.missing = missing
+
+    def __enter__(self) -> "_ToolsContainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def logs(self) -> str:
+        tools = {t: (None if t in self.missing else f"/usr/bin/{t}") for t in self.exp["tools"]}
+        modules = {m: (None if m in self.missing else f"/app/{m}.py") for m in self.exp["modules"]}
+        return "TOOLS " + json.dumps({"tools": tools, "modules": modules}) + "\n"
+
+
+def test_a_build_for_several_models_checks_each_other_models_recipe_tools_on_the_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One image for the models of one pair: the build runs the recipe-tools self-check of every
+    model it did not render for; a tool the image lacks stops with that model named."""
+    import io
+
+    import pipeline.oci.engine
+    from pipeline.config import load_settings
+    from pipeline.image.selfcheck import SelfCheckError
+    from pipeline.log import Logger
+    from pipeline.rebuild import shared_image_tools
+
+    recipe = (Path(__file__).resolve().parents[2] / "tests" / "servers" / "recipe-test.yaml").read_text()
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "B.yaml").write_text(recipe.replace("name: Smoke-Test-Tiny", "name: B"))
+    (recipes / "C.yaml").write_text(
+        recipe.replace("name: Smoke-Test-Tiny", "name: C").replace("- lm_eval\n", "- no-such-eval\n")
+    )
+    runs: list[str] = []
+
+    class Fake:
+        def run(self, image: str, command: list[str], **kw: Any) -> _ToolsContainer:
+            runs.append(image)
+            return _ToolsContainer(command, {"no-such-eval"})
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: Fake()))
+    settings = load_settings(env={"PIPELINE_RECIPES_DIR": str(recipes)}, cwd=tmp_path)
+    out = io.StringIO()
+    shared_image_tools(["B"], "sha256:" + "1" * 64, "d" * 64, settings, Logger(stream=out), {})
+    assert runs == ["sha256:" + "1" * 64] and "B's recipe tools are in" in out.getvalue()
+    with pytest.raises(SelfCheckError) as e:
+        shared_image_tools(["B", "C"], "sha256:" + "1" * 64, "d" * 64, settings, Logger(stream=out), {})
+    assert "the recipe of C runs" in str(e.value) and "`no-such-eval` is not in the image" in str(e.value)
+    assert "The image is kept" in (e.value.hint or "")

@@ -50,6 +50,7 @@ def make_lock(
     patches: tuple[PatchPin, ...] = (PATCH,),
     atom_ref: str = "main",
     atom_url: str = "https://github.com/ROCm/ATOM.git",
+    model: str = "MiniMax-M3-MXFP4",
 ) -> Lock:
     atom = SourcePin(
         url=atom_url,
@@ -67,7 +68,7 @@ def make_lock(
         submodules=(Submodule(path=CK, url=CK_URL, sha=CK_SHA),),
     )
     return Lock(
-        model="MiniMax-M3-MXFP4",
+        model=model,
         sources=Sources(atom=atom, aiter=aiter),
         base_image=BaseImagePin(ref=s.image.base_image, digest=BASE_DIGEST),
         patches=patches,
@@ -82,7 +83,6 @@ def plan(
     templates: Path = TEMPLATES,
     epoch: int | None = None,
     atom_tree: str = "3" * 40,
-    recipe_sha: str = "5" * 64,
     wheels: dict[str, str] | None = None,
     aiter_requirements: bool = True,
 ) -> RenderPlan:
@@ -91,8 +91,6 @@ def plan(
         atom_tree=atom_tree,
         aiter_tree="4" * 40,
         submodules=(SubmoduleSpec(CK, CK_URL, CK_SHA, source),),
-        recipe_name="MiniMax-M3-MXFP4.yaml",
-        recipe_sha256=recipe_sha,
         settings=s,
         template_hashes=template_sources(templates),
         source_date_epoch=epoch,
@@ -207,12 +205,14 @@ def test_labels(tmp_path: Path) -> None:
     assert lab[labels.OCI_BASE_DIGEST] == BASE_DIGEST
     assert lab[labels.ATOM_SHA] == ATOM_SHA and lab[labels.AITER_SHA] == AITER_SHA
     assert json.loads(lab[labels.PATCHES]) == [{"name": PATCH.name, "sha256": PATCH.sha256}]
-    assert lab[labels.RECIPE] == "MiniMax-M3-MXFP4.yaml" and lab[labels.RECIPE_SHA256] == "5" * 64
-    assert lab[labels.LOCK_SHA256] == make_lock(s).digest()
+    assert lab[labels.PAIR_DIGEST] == make_lock(s).pair_digest() != make_lock(s).digest()
     assert lab[labels.INPUTS_DIGEST] == p.inputs_digest
     assert p.image_ref == f"{s.image.repository}:candidate-{p.inputs_digest[:12]}"
-    for key in (labels.OCI_VERSION, labels.OCI_TITLE, labels.TOOL_VERSION, labels.MODEL):
+    for key in (labels.OCI_VERSION, labels.OCI_TITLE, labels.TOOL_VERSION):
         assert lab[key]
+    # the image serves every model of its pair: no label, value or Dockerfile line names one
+    assert labels.MODEL not in lab and labels.RECIPE not in lab and "model" not in p.values
+    assert not any("MiniMax" in f"{k}={v}" for k, v in lab.items())
     text = render_dockerfile(TEMPLATES, p.values)
     assert f'"{labels.INPUTS_DIGEST}"="{p.inputs_digest}"' in text
 
@@ -231,7 +231,6 @@ def test_deterministic_and_digest_tracks_every_input(tmp_path: Path) -> None:
 
     changed = {
         "patch": plan(s, make_lock(s, patches=(PATCH.model_copy(update={"sha256": "9" * 64}),))),
-        "recipe": plan(s, recipe_sha="6" * 64),
         "atom tree": plan(s, atom_tree="7" * 40),
         "build command": plan(settings(tmp_path, aiter_build_cmd="python3 setup.py develop --verbose")),
         "build argument": plan(settings(tmp_path, max_jobs="16")),
@@ -244,6 +243,37 @@ def test_deterministic_and_digest_tracks_every_input(tmp_path: Path) -> None:
     changed["template"] = plan(s, templates=tpl)
     for what, other in changed.items():
         assert other.inputs_digest != base.inputs_digest, what
+
+
+def test_two_models_on_one_pair_share_one_image(tmp_path: Path) -> None:
+    """Locks that differ only by model (and the refs that asked for the commits) give the same
+    labels, Dockerfile and inputs digest: one build, one candidate for both models."""
+    s = settings(tmp_path)
+    first = plan(s, make_lock(s))
+    second = plan(s, make_lock(s, model="Kimi-K2.5-MXFP4", atom_ref="v0.1.5"))
+    assert make_lock(s).digest() != make_lock(s, model="Kimi-K2.5-MXFP4").digest()  # the locks differ
+    assert second.inputs_digest == first.inputs_digest and second.image_ref == first.image_ref
+    assert second.labels == first.labels
+    assert render_dockerfile(TEMPLATES, second.values) == render_dockerfile(TEMPLATES, first.values)
+    assert "Kimi" not in render_dockerfile(TEMPLATES, second.values)
+
+
+def test_a_different_patch_makes_a_different_image_for_the_same_model_pair(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    base = plan(s, make_lock(s))
+    other_patch = (PATCH.model_copy(update={"sha256": "9" * 64}),)
+    for lock in (
+        make_lock(s, patches=other_patch),
+        make_lock(s, model="Kimi-K2.5-MXFP4", patches=other_patch),
+        make_lock(s, patches=()),
+    ):
+        assert lock.pair_digest() != make_lock(s).pair_digest()
+        other = plan(s, lock)
+        assert other.inputs_digest != base.inputs_digest
+        assert other.labels[labels.PAIR_DIGEST] != base.labels[labels.PAIR_DIGEST]
+    # a patch the series did not apply to the tree is no input of the image
+    skipped = PatchPin(name="0002-other.patch", sha256="8" * 64, status="not-needed")
+    assert plan(s, make_lock(s, patches=(PATCH, skipped))).inputs_digest == base.inputs_digest
 
 
 # --------------------------------------------------------------------------- quoting / injection
@@ -374,7 +404,7 @@ def test_missing_value_is_an_error_not_empty(tmp_path: Path) -> None:
 
 
 def test_unquoted_value_is_refused(tmp_path: Path) -> None:
-    d = _templates(tmp_path, "FROM {{ base_image | image }}\nRUN echo {{ model }}\n")
+    d = _templates(tmp_path, "FROM {{ base_image | image }}\nRUN echo {{ aiter_sha }}\n")
     with pytest.raises(RenderError) as e:
         render_dockerfile(d, plan(settings(tmp_path)).values)
     assert "without a quoting filter" in str(e.value) and f"{d / TEMPLATE}:2" in str(e.value)
@@ -408,8 +438,10 @@ def test_the_aiter_stage_key_is_shared_by_models_and_atom_commits_with_one_aiter
             )
         }
     )
-    # another model, another ATOM commit, no patches: the image differs, aiter's stage does not
-    assert plan(s, other_model).inputs_digest != plan(s).inputs_digest
+    # another model: the same image; another ATOM commit, no patches: the image differs, aiter's
+    # stage does not
+    assert plan(s, other_model).inputs_digest == plan(s).inputs_digest
+    assert plan(s, other_atom, atom_tree="8" * 40).inputs_digest != plan(s).inputs_digest
     assert _aiter_key(s, other_model) == key
     assert _aiter_key(s, other_atom, atom_tree="8" * 40) == key
     # what aiter's stage is built from changes the key: its tree, archs, base digest, build arguments

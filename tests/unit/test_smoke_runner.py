@@ -17,18 +17,22 @@ from typing import Any
 
 import pytest
 
+from pipeline import labels
 from pipeline.cli import main
 from pipeline.config import load_settings
-from pipeline.errors import ConfigError, ExitCode, InfraError
+from pipeline.errors import ConfigError, ExitCode, InfraError, UsageError
+from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.oci.engine import ContainerInfo
 from pipeline.recipes.recipe import load_recipe
 from pipeline.smoke import SmokeOptions, Verdict, load_verdict, run_smoke
 from tests.fixtures.sysfs import make_sysfs, nodes_dir
+from tests.fixtures.tag_world import make_lock
 from tests.unit.test_smoke_checks import bench_result, chat_body, lm_eval_results
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE_PATH = REPO / "tests" / "servers" / "recipe-test.yaml"
+LOCK = make_lock()  # the lock the fake image was built from (its pair label)
 SEED = "RuntimeError: aiter::_fused_qknorm_idxrqknorm_hip() Expected a value of type 'Optional[Tensor]'"
 
 
@@ -141,7 +145,7 @@ class FakeContainer:
 class FakeImage:
     id: str = "sha256:" + "1" * 64
     digests: list[str] = field(default_factory=lambda: ["reg/atom@sha256:" + "2" * 64])
-    labels: dict[str, str] = field(default_factory=lambda: {"org.atom-image-pipeline.lock.sha256": "3" * 64})
+    labels: dict[str, str] = field(default_factory=lambda: {labels.PAIR_DIGEST: LOCK.pair_digest()})
 
 
 class FakeEngine:
@@ -166,7 +170,12 @@ class FakeEngine:
 
 
 def smoke(
-    tmp_path: Path, container: FakeContainer, *, out: io.StringIO | None = None, **opts: Any
+    tmp_path: Path,
+    container: FakeContainer,
+    *,
+    out: io.StringIO | None = None,
+    lock: Lock | None = None,
+    **opts: Any,
 ) -> tuple[Verdict, FakeEngine]:
     engine = FakeEngine(container)
     log = Logger(stream=out or io.StringIO())
@@ -181,15 +190,18 @@ def smoke(
         log=log,
         sysfs_root=make_sysfs(tmp_path / "sys"),
         options=SmokeOptions(**opts),
+        lock=lock,
     )
     return verdict, engine
 
 
 def test_healthy_run_binds_the_verdict_and_passes_options(tmp_path: Path) -> None:
     c = FakeContainer(["starting"])
-    verdict, engine = smoke(tmp_path, c, quick=True)
+    verdict, engine = smoke(tmp_path, c, quick=True, lock=LOCK)
     assert verdict.passed, verdict.reason
-    assert verdict.image.digest == "sha256:" + "2" * 64 and verdict.lock_sha256 == "3" * 64
+    assert verdict.image.digest == "sha256:" + "2" * 64
+    # model -> lock -> image: the model's lock (its digest names the model) and the image's pair
+    assert verdict.lock_sha256 == LOCK.digest() and verdict.pair_digest == LOCK.pair_digest()
     lm_eval = next(a for a in c.execs if a[0] == "lm_eval")
     assert lm_eval[-2:] == ["--limit", "40"]  # --quick: the recipe's quick_limit
     assert lm_eval[lm_eval.index("--output_path") + 1].startswith("/tmp/atom-smoke/")
@@ -199,6 +211,22 @@ def test_healthy_run_binds_the_verdict_and_passes_options(tmp_path: Path) -> Non
     assert c.removed
     cmd_file = (tmp_path / "run" / "server-command.txt").read_text()
     assert "--env HF_TOKEN " in cmd_file and "hf_unit_secret" not in cmd_file
+
+
+def test_a_lock_of_another_pair_starts_nothing(tmp_path: Path) -> None:
+    c = FakeContainer(["starting"])
+    other = make_lock(patches=False)  # another series: another image
+    with pytest.raises(UsageError) as e:
+        smoke(tmp_path, c, lock=other)
+    assert "the image is not this lock's" in str(e.value) and other.pair_digest()[:12] in str(e.value)
+    assert e.value.exit_code == ExitCode.USAGE and c.execs == []
+
+
+def test_without_a_lock_the_verdict_binds_none_and_says_so(tmp_path: Path) -> None:
+    out = io.StringIO()
+    verdict, _ = smoke(tmp_path, FakeContainer(["starting"]), out=out, quick=True)
+    assert verdict.passed and verdict.lock_sha256 == "" and verdict.pair_digest == LOCK.pair_digest()
+    assert "the verdict binds no lock" in out.getvalue()
 
 
 def test_exit_without_traceback_names_the_exit_code_and_last_line(tmp_path: Path) -> None:
@@ -400,3 +428,22 @@ def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "error" and data["exit_code"] == 2 and "no image 'nope:1'" in data["error"]
     assert data["image"] == {"ref": "nope:1"} and data["run_dir"] == str(tmp_path)
+
+
+def test_cli_binds_the_given_lock_and_refuses_one_of_another_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeline.oci.engine
+
+    container = FakeContainer([])
+    monkeypatch.setattr(
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(container))
+    )
+    other = tmp_path / "other.toml"
+    make_lock(patches=False).save(other)
+    argv = ["smoke", "--image", "atom:test", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, "--lock", str(other)]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "the image is not this lock's" in err and "nothing was started" in err and container.execs == []
+    assert main([*argv, "--lock", str(tmp_path / "absent.toml")]) == ExitCode.USAGE
+    assert "absent.toml does not exist" in capsys.readouterr().err

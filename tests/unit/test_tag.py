@@ -16,6 +16,7 @@ from filelock import FileLock
 
 from pipeline import labels
 from pipeline.errors import ConfigError, ExitCode, InfraError, RunLocked, TagError, UsageError
+from pipeline.fsutil import sha256_file
 from pipeline.log import Logger
 from pipeline.oci.engine import ImageInfo
 from pipeline.oci.registry import MEDIA_DOCKER_MANIFEST, RegistryClient, parse_image_ref
@@ -518,7 +519,7 @@ def test_missing_image_refused(world: World, fake: FakeRegistry) -> None:
 
 @pytest.mark.parametrize(
     ("label", "what"),
-    [(labels.LOCK_SHA256, "lock"), (labels.RECIPE_SHA256, "recipe"), (labels.INPUTS_DIGEST, "inputs digest")],
+    [(labels.PAIR_DIGEST, "pair"), (labels.INPUTS_DIGEST, "inputs digest")],
 )
 def test_image_labels_must_match_verdict(world: World, fake: FakeRegistry, label: str, what: str) -> None:
     engine = _engine(world, fake)
@@ -527,6 +528,75 @@ def test_image_labels_must_match_verdict(world: World, fake: FakeRegistry, label
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
     assert f"image's {what}" in str(e.value) and engine.pushed == []
+
+
+def test_a_verdict_that_binds_no_lock_is_refused(world: World, fake: FakeRegistry) -> None:
+    world.write_verdict(lock_sha256="")  # smoke ran without the model's lock
+    engine = _engine(world, fake)
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "binds no lock" in str(e.value) and "--lock" in (e.value.hint or "") and engine.pushed == []
+
+
+def test_a_lock_of_another_pair_is_refused_though_the_verdict_names_it(
+    world: World, fake: FakeRegistry
+) -> None:
+    """The verdict and the lock agree, but the lock does not pin the pair the image was built from."""
+    engine = _engine(world, fake)  # labelled with the world's pair
+    other = make_lock(patches=False)
+    other.save(world.lock_path)
+    world.write_verdict(lock_sha256=other.digest())
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "the image is not this lock's" in str(e.value) and other.pair_digest()[:12] in str(e.value)
+    assert engine.pushed == []
+
+
+def test_two_models_of_one_pair_tag_the_same_image(world: World, fake: FakeRegistry) -> None:
+    """One image, two models: each verdict binds its model's lock (same pair) and gets its own tags."""
+    engine = _engine(world, fake)
+    first = _run(world, engine, fake)
+    other = "Kimi-K2.5-MXFP4"
+    lock = make_lock(model=other)
+    assert lock.pair_digest() == world.lock.pair_digest() and lock.digest() != world.lock.digest()
+    lock_path = world.lock_path.with_name(f"{other}.toml")
+    lock.save(lock_path)
+    recipe = world.recipe_path.with_name(f"{other}.yaml")
+    recipe.write_text(world.recipe_path.read_text().replace(f"name: {MODEL}", f"name: {other}"))
+    verdict = world.verdict()
+    verdict.update(
+        lock_sha256=lock.digest(), recipe={"name": other, "path": str(recipe), "sha256": sha256_file(recipe)}
+    )
+    world.verdict_path.write_text(json.dumps(verdict))
+    second = tag_verified(
+        engine,
+        image="atom:test",
+        verdict_path=world.verdict_path,
+        lock=None,  # the verdict's model names locks/<model>.toml
+        recipe_path=None,
+        settings=world.settings(registry=REG),
+        registry=None,
+        log=Logger(stream=io.StringIO()),
+        env={},
+        client=RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None),
+        lock_timeout=1,
+    )
+    assert second.digest == first.digest
+    assert fake.tags[REPO][f"{other}-verified"] == fake.tags[REPO][f"{MODEL}-verified"] == first.digest
+
+
+def test_an_image_of_the_older_model_naming_pipeline_is_refused_with_what_to_do(
+    world: World, fake: FakeRegistry
+) -> None:
+    engine = _engine(world, fake)
+    old = {k: v for k, v in world.labels.items() if k != labels.PAIR_DIGEST}
+    engine.images["atom:test"] = ImageInfo(
+        IMAGE_ID, ["atom:test"], [], {**old, labels.OLD_LOCK_SHA256: world.lock.digest()}, ""
+    )
+    with pytest.raises(TagError) as e:
+        _run(world, engine, fake)
+    assert "older version of this pipeline" in str(e.value) and "Rebuild it" in (e.value.hint or "")
+    assert engine.pushed == []
 
 
 def test_unlabelled_image_refused(world: World, fake: FakeRegistry) -> None:
@@ -665,11 +735,11 @@ def test_credentials_reach_push_but_no_output_or_file(world: World, tmp_path: Pa
 def test_record_strips_userinfo_from_urls(world: World, fake: FakeRegistry) -> None:
     lock = make_lock(atom_url="https://x-access-token:ghp_SECRET123@github.com/ROCm/ATOM.git")
     lock.save(world.lock_path)
-    world.write_verdict(lock_sha256=lock.digest())
+    world.write_verdict(lock_sha256=lock.digest(), pair_digest=lock.pair_digest())
     engine = _engine(world, fake)
     info = engine.images["atom:test"]
     engine.images["atom:test"] = ImageInfo(
-        info.id, info.tags, [], {**info.labels, labels.LOCK_SHA256: lock.digest()}, ""
+        info.id, info.tags, [], {**info.labels, labels.PAIR_DIGEST: lock.pair_digest()}, ""
     )
     result = _run(world, engine, fake)
     text = result.record_path.read_text()
@@ -741,7 +811,7 @@ def test_cli_json_result(
     assert out["pinned_ref"] == f"{REG}/{REPO}@{out['digest']}"
 
 
-def test_cli_default_lock_path_from_model_label(
+def test_cli_default_lock_path_from_the_verdicts_model(
     world: World, fake: FakeRegistry, cli: FakeEngine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pipeline.cli import main
