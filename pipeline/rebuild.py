@@ -308,14 +308,24 @@ def plan_rebuild(
                 BuildRequest(model=model, atom_ref=atom, until="check", auto_aiter=True), settings, log, env
             )
             pinned = auto.output("pin", pin.Outputs)
-            if pinned is not None and pinned.auto is not None and pinned.auto.newest_compatible is not None:
-                candidates.append(pinned.lock)
+            newest = pinned.auto.newest_compatible if pinned is not None and pinned.auto is not None else None
+            if pinned is not None and pinned.auto is not None and newest is not None:
                 brk = pinned.auto.first_breaking
-                notes.append(
-                    f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path"
-                    + (f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else "")
-                    + f"; its newest compatible aiter is {pinned.auto.newest_compatible.sha[:10]}"
+                said = f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path" + (
+                    f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else ""
                 )
+                if auto.error is None:
+                    candidates.append(pinned.lock)
+                    notes.append(f"{said}; its newest compatible aiter is {newest.sha[:10]}")
+                else:
+                    # The search's newest aiter fixes every break a pin can fix, but the model's own
+                    # check there still fails (a call that binds at no aiter): no pair serves it, and
+                    # falling back for it would move every other model off the head for nothing.
+                    why = auto.error.message.splitlines()[0]
+                    notes.append(
+                        f"{said}; no fallback: at aiter {newest.sha[:10]}, the newest without a break "
+                        f"another pin fixes, its check still fails ({why})"
+                    )
                 if (at_head := first[model][1]) is not None:
                     notes.append(f"{model}: {draft_note(settings, at_head)}")
             else:
