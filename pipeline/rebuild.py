@@ -158,6 +158,31 @@ def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
 PLAN_SCHEMA = "atom-image-pipeline/rebuild-plan/v2"
 PLAN_FILE = "plan.json"
 CANDIDATE_FILE = "candidate.json"
+# A smoke test's expected length: the recorded durations of the benchmark rows it runs by default
+# plus the server's start, the chat and GSM8K checks; a recipe that records none counts this long.
+SMOKE_FIXED_S = 15 * 60.0
+SMOKE_UNKNOWN_S = 30 * 60.0
+
+
+def expected_smoke_s(model: str, recipes_dir: Path) -> float:
+    """How long the model's smoke test is expected to run (what the plan orders GPU jobs by)."""
+    from pipeline.recipes.recipe import BenchmarkCheck, find_recipe, load_recipe
+
+    try:
+        recipe = load_recipe(find_recipe(model, recipes_dir))
+    except PipelineError:
+        return SMOKE_UNKNOWN_S
+    rows = [
+        r
+        for check in recipe.checks
+        if isinstance(check, BenchmarkCheck)
+        for r in check.reference
+        if r.concurrency in check.concurrencies
+    ]
+    durations = [r.duration_s for r in rows if r.duration_s is not None]
+    if rows and len(durations) == len(rows):
+        return SMOKE_FIXED_S + sum(durations)
+    return SMOKE_UNKNOWN_S
 
 
 @dataclass
@@ -172,11 +197,22 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     root: Path = Path(".")
 
+    def smoke_s(self, model: str) -> float:
+        """The model's expected smoke length (recorded by the plan; unknown: SMOKE_UNKNOWN_S)."""
+        return float(self.models.get(model, {}).get("smoke_s") or SMOKE_UNKNOWN_S)
+
+    def longest_first(self, models: list[str]) -> list[str]:
+        """Longest expected smoke first (LPT: GitHub starts a matrix's jobs in its order, so the
+        longest runs do not end up last on a GPU host), ties by name."""
+        return sorted(models, key=lambda m: (-self.smoke_s(m), m))
+
     def builds(self) -> list[dict[str, Any]]:
         """One build per distinct inputs digest to build: {inputs_digest, aiter_stage, models, lead}.
 
         `lead` is the first build of each aiter stage key: it compiles aiter and pushes that stage
         to the registry cache; the others start once it has (`needs:` in the workflow), from it.
+        The builds whose models have the most smoke to run come first, so the lead of each aiter
+        stage is the one whose smoke tests keep the GPU hosts busiest while the others build.
         """
         by_digest: dict[str, list[str]] = {}
         for model, e in sorted(self.models.items()):
@@ -184,7 +220,8 @@ class Plan:
                 by_digest.setdefault(e["inputs_digest"], []).append(model)
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for digest, models in sorted(by_digest.items(), key=lambda kv: kv[1][0]):
+        order = sorted(by_digest.items(), key=lambda kv: (-sum(self.smoke_s(m) for m in kv[1]), kv[1][0]))
+        for digest, models in order:
             key = self.models[models[0]].get("aiter_stage", "")
             out.append(
                 {"inputs_digest": digest, "aiter_stage": key, "models": models, "lead": key not in seen}
@@ -195,11 +232,15 @@ class Plan:
     def matrix(self) -> dict[str, Any]:
         """What the workflow's jobs fan out over (all JSON lists; an empty one skips its job)."""
         builds = self.builds()
-        built = {m for b in builds for m in b["models"]}
+        built = [m for b in builds for m in b["models"]]
         return {
             "lead": [b["inputs_digest"] for b in builds if b["lead"]],
             "follow": [b["inputs_digest"] for b in builds if not b["lead"]],
-            "smoke": sorted(built),
+            # every model to smoke, and the two waves the workflow runs them in: those whose image
+            # a lead build makes start when the leads are done, the others when the follows are
+            "smoke": self.longest_first(built),
+            "smoke_lead": self.longest_first([m for b in builds if b["lead"] for m in b["models"]]),
+            "smoke_follow": self.longest_first([m for b in builds if not b["lead"] for m in b["models"]]),
             "left_out": sorted(m for m, e in self.models.items() if e["status"] != "ok"),
             "released": sorted(
                 m for m, e in self.models.items() if e["status"] == "ok" and e.get("released")
@@ -340,8 +381,10 @@ def plan_rebuild(
             rounds = round_at(atom, aiter)
     out_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, dict[str, Any]] = {}
+    recipes = Path(settings.paths.recipes_dir)
     for model, (result, lock, err) in rounds.items():
         entry: dict[str, Any] = {"status": "ok", "exit_code": 0, "lock": "", "verdict": "", "notes": []}
+        entry["smoke_s"] = expected_smoke_s(model, recipes)
         if err is not None or result is None:
             entry.update(status="failed", exit_code=int(ExitCode.USAGE), notes=[err or "not run"])
         elif result.error is not None:

@@ -85,6 +85,8 @@ def test_one_plan_one_pair_for_every_model(
         "lead": [alpha["inputs_digest"]],
         "follow": [gamma["inputs_digest"]],
         "smoke": ["Alpha", "Gamma"],
+        "smoke_lead": ["Alpha"],
+        "smoke_follow": ["Gamma"],
         "left_out": [],
         "released": [],
     }

@@ -88,6 +88,8 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
         "lead": [d1, d3],
         "follow": [d2],
         "smoke": ["A", "B", "C", "D"],
+        "smoke_lead": ["A", "B", "D"],
+        "smoke_follow": ["C"],
         "left_out": ["F"],
         "released": ["E"],
     }
@@ -119,12 +121,13 @@ def test_every_step_of_the_workflow_is_a_job_script_or_an_action_pinned_by_sha()
 
 def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() -> None:
     jobs = _workflow()["jobs"]
-    assert set(jobs) == {"plan", "build-lead", "build", "smoke", "tag", "report"}
+    assert set(jobs) == {"plan", "build-lead", "build", "smoke-lead", "smoke", "tag", "report"}
     hosted = ("ubuntu-latest",)
     assert jobs["plan"]["runs-on"] in hosted and jobs["report"]["runs-on"] in hosted  # no GPU, no build host
     assert jobs["build-lead"]["runs-on"] == jobs["build"]["runs-on"] == ["self-hosted", "linux", "build"]
-    assert jobs["smoke"]["runs-on"] == ["self-hosted", "linux", "mi355"]
-    assert jobs["smoke"]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
+    for smoke in ("smoke-lead", "smoke"):
+        assert jobs[smoke]["runs-on"] == ["self-hosted", "linux", "mi355"]
+        assert jobs[smoke]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
     assert jobs["tag"]["concurrency"] == {
         "group": "tag-${{ github.repository }}",
         "cancel-in-progress": False,
@@ -136,7 +139,7 @@ def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() ->
 
     assert secrets(jobs["plan"]) == secrets(jobs["report"]) == set()
     assert secrets(jobs["build-lead"]) == secrets(jobs["build"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
-    assert secrets(jobs["smoke"]) == {"HF_TOKEN"}
+    assert secrets(jobs["smoke-lead"]) == secrets(jobs["smoke"]) == {"HF_TOKEN"}
     assert secrets(jobs["tag"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
     # write permissions only where something is published
     assert _workflow()["permissions"] == {"contents": "read"}
@@ -150,9 +153,15 @@ def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> No
     assert set(jobs["plan"]["outputs"]) <= plan_keys
     assert jobs["build-lead"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.lead) }}"
     assert jobs["build"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.follow) }}"
-    assert jobs["smoke"]["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke) }}"
     assert "build-lead" in jobs["build"]["needs"]  # aiter's stage is in the registry cache first
-    assert {"build-lead", "build"} <= set(jobs["smoke"]["needs"]) and "smoke" in jobs["tag"]["needs"]
+    # two waves of smoke tests: the lead builds' models wait for the leads only, the others for
+    # the follow builds; the tag job for both
+    lead, follow = jobs["smoke-lead"], jobs["smoke"]
+    assert lead["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke_lead) }}"
+    assert follow["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke_follow) }}"
+    assert set(lead["needs"]) == {"plan", "build-lead"} and set(follow["needs"]) == {"plan", "build"}
+    assert {"smoke-lead", "smoke"} <= set(jobs["tag"]["needs"])
+    assert {"smoke-lead", "smoke", "tag"} <= set(jobs["report"]["needs"])
     assert jobs["report"]["if"] == "${{ always() }}"
     uses = [s.get("uses", "") for s in jobs["plan"]["steps"]] + [
         s.get("uses", "") for s in jobs["report"]["steps"]
