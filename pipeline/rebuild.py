@@ -59,6 +59,56 @@ def _read_released(settings: Settings, model: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def released_in_registry(
+    settings: Settings, model: str, inputs_digest: str, env: Mapping[str, str], *, session: Any = None
+) -> tuple[bool | None, str]:
+    """Whether the model's moving tag in the target registry (`[tag] moving_tags`, e.g.
+    `{model}-verified`) holds an image of this inputs digest (its label): what is tagged there IS
+    released, whatever runner asks. (None, why) when the registry cannot say: none configured,
+    offline, no moving tag of the model alone, or no answer; the caller falls back to the locks."""
+    import string
+
+    from pipeline import labels
+    from pipeline.oci.registry import RegistryClient, credentials_for
+    from pipeline.release.tag import target_repository
+
+    if settings.sources.offline or not settings.tag.registry:
+        return None, ""
+    tags = [
+        t.format(model=model)
+        for t in settings.tag.moving_tags
+        if {f for _, f, _, _ in string.Formatter().parse(t) if f is not None} <= {"model"}
+    ]
+    if not tags:
+        return None, ""
+    where = f"the registry's {tags[0]}"
+    try:
+        target = target_repository(settings, None, None)
+        client = RegistryClient(
+            target.registry, credentials=credentials_for(target.registry, env), retries=1, session=session
+        )
+        where = f"{target.registry}/{target.repository}:{tags[0]}"
+        digest = client.manifest_digest(target.repository, tags[0])
+        if digest is None:
+            return False, f"{where} does not exist"
+        body, _media, _ = client.get_manifest(target.repository, digest)
+        manifest = json.loads(body)
+        for entry in manifest.get("manifests", []):  # an index: the image, not its attestations
+            if (entry.get("platform") or {}).get("os", "unknown") != "unknown":
+                body, _media, _ = client.get_manifest(target.repository, entry["digest"])
+                manifest = json.loads(body)
+                break
+        config = json.loads(client.get_blob(target.repository, manifest["config"]["digest"]))
+        found = ((config.get("config") or {}).get("Labels") or {}).get(labels.INPUTS_DIGEST, "")
+    except PipelineError as e:
+        return None, f"{model}: the registry could not say what is released ({e.message.splitlines()[0]})"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, f"{model}: the image at {where} has no readable config: not counted as released"
+    if found == inputs_digest:
+        return True, f"{where} holds inputs digest {inputs_digest[:12]}"
+    return False, f"{where} holds inputs digest {str(found)[:12] or '(none)'}"
+
+
 def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:
     """Patches the run's ATOM no longer needs: already upstream, or ATOM is past their range.
 
@@ -446,11 +496,20 @@ def _rendered(
         code = int(result.error.exit_code) if result.error is not None else int(ExitCode.USAGE)
         return {"error": f"render: {why}", "exit": code}
     manifest = read_manifest(rendered.context)
-    released = _read_released(settings, model).get("inputs_digest") == rendered.inputs_digest
+    # the registry is what is released (a CI runner has no locks/ of the last run); the locks
+    # directory's record only where no registry can say
+    released, said = released_in_registry(settings, model, rendered.inputs_digest, env)
+    if released is None:
+        if said:
+            log.warn(said)
+        released = _read_released(settings, model).get("inputs_digest") == rendered.inputs_digest
+        said = f"{said}; " if said else ""
+        said += f"locks/{model}.released.json " + ("holds" if released else "does not hold") + " it"
     return {
         "inputs_digest": rendered.inputs_digest,
         "aiter_stage": manifest.aiter_stage,
         "released": released,
+        "released_by": said,
     }
 
 

@@ -168,3 +168,77 @@ def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> No
     ]
     assert any(u.startswith("github/codeql-action/upload-sarif@") for u in uses)
     assert any(u.startswith("EnricoMi/publish-unit-test-result-action/") for u in uses)
+
+
+# -- what is released is what the registry's moving tag holds (issue 29: CI has no locks/ to carry) --
+
+
+def _registry_world(tmp_path: Path, **env: str) -> tuple[Any, Any]:
+    from pipeline.config import load_settings
+    from tests.fixtures.registry_fake import FakeRegistry
+
+    settings = load_settings(
+        cwd=tmp_path,
+        env={"PIPELINE_REGISTRY": "127.0.0.1:5000", "PIPELINE_REPOSITORY": "atom/dev", **env},
+    )
+    return settings, FakeRegistry()
+
+
+def _push(fake: Any, tag: str, inputs_digest: str, *, index: bool = False) -> None:
+    from pipeline import labels
+    from pipeline.oci.registry import MEDIA_DOCKER_MANIFEST
+
+    config = fake.add_blob(json.dumps({"config": {"Labels": {labels.INPUTS_DIGEST: inputs_digest}}}).encode())
+    image = json.dumps(
+        {"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": config}, "layers": []}
+    ).encode()
+    if not index:
+        fake.add("atom/dev", tag, image)
+        return
+    empty = json.dumps({"config": {"digest": fake.add_blob(b"{}")}}).encode()
+    attestation = fake.add("atom/dev", "att", empty)
+    image_digest = fake.add("atom/dev", "img", image)
+    body = {
+        "schemaVersion": 2,
+        "manifests": [  # buildx's attestation manifest may come first: it is not the image
+            {"digest": attestation, "platform": {"os": "unknown", "architecture": "unknown"}},
+            {"digest": image_digest, "platform": {"os": "linux", "architecture": "amd64"}},
+        ],
+    }
+    fake.add("atom/dev", tag, json.dumps(body).encode(), "application/vnd.oci.image.index.v1+json")
+
+
+def test_the_registrys_moving_tag_says_whether_an_inputs_digest_is_released(tmp_path: Path) -> None:
+    from pipeline.rebuild import released_in_registry
+    from tests.fixtures.registry_fake import fake_session
+
+    settings, fake = _registry_world(tmp_path)
+    d1, d2 = "1" * 64, "2" * 64
+    _push(fake, "A-verified", d1)
+    _push(fake, "B-verified", d2, index=True)
+    session = fake_session(fake)
+    got, said = released_in_registry(settings, "A", d1, {}, session=session)
+    assert got is True and said == f"127.0.0.1:5000/atom/dev:A-verified holds inputs digest {d1[:12]}"
+    assert released_in_registry(settings, "A", d2, {}, session=session)[0] is False  # changed: build it
+    assert released_in_registry(settings, "B", d2, {}, session=session)[0] is True  # an index
+    got, said = released_in_registry(settings, "C", d1, {}, session=session)
+    assert got is False and said.endswith("atom/dev:C-verified does not exist")
+
+
+def test_when_the_registry_cannot_say_the_locks_decide(tmp_path: Path) -> None:
+    from pipeline.rebuild import released_in_registry
+    from tests.fixtures.registry_fake import fake_session
+
+    settings, fake = _registry_world(tmp_path)
+    _push(fake, "A-verified", "1" * 64)
+    fake.fail = [503] * 10  # no answer after the retries
+    got, said = released_in_registry(settings, "A", "1" * 64, {}, session=fake_session(fake))
+    assert got is None and said.startswith("A: the registry could not say what is released (")
+    offline, _ = _registry_world(tmp_path, PIPELINE_OFFLINE="1")
+    assert released_in_registry(offline, "A", "1" * 64, {}, session=fake_session(fake)) == (None, "")
+    no_registry, _ = _registry_world(tmp_path, PIPELINE_REGISTRY="")
+    assert released_in_registry(no_registry, "A", "1" * 64, {}) == (None, "")
+    dated = settings.model_copy(
+        update={"tag": settings.tag.model_copy(update={"moving_tags": ["{model}-{date}"]})}
+    )  # no moving tag of the model alone: nothing to read
+    assert released_in_registry(dated, "A", "1" * 64, {}, session=fake_session(fake)) == (None, "")
