@@ -246,6 +246,7 @@ class Plan:
     # inputs_digest, aiter_stage, released (that digest is already released: nothing to build)
     notes: list[str] = field(default_factory=list)
     root: Path = Path(".")
+    gpu_hosts: int = 1  # how many smoke jobs run at once: the first follow builds make that many images
 
     def smoke_s(self, model: str) -> float:
         """The model's expected smoke length (recorded by the plan; unknown: SMOKE_UNKNOWN_S)."""
@@ -283,14 +284,24 @@ class Plan:
         """What the workflow's jobs fan out over (all JSON lists; an empty one skips its job)."""
         builds = self.builds()
         built = [m for b in builds for m in b["models"]]
+        follows = [b for b in builds if not b["lead"]]
+        # GitHub starts a job when every job it needs is done, so the smoke tests run in three
+        # waves: the lead builds' models when the leads are done; the models of the first follow
+        # builds (as many as there are GPU hosts) when those are; the others after the rest.
+        first, rest = follows[: max(0, self.gpu_hosts)], follows[max(0, self.gpu_hosts) :]
+
+        def smoke(wave: list[dict[str, Any]]) -> list[str]:
+            return self.longest_first([m for b in wave for m in b["models"]])
+
         return {
             "lead": [b["inputs_digest"] for b in builds if b["lead"]],
-            "follow": [b["inputs_digest"] for b in builds if not b["lead"]],
-            # every model to smoke, and the two waves the workflow runs them in: those whose image
-            # a lead build makes start when the leads are done, the others when the follows are
-            "smoke": self.longest_first(built),
-            "smoke_lead": self.longest_first([m for b in builds if b["lead"] for m in b["models"]]),
-            "smoke_follow": self.longest_first([m for b in builds if not b["lead"] for m in b["models"]]),
+            "follow": [b["inputs_digest"] for b in follows],  # follow_first and follow_rest
+            "follow_first": [b["inputs_digest"] for b in first],
+            "follow_rest": [b["inputs_digest"] for b in rest],
+            "smoke": self.longest_first(built),  # every model to smoke: the three waves
+            "smoke_lead": smoke([b for b in builds if b["lead"]]),
+            "smoke_first": smoke(first),
+            "smoke_rest": smoke(rest),
             "left_out": sorted(m for m, e in self.models.items() if e["status"] != "ok"),
             "released": sorted(
                 m for m, e in self.models.items() if e["status"] == "ok" and e.get("released")
@@ -320,7 +331,14 @@ class Plan:
                 hint="Write it with `pipeline rebuild --write-plan DIR` (the workflow's plan job does).",
             )
         try:
-            return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)
+            return cls(
+                data["atom"],
+                data["aiter"],
+                data["models"],
+                list(data.get("notes", [])),
+                path.parent,
+                int(data.get("gpu_hosts", 1)),
+            )
         except KeyError as e:
             raise UsageError(
                 f"rebuild plan {path} lacks {e}.", hint="Write it again with --write-plan."
@@ -333,6 +351,7 @@ class Plan:
             "aiter": self.aiter,
             "models": self.models,
             "notes": self.notes,
+            "gpu_hosts": self.gpu_hosts,
             "builds": self.builds(),
             "matrix": self.matrix(),
         }
@@ -361,7 +380,13 @@ def _check_at(
 
 
 def plan_rebuild(
-    models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], out_dir: Path
+    models: list[str],
+    settings: Settings,
+    log: Logger,
+    env: Mapping[str, str],
+    out_dir: Path,
+    *,
+    gpu_hosts: int = 1,
 ) -> Plan:
     """Pin the configured refs once, check every model's path at that pair, and write the locks
     and reports every model job builds from. When aiter's head breaks some model's path, the
@@ -460,7 +485,7 @@ def plan_rebuild(
             if (reports / "lock.toml").is_file() and entry["status"] == "ok":
                 entry["lock"] = f"reports/{model}/lock.toml"
         entries[model] = entry
-    plan = Plan(atom, aiter, entries, notes, out_dir)
+    plan = Plan(atom, aiter, entries, notes, out_dir, gpu_hosts)
     atomic_write_json(out_dir / PLAN_FILE, plan.to_json())
     return plan
 

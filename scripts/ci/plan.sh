@@ -20,6 +20,10 @@ for m in models:
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(m)), f"not a model name: {m!r}"
     print(m)') || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
 fi
+# the GPU hosts (vars.MI355_RUNNERS): the plan builds that many images first, to smoke early
+gpu_hosts="${GPU_HOSTS:-1}"
+[[ "$gpu_hosts" =~ ^[1-9][0-9]{0,2}$ ]] || ci_die "GPU_HOSTS (vars.MI355_RUNNERS) must be a number of hosts, 1 or more: ${gpu_hosts:0:40}"
+args+=("--gpu-hosts=$gpu_hosts")
 # models left out are not a failure of this job (the report job's); anything else is
 write_plan "${args[@]}"
 
@@ -45,7 +49,7 @@ PY
 
 left_out=$(plan_json 'plan["matrix"]["left_out"]')
 if [ -n "${GITHUB_OUTPUT:-}" ]; then
-    for k in lead follow smoke smoke_lead smoke_follow left_out released; do
+    for k in lead follow follow_first follow_rest smoke smoke_lead smoke_first smoke_rest left_out released; do
         echo "$k=$(plan_json "plan['matrix']['$k']")" >>"$GITHUB_OUTPUT"
     done
 fi
@@ -63,4 +67,4 @@ for model, entry in sorted(plan["models"].items()):
         with open(summary, "a") as f:
             f.write(f"| {model} | left out: {entry['status']} | {notes} |\n")
 PY
-ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json 'len(plan["matrix"]["smoke"])'), left out $left_out"
+ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json '[len(plan["matrix"][k]) for k in ("smoke_lead", "smoke_first", "smoke_rest")]') (three waves), left out $left_out"

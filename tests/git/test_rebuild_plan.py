@@ -84,9 +84,12 @@ def test_one_plan_one_pair_for_every_model(
     assert data["matrix"] == {
         "lead": [alpha["inputs_digest"]],
         "follow": [gamma["inputs_digest"]],
+        "follow_first": [gamma["inputs_digest"]],
+        "follow_rest": [],
         "smoke": ["Alpha", "Gamma"],
         "smoke_lead": ["Alpha"],
-        "smoke_follow": ["Gamma"],
+        "smoke_first": ["Gamma"],
+        "smoke_rest": [],
         "left_out": [],
         "released": [],
     }

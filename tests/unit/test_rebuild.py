@@ -87,9 +87,12 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
     assert plan.matrix() == {
         "lead": [d1, d3],
         "follow": [d2],
+        "follow_first": [d2],  # one GPU host: one image to smoke early
+        "follow_rest": [],
         "smoke": ["A", "B", "C", "D"],
         "smoke_lead": ["A", "B", "D"],
-        "smoke_follow": ["C"],
+        "smoke_first": ["C"],
+        "smoke_rest": [],
         "left_out": ["F"],
         "released": ["E"],
     }
@@ -99,6 +102,25 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     assert json.loads((tmp_path / "plan.json").read_text())["matrix"] == plan.matrix()
     assert Plan.load(tmp_path / "plan.json").builds() == plan.builds()
+
+
+def test_the_plan_orders_each_smoke_wave_longest_first_and_builds_one_image_per_gpu_host_first() -> None:
+    """LPT: the longest smoke tests start first; the lead is the build with the most smoke to run;
+    the first follow builds make as many images as there are GPU hosts, to smoke while the rest build."""
+    ok = {"status": "ok", "aiter_stage": "k"}
+    lengths = {"A": 1200.0, "B": 3000.0, "C": 600.0, "D": 2400.0, "E": 1800.0, "F": None}
+    models = {
+        m: {**ok, "inputs_digest": str(i) * 64, "smoke_s": s} for i, (m, s) in enumerate(lengths.items())
+    }
+    plan = Plan("a" * 40, "b" * 40, models, gpu_hosts=2)
+    m = plan.matrix()
+    assert m["lead"] == [models["B"]["inputs_digest"]]  # 50 min of smoke: it starts first
+    assert m["smoke"] == ["B", "D", "E", "F", "A", "C"]  # F records no length: 30 minutes
+    assert (m["smoke_lead"], m["smoke_first"], m["smoke_rest"]) == (["B"], ["D", "E"], ["F", "A", "C"])
+    assert m["follow_first"] == [models["D"]["inputs_digest"], models["E"]["inputs_digest"]]
+    assert m["follow"] == m["follow_first"] + m["follow_rest"]  # every follow build, as before the waves
+    one_host = Plan("a" * 40, "b" * 40, models).matrix()
+    assert (one_host["smoke_first"], one_host["smoke_rest"]) == (["D"], ["E", "F", "A", "C"])
 
 
 _SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
@@ -121,11 +143,14 @@ def test_every_step_of_the_workflow_is_a_job_script_or_an_action_pinned_by_sha()
 
 def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() -> None:
     jobs = _workflow()["jobs"]
-    assert set(jobs) == {"plan", "build-lead", "build", "smoke-lead", "smoke", "tag", "report"}
+    assert set(jobs) == {
+        "plan", "build-lead", "build-first", "build", "smoke-lead", "smoke-first", "smoke", "tag", "report"
+    }  # fmt: skip
     hosted = ("ubuntu-latest",)
     assert jobs["plan"]["runs-on"] in hosted and jobs["report"]["runs-on"] in hosted  # no GPU, no build host
-    assert jobs["build-lead"]["runs-on"] == jobs["build"]["runs-on"] == ["self-hosted", "linux", "build"]
-    for smoke in ("smoke-lead", "smoke"):
+    for build in ("build-lead", "build-first", "build"):
+        assert jobs[build]["runs-on"] == ["self-hosted", "linux", "build"]
+    for smoke in ("smoke-lead", "smoke-first", "smoke"):
         assert jobs[smoke]["runs-on"] == ["self-hosted", "linux", "mi355"]
         assert jobs[smoke]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
     assert jobs["tag"]["concurrency"] == {
@@ -138,8 +163,10 @@ def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() ->
         return set(re.findall(r"secrets\.(\w+)", text))
 
     assert secrets(jobs["plan"]) == secrets(jobs["report"]) == set()
-    assert secrets(jobs["build-lead"]) == secrets(jobs["build"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
-    assert secrets(jobs["smoke-lead"]) == secrets(jobs["smoke"]) == {"HF_TOKEN"}
+    for build in ("build-lead", "build-first", "build"):
+        assert secrets(jobs[build]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
+    for smoke in ("smoke-lead", "smoke-first", "smoke"):
+        assert secrets(jobs[smoke]) == {"HF_TOKEN"}
     assert secrets(jobs["tag"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
     # write permissions only where something is published
     assert _workflow()["permissions"] == {"contents": "read"}
@@ -151,17 +178,27 @@ def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> No
     jobs = _workflow()["jobs"]
     plan_keys = set(Plan("a" * 40, "b" * 40, {}).matrix())
     assert set(jobs["plan"]["outputs"]) <= plan_keys
-    assert jobs["build-lead"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.lead) }}"
-    assert jobs["build"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.follow) }}"
-    assert "build-lead" in jobs["build"]["needs"]  # aiter's stage is in the registry cache first
-    # two waves of smoke tests: the lead builds' models wait for the leads only, the others for
-    # the follow builds; the tag job for both
-    lead, follow = jobs["smoke-lead"], jobs["smoke"]
-    assert lead["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke_lead) }}"
-    assert follow["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke_follow) }}"
-    assert set(lead["needs"]) == {"plan", "build-lead"} and set(follow["needs"]) == {"plan", "build"}
-    assert {"smoke-lead", "smoke"} <= set(jobs["tag"]["needs"])
-    assert {"smoke-lead", "smoke", "tag"} <= set(jobs["report"]["needs"])
+    (plan_step,) = [s for s in jobs["plan"]["steps"] if s.get("run") == "scripts/ci/plan.sh"]
+    assert plan_step["env"]["GPU_HOSTS"] == "${{ vars.MI355_RUNNERS || '1' }}"  # the first wave's size
+
+    def matrix(job: str) -> str:
+        (value,) = jobs[job]["strategy"]["matrix"].values()
+        assert isinstance(value, str)
+        return value
+
+    # three waves: each smoke job needs the build job that makes its images, and nothing later
+    for build, builds, smoke, smokes in (
+        ("build-lead", "lead", "smoke-lead", "smoke_lead"),
+        ("build-first", "follow_first", "smoke-first", "smoke_first"),
+        ("build", "follow_rest", "smoke", "smoke_rest"),
+    ):
+        assert matrix(build) == f"${{{{ fromJSON(needs.plan.outputs.{builds}) }}}}"
+        assert matrix(smoke) == f"${{{{ fromJSON(needs.plan.outputs.{smokes}) }}}}"
+        assert set(jobs[smoke]["needs"]) == {"plan", build}
+    # aiter's stage is in the registry cache before any follow build starts
+    assert "build-lead" in jobs["build-first"]["needs"] and "build-first" in jobs["build"]["needs"]
+    assert {"smoke-lead", "smoke-first", "smoke"} <= set(jobs["tag"]["needs"])
+    assert set(jobs["report"]["needs"]) == set(jobs) - {"report"}
     assert jobs["report"]["if"] == "${{ always() }}"
     uses = [s.get("uses", "") for s in jobs["plan"]["steps"]] + [
         s.get("uses", "") for s in jobs["report"]["steps"]
