@@ -106,9 +106,10 @@ def test_without_a_break_the_plan_is_the_configured_heads_and_a_refused_model_fa
 ) -> None:
     _env(fx, tmp_path, monkeypatch)
     out = tmp_path / "pins"
-    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out), "--gpu-hosts", "3"]) == ExitCode.OK
     data = json.loads((out / "plan.json").read_text())
     assert data["aiter"] == fx.aiter_sha and data["notes"] == []  # nothing broke: the configured head
+    assert data["gpu_hosts"] == 3 and Plan.load(out / "plan.json").gpu_hosts == 3  # the first wave's size
     # What a plan records for a model no common pair serves: its job fails with the plan's reason.
     plan = Plan.load(out / "plan.json")
     plan.models["Gamma"]["status"] = "incompatible"
