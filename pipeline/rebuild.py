@@ -103,7 +103,7 @@ def released_in_registry(
     except PipelineError as e:
         return None, f"{model}: the registry could not say what is released ({e.message.splitlines()[0]})"
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None, f"{model}: the image at {where} has no readable config: not counted as released"
+        return False, f"the image at {where} has no readable config: not counted as released"
     if found == inputs_digest:
         return True, f"{where} holds inputs digest {inputs_digest[:12]}"
     return False, f"{where} holds inputs digest {str(found)[:12] or '(none)'}"
@@ -342,6 +342,11 @@ class Plan:
         except KeyError as e:
             raise UsageError(
                 f"rebuild plan {path} lacks {e}.", hint="Write it again with --write-plan."
+            ) from None
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"rebuild plan {path} has a gpu_hosts that is not a number of hosts.",
+                hint="Write it again with --write-plan.",
             ) from None
 
     def to_json(self) -> dict[str, Any]:

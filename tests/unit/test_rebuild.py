@@ -102,6 +102,9 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     assert json.loads((tmp_path / "plan.json").read_text())["matrix"] == plan.matrix()
     assert Plan.load(tmp_path / "plan.json").builds() == plan.builds()
+    (tmp_path / "plan.json").write_text(json.dumps({**plan.to_json(), "gpu_hosts": "many"}))
+    with pytest.raises(UsageError, match="has a gpu_hosts that is not a number of hosts"):
+        Plan.load(tmp_path / "plan.json")
 
 
 def test_the_plan_orders_each_smoke_wave_longest_first_and_builds_one_image_per_gpu_host_first() -> None:
@@ -260,6 +263,9 @@ def test_the_registrys_moving_tag_says_whether_an_inputs_digest_is_released(tmp_
     assert released_in_registry(settings, "B", d2, {}, session=session)[0] is True  # an index
     got, said = released_in_registry(settings, "C", d1, {}, session=session)
     assert got is False and said.endswith("atom/dev:C-verified does not exist")
+    fake.add("atom/dev", "D-verified", b'{"schemaVersion": 2}')  # no config: not an image we released
+    got, said = released_in_registry(settings, "D", d1, {}, session=session)
+    assert got is False and said.endswith(":D-verified has no readable config: not counted as released")
 
 
 def test_when_the_registry_cannot_say_the_locks_decide(tmp_path: Path) -> None:
