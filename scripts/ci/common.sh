@@ -27,6 +27,21 @@ setup_tool() {
     command -v pipeline >/dev/null || ci_die "the production install left no pipeline command in $VENV/bin"
 }
 
+# requested_models: REQUESTED_MODELS (a JSON list of recipe names; "" or []: all) one a line, or
+# the job fails (a list that cannot be read must not turn into "every model")
+requested_models() {
+    "$PYTHON" -c 'import json, os, re, sys
+try:
+    models = json.loads(os.environ.get("REQUESTED_MODELS") or "[]")
+except ValueError:
+    sys.exit(1)
+if not isinstance(models, list) or not all(
+    isinstance(m, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", m) for m in models
+):
+    sys.exit(1)
+print("\n".join(models))' || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
+}
+
 # write_plan ARGS...: `pipeline rebuild --write-plan $PLAN_DIR ARGS...`, judged. Its exit is 0 when
 # every model is planned, else the worst exit code of the models it leaves out, after the whole
 # plan is written (the others still build; the report job ends the run red for those left out).

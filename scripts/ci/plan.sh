@@ -7,23 +7,18 @@
 #   scripts/ci/plan.sh            REQUESTED_MODELS: a JSON list of recipe names ("" or []: all)
 . "$(dirname "$0")/common.sh"
 
-setup_tool production
-
+# the inputs first: a bad one fails the job before anything is installed
 args=()
-if [ -n "${REQUESTED_MODELS:-}" ]; then
-    while IFS= read -r m; do
-        [ -n "$m" ] && args+=("--model=$m")
-    done < <("$PYTHON" -c 'import json, os, re
-models = json.loads(os.environ["REQUESTED_MODELS"] or "[]")
-assert isinstance(models, list), "REQUESTED_MODELS must be a JSON list"
-for m in models:
-    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(m)), f"not a model name: {m!r}"
-    print(m)') || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
-fi
+models=$(requested_models) || exit 1
+while IFS= read -r m; do
+    [ -n "$m" ] && args+=("--model=$m")
+done <<<"$models"
 # the GPU hosts (vars.MI355_RUNNERS): the plan builds that many images first, to smoke early
 gpu_hosts="${GPU_HOSTS:-1}"
 [[ "$gpu_hosts" =~ ^[1-9][0-9]{0,2}$ ]] || ci_die "GPU_HOSTS (vars.MI355_RUNNERS) must be a number of hosts, 1 or more: ${gpu_hosts:0:40}"
 args+=("--gpu-hosts=$gpu_hosts")
+
+setup_tool production
 # models left out are not a failure of this job (the report job's); anything else is
 write_plan "${args[@]}"
 

@@ -112,3 +112,27 @@ def test_the_plan_job_passes_a_plan_that_leaves_models_out_and_fails_anything_el
     got = _write_plan(tmp_path / "a", "--model=Nobody")
     assert got.returncode == 1 and "planned:" not in got.stdout, got.stdout + got.stderr
     assert "::error::rebuild --write-plan wrote no plan" in got.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("REQUESTED_MODELS", "not json", "REQUESTED_MODELS is not a JSON list of model names: not json"),
+        ("REQUESTED_MODELS", '["a b"]', "REQUESTED_MODELS is not a JSON list of model names"),
+        ("REQUESTED_MODELS", '{"A": 1}', "REQUESTED_MODELS is not a JSON list of model names"),
+        ("GPU_HOSTS", "0", "GPU_HOSTS (vars.MI355_RUNNERS) must be a number of hosts, 1 or more: 0"),
+    ],
+)
+def test_the_plan_job_refuses_an_input_it_cannot_read_before_installing_anything(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """A models list that cannot be read must not become "every model" (it did: the list was read
+    through a process substitution whose failure nothing saw)."""
+    env = {
+        "PATH": os.environ["PATH"], "PYTHON": sys.executable, "HOME": os.environ.get("HOME", "/root"),
+        "VENV": str(tmp_path / "venv"), "PLAN_DIR": str(tmp_path / "plan"), variable: value,
+    }  # fmt: skip
+    plan_sh = str(ROOT / "scripts/ci/plan.sh")
+    got = subprocess.run(["bash", plan_sh], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert got.returncode == 1 and f"::error::{said}" in got.stderr, got.stdout + got.stderr
+    assert not (tmp_path / "venv").exists() and not (tmp_path / "plan").exists()  # nothing done
