@@ -241,7 +241,9 @@ def new(
             Job("tag", "build", ["plan", "smoke"], tag),
         ]
     wall, busy = run_jobs(jobs, {"hosted": HOSTED, "build": b, "gpu": g})
-    return wall, busy["gpu"], 0.0
+    # GPU-host time compiling: the build jobs that run on a GPU host's label (none, as wired)
+    compiling = sum(sum(j.items) for j in jobs if j.pool == "gpu" and j.name.startswith("build"))
+    return wall, busy["gpu"], compiling
 
 
 def today(plan: Plan, plan_s: float, c: Costs) -> tuple[float, float, float]:
