@@ -59,6 +59,56 @@ def _read_released(settings: Settings, model: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def released_in_registry(
+    settings: Settings, model: str, inputs_digest: str, env: Mapping[str, str], *, session: Any = None
+) -> tuple[bool | None, str]:
+    """Whether the model's moving tag in the target registry (`[tag] moving_tags`, e.g.
+    `{model}-verified`) holds an image of this inputs digest (its label): what is tagged there IS
+    released, whatever runner asks. (None, why) when the registry cannot say: none configured,
+    offline, no moving tag of the model alone, or no answer; the caller falls back to the locks."""
+    import string
+
+    from pipeline import labels
+    from pipeline.oci.registry import RegistryClient, credentials_for
+    from pipeline.release.tag import target_repository
+
+    if settings.sources.offline or not settings.tag.registry:
+        return None, ""
+    tags = [
+        t.format(model=model)
+        for t in settings.tag.moving_tags
+        if {f for _, f, _, _ in string.Formatter().parse(t) if f is not None} <= {"model"}
+    ]
+    if not tags:
+        return None, ""
+    where = f"the registry's {tags[0]}"
+    try:
+        target = target_repository(settings, None, None)
+        client = RegistryClient(
+            target.registry, credentials=credentials_for(target.registry, env), retries=1, session=session
+        )
+        where = f"{target.registry}/{target.repository}:{tags[0]}"
+        digest = client.manifest_digest(target.repository, tags[0])
+        if digest is None:
+            return False, f"{where} does not exist"
+        body, _media, _ = client.get_manifest(target.repository, digest)
+        manifest = json.loads(body)
+        for entry in manifest.get("manifests", []):  # an index: the image, not its attestations
+            if (entry.get("platform") or {}).get("os", "unknown") != "unknown":
+                body, _media, _ = client.get_manifest(target.repository, entry["digest"])
+                manifest = json.loads(body)
+                break
+        config = json.loads(client.get_blob(target.repository, manifest["config"]["digest"]))
+        found = ((config.get("config") or {}).get("Labels") or {}).get(labels.INPUTS_DIGEST, "")
+    except PipelineError as e:
+        return None, f"{model}: the registry could not say what is released ({e.message.splitlines()[0]})"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False, f"the image at {where} has no readable config: not counted as released"
+    if found == inputs_digest:
+        return True, f"{where} holds inputs digest {inputs_digest[:12]}"
+    return False, f"{where} holds inputs digest {str(found)[:12] or '(none)'}"
+
+
 def obsolete_patches(settings: Settings, run_dir: Path) -> list[str]:
     """Patches the run's ATOM no longer needs: already upstream, or ATOM is past their range.
 
@@ -158,6 +208,31 @@ def recipe_drift(settings: Settings, model: str, atom_sha: str) -> str:
 PLAN_SCHEMA = "atom-image-pipeline/rebuild-plan/v2"
 PLAN_FILE = "plan.json"
 CANDIDATE_FILE = "candidate.json"
+# A smoke test's expected length: the recorded durations of the benchmark rows it runs by default
+# plus the server's start, the chat and GSM8K checks; a recipe that records none counts this long.
+SMOKE_FIXED_S = 15 * 60.0
+SMOKE_UNKNOWN_S = 30 * 60.0
+
+
+def expected_smoke_s(model: str, recipes_dir: Path) -> float:
+    """How long the model's smoke test is expected to run (what the plan orders GPU jobs by)."""
+    from pipeline.recipes.recipe import BenchmarkCheck, find_recipe, load_recipe
+
+    try:
+        recipe = load_recipe(find_recipe(model, recipes_dir))
+    except PipelineError:
+        return SMOKE_UNKNOWN_S
+    rows = [
+        r
+        for check in recipe.checks
+        if isinstance(check, BenchmarkCheck)
+        for r in check.reference
+        if r.concurrency in check.concurrencies
+    ]
+    durations = [r.duration_s for r in rows if r.duration_s is not None]
+    if rows and len(durations) == len(rows):
+        return SMOKE_FIXED_S + sum(durations)
+    return SMOKE_UNKNOWN_S
 
 
 @dataclass
@@ -171,12 +246,24 @@ class Plan:
     # inputs_digest, aiter_stage, released (that digest is already released: nothing to build)
     notes: list[str] = field(default_factory=list)
     root: Path = Path(".")
+    gpu_hosts: int = 1  # how many smoke jobs run at once: the first follow builds make that many images
+
+    def smoke_s(self, model: str) -> float:
+        """The model's expected smoke length (recorded by the plan; unknown: SMOKE_UNKNOWN_S)."""
+        return float(self.models.get(model, {}).get("smoke_s") or SMOKE_UNKNOWN_S)
+
+    def longest_first(self, models: list[str]) -> list[str]:
+        """Longest expected smoke first (LPT: GitHub starts a matrix's jobs in its order, so the
+        longest runs do not end up last on a GPU host), ties by name."""
+        return sorted(models, key=lambda m: (-self.smoke_s(m), m))
 
     def builds(self) -> list[dict[str, Any]]:
         """One build per distinct inputs digest to build: {inputs_digest, aiter_stage, models, lead}.
 
         `lead` is the first build of each aiter stage key: it compiles aiter and pushes that stage
         to the registry cache; the others start once it has (`needs:` in the workflow), from it.
+        The builds whose models have the most smoke to run come first, so the lead of each aiter
+        stage is the one whose smoke tests keep the GPU hosts busiest while the others build.
         """
         by_digest: dict[str, list[str]] = {}
         for model, e in sorted(self.models.items()):
@@ -184,7 +271,8 @@ class Plan:
                 by_digest.setdefault(e["inputs_digest"], []).append(model)
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for digest, models in sorted(by_digest.items(), key=lambda kv: kv[1][0]):
+        order = sorted(by_digest.items(), key=lambda kv: (-sum(self.smoke_s(m) for m in kv[1]), kv[1][0]))
+        for digest, models in order:
             key = self.models[models[0]].get("aiter_stage", "")
             out.append(
                 {"inputs_digest": digest, "aiter_stage": key, "models": models, "lead": key not in seen}
@@ -195,11 +283,25 @@ class Plan:
     def matrix(self) -> dict[str, Any]:
         """What the workflow's jobs fan out over (all JSON lists; an empty one skips its job)."""
         builds = self.builds()
-        built = {m for b in builds for m in b["models"]}
+        built = [m for b in builds for m in b["models"]]
+        follows = [b for b in builds if not b["lead"]]
+        # GitHub starts a job when every job it needs is done, so the smoke tests run in three
+        # waves: the lead builds' models when the leads are done; the models of the first follow
+        # builds (as many as there are GPU hosts) when those are; the others after the rest.
+        first, rest = follows[: max(0, self.gpu_hosts)], follows[max(0, self.gpu_hosts) :]
+
+        def smoke(wave: list[dict[str, Any]]) -> list[str]:
+            return self.longest_first([m for b in wave for m in b["models"]])
+
         return {
             "lead": [b["inputs_digest"] for b in builds if b["lead"]],
-            "follow": [b["inputs_digest"] for b in builds if not b["lead"]],
-            "smoke": sorted(built),
+            "follow": [b["inputs_digest"] for b in follows],  # follow_first and follow_rest
+            "follow_first": [b["inputs_digest"] for b in first],
+            "follow_rest": [b["inputs_digest"] for b in rest],
+            "smoke": self.longest_first(built),  # every model to smoke: the three waves
+            "smoke_lead": smoke([b for b in builds if b["lead"]]),
+            "smoke_first": smoke(first),
+            "smoke_rest": smoke(rest),
             "left_out": sorted(m for m, e in self.models.items() if e["status"] != "ok"),
             "released": sorted(
                 m for m, e in self.models.items() if e["status"] == "ok" and e.get("released")
@@ -229,10 +331,22 @@ class Plan:
                 hint="Write it with `pipeline rebuild --write-plan DIR` (the workflow's plan job does).",
             )
         try:
-            return cls(data["atom"], data["aiter"], data["models"], list(data.get("notes", [])), path.parent)
+            return cls(
+                data["atom"],
+                data["aiter"],
+                data["models"],
+                list(data.get("notes", [])),
+                path.parent,
+                int(data.get("gpu_hosts", 1)),
+            )
         except KeyError as e:
             raise UsageError(
                 f"rebuild plan {path} lacks {e}.", hint="Write it again with --write-plan."
+            ) from None
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"rebuild plan {path} has a gpu_hosts that is not a number of hosts.",
+                hint="Write it again with --write-plan.",
             ) from None
 
     def to_json(self) -> dict[str, Any]:
@@ -242,6 +356,7 @@ class Plan:
             "aiter": self.aiter,
             "models": self.models,
             "notes": self.notes,
+            "gpu_hosts": self.gpu_hosts,
             "builds": self.builds(),
             "matrix": self.matrix(),
         }
@@ -270,7 +385,13 @@ def _check_at(
 
 
 def plan_rebuild(
-    models: list[str], settings: Settings, log: Logger, env: Mapping[str, str], out_dir: Path
+    models: list[str],
+    settings: Settings,
+    log: Logger,
+    env: Mapping[str, str],
+    out_dir: Path,
+    *,
+    gpu_hosts: int = 1,
 ) -> Plan:
     """Pin the configured refs once, check every model's path at that pair, and write the locks
     and reports every model job builds from. When aiter's head breaks some model's path, the
@@ -308,14 +429,24 @@ def plan_rebuild(
                 BuildRequest(model=model, atom_ref=atom, until="check", auto_aiter=True), settings, log, env
             )
             pinned = auto.output("pin", pin.Outputs)
-            if pinned is not None and pinned.auto is not None and pinned.auto.newest_compatible is not None:
-                candidates.append(pinned.lock)
+            newest = pinned.auto.newest_compatible if pinned is not None and pinned.auto is not None else None
+            if pinned is not None and pinned.auto is not None and newest is not None:
                 brk = pinned.auto.first_breaking
-                notes.append(
-                    f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path"
-                    + (f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else "")
-                    + f"; its newest compatible aiter is {pinned.auto.newest_compatible.sha[:10]}"
+                said = f"aiter {aiter[:10]} breaks ATOM {atom[:9]} on {model}'s path" + (
+                    f" (first breaking aiter commit {brk.sha[:10]}, {brk.subject!r})" if brk else ""
                 )
+                if auto.error is None:
+                    candidates.append(pinned.lock)
+                    notes.append(f"{said}; its newest compatible aiter is {newest.sha[:10]}")
+                else:
+                    # The search's newest aiter fixes every break a pin can fix, but the model's own
+                    # check there still fails (a call that binds at no aiter): no pair serves it, and
+                    # falling back for it would move every other model off the head for nothing.
+                    why = auto.error.message.splitlines()[0]
+                    notes.append(
+                        f"{said}; no fallback: at aiter {newest.sha[:10]}, the newest without a break "
+                        f"another pin fixes, its check still fails ({why})"
+                    )
                 if (at_head := first[model][1]) is not None:
                     notes.append(f"{model}: {draft_note(settings, at_head)}")
             else:
@@ -330,8 +461,10 @@ def plan_rebuild(
             rounds = round_at(atom, aiter)
     out_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, dict[str, Any]] = {}
+    recipes = Path(settings.paths.recipes_dir)
     for model, (result, lock, err) in rounds.items():
         entry: dict[str, Any] = {"status": "ok", "exit_code": 0, "lock": "", "verdict": "", "notes": []}
+        entry["smoke_s"] = expected_smoke_s(model, recipes)
         if err is not None or result is None:
             entry.update(status="failed", exit_code=int(ExitCode.USAGE), notes=[err or "not run"])
         elif result.error is not None:
@@ -357,7 +490,7 @@ def plan_rebuild(
             if (reports / "lock.toml").is_file() and entry["status"] == "ok":
                 entry["lock"] = f"reports/{model}/lock.toml"
         entries[model] = entry
-    plan = Plan(atom, aiter, entries, notes, out_dir)
+    plan = Plan(atom, aiter, entries, notes, out_dir, gpu_hosts)
     atomic_write_json(out_dir / PLAN_FILE, plan.to_json())
     return plan
 
@@ -393,11 +526,20 @@ def _rendered(
         code = int(result.error.exit_code) if result.error is not None else int(ExitCode.USAGE)
         return {"error": f"render: {why}", "exit": code}
     manifest = read_manifest(rendered.context)
-    released = _read_released(settings, model).get("inputs_digest") == rendered.inputs_digest
+    # the registry is what is released (a CI runner has no locks/ of the last run); the locks
+    # directory's record only where no registry can say
+    released, said = released_in_registry(settings, model, rendered.inputs_digest, env)
+    if released is None:
+        if said:
+            log.warn(said)
+        released = _read_released(settings, model).get("inputs_digest") == rendered.inputs_digest
+        said = f"{said}; " if said else ""
+        said += f"locks/{model}.released.json " + ("holds" if released else "does not hold") + " it"
     return {
         "inputs_digest": rendered.inputs_digest,
         "aiter_stage": manifest.aiter_stage,
         "released": released,
+        "released_by": said,
     }
 
 

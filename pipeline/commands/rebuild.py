@@ -45,6 +45,14 @@ class RebuildFailed(PipelineError):
     "model's lock and check report) to this directory; build nothing.",
 )
 @click.option(
+    "--gpu-hosts",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="With --write-plan: how many smoke jobs run at once (the workflow's MI355_RUNNERS); the plan "
+    "builds that many images first, so they smoke while the others build.",
+)
+@click.option(
     "--plan",
     "plan_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -74,6 +82,7 @@ def command(
     docker_host: str | None,
     as_json: bool,
     write_plan: Path | None,
+    gpu_hosts: int,
     plan_file: Path | None,
     build_digest: str | None,
     candidate_dir: Path,
@@ -120,7 +129,7 @@ def command(
     if not names:
         raise UsageError(f"no recipes found in {settings.paths.recipes_dir}.")
     if write_plan is not None:
-        written = plan_rebuild(names, settings, app.log, app.env, write_plan)
+        written = plan_rebuild(names, settings, app.log, app.env, write_plan, gpu_hosts=gpu_hosts)
         lines = [f"rebuild plan: ATOM {written.atom[:9]} x aiter {written.aiter[:10]} for every model"]
         lines += [f"  {m}: {e['status']} {e['verdict']}".rstrip() for m, e in sorted(written.models.items())]
         builds = written.builds()

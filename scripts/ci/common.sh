@@ -27,6 +27,37 @@ setup_tool() {
     command -v pipeline >/dev/null || ci_die "the production install left no pipeline command in $VENV/bin"
 }
 
+# requested_models: REQUESTED_MODELS (a JSON list of recipe names; "" or []: all) one a line, or
+# the job fails (a list that cannot be read must not turn into "every model")
+requested_models() {
+    "$PYTHON" -c 'import json, os, re, sys
+try:
+    models = json.loads(os.environ.get("REQUESTED_MODELS") or "[]")
+except ValueError:
+    sys.exit(1)
+if not isinstance(models, list) or not all(
+    isinstance(m, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", m) for m in models
+):
+    sys.exit(1)
+print("\n".join(models))' || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
+}
+
+# write_plan ARGS...: `pipeline rebuild --write-plan $PLAN_DIR ARGS...`, judged. Its exit is 0 when
+# every model is planned, else the worst exit code of the models it leaves out, after the whole
+# plan is written (the others still build; the report job ends the run red for those left out).
+# Any other outcome fails the job: no plan written, a plan left from before, or an exit code that
+# is not the one the written plan's left-out models give (a crash after the plan was written).
+write_plan() {
+    local rc=0 expected
+    rm -f "$PLAN_DIR/plan.json"  # a plan from an earlier run must not pass for this one's
+    pipeline rebuild --write-plan "$PLAN_DIR" "$@" || rc=$?
+    [ -f "$PLAN_DIR/plan.json" ] || ci_die "rebuild --write-plan wrote no plan (exit $rc)"
+    expected=$(plan_json 'max([int(e.get("exit_code") or 0) or 2 for e in plan["models"].values() if e["status"] != "ok"], default=0)') \
+        || ci_die "rebuild --write-plan wrote an unreadable plan (exit $rc)"
+    [ "$rc" = "$expected" ] || ci_die "rebuild --write-plan failed (exit $rc; the plan it wrote leaves out models for exit $expected): see its output above"
+    [ "$rc" = 0 ] || echo "plan: some models were left out (exit $rc); the others are planned" >&2
+}
+
 # plan_json EXPR: evaluate a Python expression over the plan (`plan`) and print it
 plan_json() {
     "$PYTHON" - "$PLAN_DIR/plan.json" "$1" <<'PY'

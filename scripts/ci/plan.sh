@@ -7,25 +7,20 @@
 #   scripts/ci/plan.sh            REQUESTED_MODELS: a JSON list of recipe names ("" or []: all)
 . "$(dirname "$0")/common.sh"
 
-setup_tool production
-
+# the inputs first: a bad one fails the job before anything is installed
 args=()
-if [ -n "${REQUESTED_MODELS:-}" ]; then
-    while IFS= read -r m; do
-        [ -n "$m" ] && args+=("--model=$m")
-    done < <("$PYTHON" -c 'import json, os, re
-models = json.loads(os.environ["REQUESTED_MODELS"] or "[]")
-assert isinstance(models, list), "REQUESTED_MODELS must be a JSON list"
-for m in models:
-    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(m)), f"not a model name: {m!r}"
-    print(m)') || ci_die "REQUESTED_MODELS is not a JSON list of model names: ${REQUESTED_MODELS:0:200}"
-fi
-# exit 0: every model is planned; another code: the worst of the models left out, after the whole
-# plan was written (the others still build; the report job ends the run red for those left out)
-plan_rc=0
-pipeline rebuild --write-plan "$PLAN_DIR" "${args[@]}" || plan_rc=$?
-[ -f "$PLAN_DIR/plan.json" ] || ci_die "rebuild --write-plan wrote no plan (exit $plan_rc)"
-[ "$plan_rc" = 0 ] || echo "plan: some models were left out (exit $plan_rc); the others are planned" >&2
+models=$(requested_models) || exit 1
+while IFS= read -r m; do
+    [ -n "$m" ] && args+=("--model=$m")
+done <<<"$models"
+# the GPU hosts (vars.MI355_RUNNERS): the plan builds that many images first, to smoke early
+gpu_hosts="${GPU_HOSTS:-1}"
+[[ "$gpu_hosts" =~ ^[1-9][0-9]{0,2}$ ]] || ci_die "GPU_HOSTS (vars.MI355_RUNNERS) must be a number of hosts, 1 or more: ${gpu_hosts:0:40}"
+args+=("--gpu-hosts=$gpu_hosts")
+
+setup_tool production
+# models left out are not a failure of this job (the report job's); anything else is
+write_plan "${args[@]}"
 
 # one SARIF run for the upload: every model's findings, deduplicated
 "$PYTHON" - "$PLAN_DIR" <<'PY'
@@ -49,7 +44,7 @@ PY
 
 left_out=$(plan_json 'plan["matrix"]["left_out"]')
 if [ -n "${GITHUB_OUTPUT:-}" ]; then
-    for k in lead follow smoke left_out; do
+    for k in lead follow follow_first follow_rest smoke smoke_lead smoke_first smoke_rest left_out released; do
         echo "$k=$(plan_json "plan['matrix']['$k']")" >>"$GITHUB_OUTPUT"
     done
 fi
@@ -67,4 +62,4 @@ for model, entry in sorted(plan["models"].items()):
         with open(summary, "a") as f:
             f.write(f"| {model} | left out: {entry['status']} | {notes} |\n")
 PY
-ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json 'len(plan["matrix"]["smoke"])'), left out $left_out"
+ci_say "plan: lead $(plan_json 'len(plan["matrix"]["lead"])'), follow $(plan_json 'len(plan["matrix"]["follow"])'), smoke $(plan_json '[len(plan["matrix"][k]) for k in ("smoke_lead", "smoke_first", "smoke_rest")]') (three waves), left out $left_out"

@@ -87,7 +87,12 @@ def test_one_plan_one_pair_for_every_model(
     assert data["matrix"] == {
         "lead": [alpha["inputs_digest"]],
         "follow": [],
+        "follow_first": [],
+        "follow_rest": [],
         "smoke": ["Alpha", "Gamma"],
+        "smoke_lead": ["Alpha", "Gamma"],
+        "smoke_first": [],
+        "smoke_rest": [],
         "left_out": [],
         "released": [],
     }
@@ -104,9 +109,10 @@ def test_without_a_break_the_plan_is_the_configured_heads_and_a_refused_model_fa
 ) -> None:
     _env(fx, tmp_path, monkeypatch)
     out = tmp_path / "pins"
-    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out)]) == ExitCode.OK
+    assert main(["rebuild", "--model", "Gamma", "--write-plan", str(out), "--gpu-hosts", "3"]) == ExitCode.OK
     data = json.loads((out / "plan.json").read_text())
     assert data["aiter"] == fx.aiter_sha and data["notes"] == []  # nothing broke: the configured head
+    assert data["gpu_hosts"] == 3 and Plan.load(out / "plan.json").gpu_hosts == 3  # the first wave's size
     # What a plan records for a model no common pair serves: its job fails with the plan's reason.
     plan = Plan.load(out / "plan.json")
     plan.models["Gamma"]["status"] = "incompatible"
@@ -192,3 +198,60 @@ def test_a_build_job_takes_one_of_the_plans_digests_and_nothing_else(
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE and "has no build with inputs digest '000000" in err
     assert not (tmp_path / "c").exists()  # nothing half-done
+
+
+@pytest.fixture(scope="module")
+def unfixable(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
+    """The reach fixture plus Delta: its path has the break aiter's head brings (a pin fixes it) and
+    a call that binds at no aiter (`op1` takes one argument at every commit: no pin fixes it)."""
+    from tests.fixtures import reach_repos as rr
+    from tests.fixtures.gitfixture import commit_all, init_repo, write_files
+
+    root = tmp_path_factory.mktemp("unfixable")
+    op1 = "\ndef op1(a):\n    return a\n"
+    aiter = init_repo(root / "aiter")
+    write_files(aiter, {k: v + op1 for k, v in rr.AITER_OLD.items()})
+    commit_all(aiter, "aiter op(a, b, c), op1(a)", "2026-01-01T00:00:00+00:00")
+    files = dict(rr.ATOM_FILES)
+    files["atom/model_engine/model_runner.py"] = files["atom/model_engine/model_runner.py"].replace(
+        '"GammaForCausalLM": "atom.models.gamma.GammaForCausalLM",',
+        '"GammaForCausalLM": "atom.models.gamma.GammaForCausalLM",\n'
+        '            "DeltaForCausalLM": "atom.models.delta.DeltaForCausalLM",',
+    )
+    files["atom/models/delta.py"] = """
+        import aiter
+
+
+        class DeltaForCausalLM:
+            def forward(self, x):
+                from atom.model_ops.broken import run
+
+                return run(x, x, x) + aiter.op1(x, x)
+    """
+    atom = init_repo(root / "atom")
+    write_files(atom, rr._files(files))
+    atom_sha = commit_all(atom, "ATOM with four models", "2026-01-15T00:00:00+00:00")
+    write_files(aiter, {k: v + op1 for k, v in rr.AITER_NEW.items()})
+    aiter_sha = commit_all(aiter, "op: drop c", "2026-02-01T00:00:00+00:00")
+    return ReachRepos(atom, aiter, atom_sha, aiter_sha)
+
+
+def test_the_plan_never_falls_back_to_a_pair_the_models_own_check_refuses(
+    unfixable: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delta's search finds an aiter without the head's break, but Delta's check fails there too (a
+    call no pin fixes). Falling back for it gains nothing and moved Gamma, compatible with the head,
+    off the head: the pair stays at the head, Delta is left out and the note says why."""
+    _env(unfixable, tmp_path, monkeypatch)
+    (tmp_path / "recipes" / "Alpha.yaml").unlink()
+    (tmp_path / "recipes" / "Delta.yaml").write_text(recipe_yaml("Delta", "DeltaForCausalLM"))
+    out = tmp_path / "pins"
+    assert main(["rebuild", "--write-plan", str(out)]) == ExitCode.INCOMPATIBLE  # Delta's code
+    data = json.loads((out / "plan.json").read_text())
+    assert (data["atom"], data["aiter"]) == (unfixable.atom_sha, unfixable.aiter_sha)  # the heads
+    assert data["models"]["Gamma"]["status"] == "ok"
+    assert data["models"]["Delta"]["status"] == "incompatible"
+    assert data["matrix"]["smoke"] == ["Gamma"] and data["matrix"]["left_out"] == ["Delta"]
+    (said,) = [n for n in data["notes"] if "Delta's path" in n]
+    assert "no fallback: at aiter" in said and "its check still fails" in said
+    assert not any("every model builds aiter" in n for n in data["notes"])

@@ -87,7 +87,12 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
     assert plan.matrix() == {
         "lead": [d1, d3],
         "follow": [d2],
+        "follow_first": [d2],  # one GPU host: one image to smoke early
+        "follow_rest": [],
         "smoke": ["A", "B", "C", "D"],
+        "smoke_lead": ["A", "B", "D"],
+        "smoke_first": ["C"],
+        "smoke_rest": [],
         "left_out": ["F"],
         "released": ["E"],
     }
@@ -97,6 +102,28 @@ def test_the_plan_builds_each_inputs_digest_once_and_leads_each_aiter_stage_once
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     assert json.loads((tmp_path / "plan.json").read_text())["matrix"] == plan.matrix()
     assert Plan.load(tmp_path / "plan.json").builds() == plan.builds()
+    (tmp_path / "plan.json").write_text(json.dumps({**plan.to_json(), "gpu_hosts": "many"}))
+    with pytest.raises(UsageError, match="has a gpu_hosts that is not a number of hosts"):
+        Plan.load(tmp_path / "plan.json")
+
+
+def test_the_plan_orders_each_smoke_wave_longest_first_and_builds_one_image_per_gpu_host_first() -> None:
+    """LPT: the longest smoke tests start first; the lead is the build with the most smoke to run;
+    the first follow builds make as many images as there are GPU hosts, to smoke while the rest build."""
+    ok = {"status": "ok", "aiter_stage": "k"}
+    lengths = {"A": 1200.0, "B": 3000.0, "C": 600.0, "D": 2400.0, "E": 1800.0, "F": None}
+    models = {
+        m: {**ok, "inputs_digest": str(i) * 64, "smoke_s": s} for i, (m, s) in enumerate(lengths.items())
+    }
+    plan = Plan("a" * 40, "b" * 40, models, gpu_hosts=2)
+    m = plan.matrix()
+    assert m["lead"] == [models["B"]["inputs_digest"]]  # 50 min of smoke: it starts first
+    assert m["smoke"] == ["B", "D", "E", "F", "A", "C"]  # F records no length: 30 minutes
+    assert (m["smoke_lead"], m["smoke_first"], m["smoke_rest"]) == (["B"], ["D", "E"], ["F", "A", "C"])
+    assert m["follow_first"] == [models["D"]["inputs_digest"], models["E"]["inputs_digest"]]
+    assert m["follow"] == m["follow_first"] + m["follow_rest"]  # every follow build, as before the waves
+    one_host = Plan("a" * 40, "b" * 40, models).matrix()
+    assert (one_host["smoke_first"], one_host["smoke_rest"]) == (["D"], ["E", "F", "A", "C"])
 
 
 _SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
@@ -119,12 +146,16 @@ def test_every_step_of_the_workflow_is_a_job_script_or_an_action_pinned_by_sha()
 
 def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() -> None:
     jobs = _workflow()["jobs"]
-    assert set(jobs) == {"plan", "build-lead", "build", "smoke", "tag", "report"}
+    assert set(jobs) == {
+        "plan", "build-lead", "build-first", "build", "smoke-lead", "smoke-first", "smoke", "tag", "report"
+    }  # fmt: skip
     hosted = ("ubuntu-latest",)
     assert jobs["plan"]["runs-on"] in hosted and jobs["report"]["runs-on"] in hosted  # no GPU, no build host
-    assert jobs["build-lead"]["runs-on"] == jobs["build"]["runs-on"] == ["self-hosted", "linux", "build"]
-    assert jobs["smoke"]["runs-on"] == ["self-hosted", "linux", "mi355"]
-    assert jobs["smoke"]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
+    for build in ("build-lead", "build-first", "build"):
+        assert jobs[build]["runs-on"] == ["self-hosted", "linux", "build"]
+    for smoke in ("smoke-lead", "smoke-first", "smoke"):
+        assert jobs[smoke]["runs-on"] == ["self-hosted", "linux", "mi355"]
+        assert jobs[smoke]["strategy"]["max-parallel"] == "${{ fromJSON(vars.MI355_RUNNERS || '1') }}"
     assert jobs["tag"]["concurrency"] == {
         "group": "tag-${{ github.repository }}",
         "cancel-in-progress": False,
@@ -135,8 +166,10 @@ def test_each_kind_of_job_runs_on_its_kind_of_machine_with_only_its_secrets() ->
         return set(re.findall(r"secrets\.(\w+)", text))
 
     assert secrets(jobs["plan"]) == secrets(jobs["report"]) == set()
-    assert secrets(jobs["build-lead"]) == secrets(jobs["build"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
-    assert secrets(jobs["smoke"]) == {"HF_TOKEN"}
+    for build in ("build-lead", "build-first", "build"):
+        assert secrets(jobs[build]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
+    for smoke in ("smoke-lead", "smoke-first", "smoke"):
+        assert secrets(jobs[smoke]) == {"HF_TOKEN"}
     assert secrets(jobs["tag"]) == {"REGISTRY_USER", "REGISTRY_PASSWORD"}
     # write permissions only where something is published
     assert _workflow()["permissions"] == {"contents": "read"}
@@ -148,11 +181,27 @@ def test_the_matrices_are_the_plans_and_the_followers_wait_for_the_leads() -> No
     jobs = _workflow()["jobs"]
     plan_keys = set(Plan("a" * 40, "b" * 40, {}).matrix())
     assert set(jobs["plan"]["outputs"]) <= plan_keys
-    assert jobs["build-lead"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.lead) }}"
-    assert jobs["build"]["strategy"]["matrix"]["digest"] == "${{ fromJSON(needs.plan.outputs.follow) }}"
-    assert jobs["smoke"]["strategy"]["matrix"]["model"] == "${{ fromJSON(needs.plan.outputs.smoke) }}"
-    assert "build-lead" in jobs["build"]["needs"]  # aiter's stage is in the registry cache first
-    assert {"build-lead", "build"} <= set(jobs["smoke"]["needs"]) and "smoke" in jobs["tag"]["needs"]
+    (plan_step,) = [s for s in jobs["plan"]["steps"] if s.get("run") == "scripts/ci/plan.sh"]
+    assert plan_step["env"]["GPU_HOSTS"] == "${{ vars.MI355_RUNNERS || '1' }}"  # the first wave's size
+
+    def matrix(job: str) -> str:
+        (value,) = jobs[job]["strategy"]["matrix"].values()
+        assert isinstance(value, str)
+        return value
+
+    # three waves: each smoke job needs the build job that makes its images, and nothing later
+    for build, builds, smoke, smokes in (
+        ("build-lead", "lead", "smoke-lead", "smoke_lead"),
+        ("build-first", "follow_first", "smoke-first", "smoke_first"),
+        ("build", "follow_rest", "smoke", "smoke_rest"),
+    ):
+        assert matrix(build) == f"${{{{ fromJSON(needs.plan.outputs.{builds}) }}}}"
+        assert matrix(smoke) == f"${{{{ fromJSON(needs.plan.outputs.{smokes}) }}}}"
+        assert set(jobs[smoke]["needs"]) == {"plan", build}
+    # aiter's stage is in the registry cache before any follow build starts
+    assert "build-lead" in jobs["build-first"]["needs"] and "build-first" in jobs["build"]["needs"]
+    assert {"smoke-lead", "smoke-first", "smoke"} <= set(jobs["tag"]["needs"])
+    assert set(jobs["report"]["needs"]) == set(jobs) - {"report"}
     assert jobs["report"]["if"] == "${{ always() }}"
     uses = [s.get("uses", "") for s in jobs["plan"]["steps"]] + [
         s.get("uses", "") for s in jobs["report"]["steps"]
@@ -222,3 +271,80 @@ def test_a_build_for_several_models_checks_each_other_models_recipe_tools_on_the
         shared_image_tools(["B", "C"], "sha256:" + "1" * 64, "d" * 64, settings, Logger(stream=out), {})
     assert "the recipe of C runs" in str(e.value) and "`no-such-eval` is not in the image" in str(e.value)
     assert "The image is kept" in (e.value.hint or "")
+
+
+# -- what is released is what the registry's moving tag holds (issue 29: CI has no locks/ to carry) --
+
+
+def _registry_world(tmp_path: Path, **env: str) -> tuple[Any, Any]:
+    from pipeline.config import load_settings
+    from tests.fixtures.registry_fake import FakeRegistry
+
+    settings = load_settings(
+        cwd=tmp_path,
+        env={"PIPELINE_REGISTRY": "127.0.0.1:5000", "PIPELINE_REPOSITORY": "atom/dev", **env},
+    )
+    return settings, FakeRegistry()
+
+
+def _push(fake: Any, tag: str, inputs_digest: str, *, index: bool = False) -> None:
+    from pipeline import labels
+    from pipeline.oci.registry import MEDIA_DOCKER_MANIFEST
+
+    config = fake.add_blob(json.dumps({"config": {"Labels": {labels.INPUTS_DIGEST: inputs_digest}}}).encode())
+    image = json.dumps(
+        {"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": config}, "layers": []}
+    ).encode()
+    if not index:
+        fake.add("atom/dev", tag, image)
+        return
+    empty = json.dumps({"config": {"digest": fake.add_blob(b"{}")}}).encode()
+    attestation = fake.add("atom/dev", "att", empty)
+    image_digest = fake.add("atom/dev", "img", image)
+    body = {
+        "schemaVersion": 2,
+        "manifests": [  # buildx's attestation manifest may come first: it is not the image
+            {"digest": attestation, "platform": {"os": "unknown", "architecture": "unknown"}},
+            {"digest": image_digest, "platform": {"os": "linux", "architecture": "amd64"}},
+        ],
+    }
+    fake.add("atom/dev", tag, json.dumps(body).encode(), "application/vnd.oci.image.index.v1+json")
+
+
+def test_the_registrys_moving_tag_says_whether_an_inputs_digest_is_released(tmp_path: Path) -> None:
+    from pipeline.rebuild import released_in_registry
+    from tests.fixtures.registry_fake import fake_session
+
+    settings, fake = _registry_world(tmp_path)
+    d1, d2 = "1" * 64, "2" * 64
+    _push(fake, "A-verified", d1)
+    _push(fake, "B-verified", d2, index=True)
+    session = fake_session(fake)
+    got, said = released_in_registry(settings, "A", d1, {}, session=session)
+    assert got is True and said == f"127.0.0.1:5000/atom/dev:A-verified holds inputs digest {d1[:12]}"
+    assert released_in_registry(settings, "A", d2, {}, session=session)[0] is False  # changed: build it
+    assert released_in_registry(settings, "B", d2, {}, session=session)[0] is True  # an index
+    got, said = released_in_registry(settings, "C", d1, {}, session=session)
+    assert got is False and said.endswith("atom/dev:C-verified does not exist")
+    fake.add("atom/dev", "D-verified", b'{"schemaVersion": 2}')  # no config: not an image we released
+    got, said = released_in_registry(settings, "D", d1, {}, session=session)
+    assert got is False and said.endswith(":D-verified has no readable config: not counted as released")
+
+
+def test_when_the_registry_cannot_say_the_locks_decide(tmp_path: Path) -> None:
+    from pipeline.rebuild import released_in_registry
+    from tests.fixtures.registry_fake import fake_session
+
+    settings, fake = _registry_world(tmp_path)
+    _push(fake, "A-verified", "1" * 64)
+    fake.fail = [503] * 10  # no answer after the retries
+    got, said = released_in_registry(settings, "A", "1" * 64, {}, session=fake_session(fake))
+    assert got is None and said.startswith("A: the registry could not say what is released (")
+    offline, _ = _registry_world(tmp_path, PIPELINE_OFFLINE="1")
+    assert released_in_registry(offline, "A", "1" * 64, {}, session=fake_session(fake)) == (None, "")
+    no_registry, _ = _registry_world(tmp_path, PIPELINE_REGISTRY="")
+    assert released_in_registry(no_registry, "A", "1" * 64, {}) == (None, "")
+    dated = settings.model_copy(
+        update={"tag": settings.tag.model_copy(update={"moving_tags": ["{model}-{date}"]})}
+    )  # no moving tag of the model alone: nothing to read
+    assert released_in_registry(dated, "A", "1" * 64, {}, session=fake_session(fake)) == (None, "")
