@@ -11,7 +11,7 @@ with stated durations:
 - aiter's stage: --aiter-seconds (600 s, as bench/bench_build.py simulates it);
 - ATOM's stage and the image around it: --atom-seconds (120 s); a candidate pushed or pulled, and
   aiter's stage imported from the registry cache: --transfer-seconds (60 s);
-- tag: --tag-seconds (60 s) per model, after the tag job pulls the image (a transfer);
+- tag: --tag-seconds (60 s) per model, after the tag job pulls each distinct image once (a transfer);
 - every job's start (checkout, artifacts, the tool's install): --job-start-seconds (60 s).
 
 The schedule is GitHub's, job by job as .github/workflows/rebuild.yml wires them: a job starts when
@@ -23,13 +23,15 @@ models) and build-first (build, the first g follows) -> smoke-first (GPU, their 
 first. "1 wave" is one smoke job after every build, in name order (the workflow before the waves).
 Today (.github/workflows/rebuild.yml before issue 29): the pins job and then every model's job,
 one after another (`max-parallel: 1`), on one MI355 runner: build (the first compiles aiter, the
-others find it in that runner's cache), smoke, tag. Everything runs on the GPU host.
+others of an aiter pin find its stage in that runner's cache, and the other models of an image
+find the image), smoke, tag. Everything runs on the GPU host.
 
 Two rows per count: "plan", the real plan as written (tonight's nightly), and "all", the same
-recipes as if no model were left out (each left-out model one more image of the plan's pair, its
-aiter stage the plan's): the capacity the goal is about, since at the mirrors' heads the check may
-leave most models out. The floor is what no schedule on g GPU hosts beats: the plan, the lead build,
-then the smoke jobs spread perfectly (their sum / g), then the tag job.
+recipes as if no model were left out (each left-out model planned at the plan's pair, so it
+shares the pair's one image: the image is model-free): the capacity the goal is about, since at
+the mirrors' heads the check may leave most models out. The floor is what no schedule on g GPU
+hosts beats: the plan, the lead build, then the smoke jobs spread perfectly (their sum / g), then
+the tag job.
 
     ATOM_MIRROR=... AITER_MIRROR=... python bench/bench_nightly.py [--counts 1,5,15]
         [--build-hosts 2] [--gpu-hosts 4]
@@ -129,18 +131,29 @@ def write_plan(models: list[str], out: Path) -> float:
 
 
 def as_if_planned(plan: Plan) -> Plan:
-    """The plan with every left-out model planned: one more image each, of the plan's pair (its
-    aiter stage the plan's, or one key for all when the plan built nothing)."""
-    planned = [e for e in plan.models.values() if e["status"] == "ok"]
-    keys = sorted({e["aiter_stage"] for e in planned if e.get("aiter_stage")})
-    key = keys[0] if keys else "the-pair"
+    """The plan with every left-out model planned at the plan's pair. The image is model-free (its
+    inputs digest is the pair's with the settings), so a left-out model joins the image of the
+    plan's pair: the planned models' image, or one image for all when the plan built nothing."""
+    planned = [e for e in plan.models.values() if e["status"] == "ok" and e.get("inputs_digest")]
+    digest = planned[0]["inputs_digest"] if planned else "as-if-the-pair"
+    key = planned[0].get("aiter_stage", "the-pair") if planned else "the-pair"
     models: dict[str, dict[str, Any]] = {}
     for m, e in plan.models.items():
         if e["status"] == "ok":
             models[m] = e
         else:
-            models[m] = {**e, "status": "ok", "inputs_digest": f"as-if-{m}", "aiter_stage": key}
+            models[m] = {**e, "status": "ok", "inputs_digest": digest, "aiter_stage": key}
     return Plan(plan.atom, plan.aiter, models, plan.notes, plan.root, plan.gpu_hosts)
+
+
+def tag_job(plan: Plan, c: Costs) -> list[float]:
+    """The one tag job: each distinct image pulled once (models of one image share it), then each
+    model's tags."""
+    m = plan.matrix()
+    if not m["smoke"]:
+        return []
+    images = {plan.models[x].get("inputs_digest", x) for x in m["smoke"]}
+    return [c.start + len(images) * c.transfer + len(m["smoke"]) * c.tag]
 
 
 # -- GitHub's scheduling of the workflow's jobs --
@@ -221,7 +234,7 @@ def new(
     def smoke(models: list[str]) -> list[float]:
         return [c.start + c.transfer + plan.smoke_s(x) for x in models]  # pull by digest, then smoke
 
-    tag = [c.start + len(m["smoke"]) * (c.transfer + c.tag)] if m["smoke"] else []
+    tag = tag_job(plan, c)
     jobs = [Job("plan", "hosted", [], [c.start + plan_s]), Job("build-lead", "build", ["plan"], lead)]
     if waves:
         first = [c.start + c.transfer + c.atom + c.transfer for _ in m["follow_first"]]
@@ -247,15 +260,22 @@ def new(
 
 
 def today(plan: Plan, plan_s: float, c: Costs) -> tuple[float, float, float]:
-    """(wall, GPU-host seconds, GPU-host seconds compiling): all serial on one MI355 runner."""
+    """(wall, GPU-host seconds, GPU-host seconds compiling): all serial on one MI355 runner, with
+    today's tool: the first model of an image builds it (the first of an aiter pin compiles aiter),
+    the others of that image find it on the runner's engine."""
     wall = c.start + plan_s
     compiled: set[str] = set()
+    built: set[str] = set()
     compiling = 0.0
     for model in sorted(m for m, e in plan.models.items() if e["status"] == "ok" and not e.get("released")):
-        key = plan.models[model].get("aiter_stage", "")
-        build = c.atom + c.transfer + (c.aiter if key not in compiled else 0.0)
-        compiling += build - c.transfer
+        entry = plan.models[model]
+        key, image = entry.get("aiter_stage", ""), entry.get("inputs_digest", model)
+        build = 0.0
+        if image not in built:
+            build = c.atom + c.transfer + (c.aiter if key not in compiled else 0.0)
+            compiling += build - c.transfer
         compiled.add(key)
+        built.add(image)
         wall += c.start + build + plan.smoke_s(model) + c.tag
     return wall, wall, compiling
 
@@ -269,7 +289,7 @@ def floor(plan: Plan, plan_s: float, c: Costs, g: int) -> tuple[float, str]:
         return first, f"plan {first / 3600:.2f} h"
     smokes = sum(c.start + c.transfer + plan.smoke_s(x) for x in m["smoke"])
     lead = c.start + c.aiter + c.atom + c.transfer
-    tag = c.start + len(m["smoke"]) * (c.transfer + c.tag)
+    tag = sum(tag_job(plan, c))
     said = (
         f"plan {first / 3600:.2f} h + lead build {lead / 3600:.2f} h + smoke {smokes / 3600:.2f} h / {g} "
         f"GPU hosts = {smokes / g / 3600:.2f} h + tag job {tag / 3600:.2f} h"
