@@ -59,7 +59,8 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     smoked = up.get("smoke", smoke_stage.Outputs)
     rendered = up.get("render", render_stage.Outputs)
     return Inputs(
-        image=built.candidate or built.image,  # by digest: the image smoke ran, on whichever engine
+        # by digest: the image smoke ran (resolved once, recorded), on whichever engine
+        image=smoked.image or built.candidate or built.image,
         verdict=smoked.verdict,
         lock=ctx.work_dir / "lock.toml",
         recipe=spec.recipe_path,
