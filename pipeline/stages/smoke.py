@@ -38,6 +38,7 @@ class Inputs(StageData):
     preflight_via: Literal["auto", "local", "container"] = "auto"
     labels: tuple[tuple[str, str], ...] = ()
     docker_host: str = ""  # recorded so a run on another engine is a different run
+    lock: Path | None = None  # the run's lock: verified where the mirrors are, and the image's label
 
 
 class Outputs(StageData):
@@ -62,11 +63,12 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
         out_dir=ctx.work_dir / "smoke",
         run_all=ctx.settings.smoke.run_all_checks,
         docker_host=ctx.settings.smoke.docker_host,
+        lock=ctx.work_dir / "lock.toml",
     )
 
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
-    return [inputs.recipe]
+    return [inputs.recipe, *([inputs.lock] if inputs.lock is not None else [])]
 
 
 def by_digest(ctx: Context, engine: EngineAPI, image: str) -> str:
@@ -134,6 +136,14 @@ def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
     return image
 
 
+def _bind_lock(engine: EngineAPI, image: str, lock: Path) -> None:
+    from pipeline.stages.verify import bind_lock
+
+    info = engine.image(image)
+    if info is not None:  # else the smoke test says the image is absent, and how to give it
+        bind_lock(lock, info.labels or {}, image, done="nothing was started")
+
+
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import SmokeFailed
     from pipeline.recipes.recipe import load_recipe
@@ -153,10 +163,17 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     )
     engine = ctx.engine(inputs.docker_host)
     image = by_digest(ctx, engine, inputs.image)
+    if inputs.lock is not None:
+        from pipeline.stages.verify import verify_here
+
+        verify_here(ctx, inputs.lock, lock_given=False, stage="smoke")
+    image = on_engine(ctx, engine, image)
+    if inputs.lock is not None:
+        _bind_lock(engine, image, inputs.lock)
     try:
         verdict = run_smoke(
             engine,
-            image=on_engine(ctx, engine, image),
+            image=image,
             recipe=recipe,
             recipe_path=inputs.recipe,
             settings=ctx.settings_with(
