@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -278,6 +278,11 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             except PipelineError as e:
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
             digest = seen.digest
+            if prev is not None and prev.status != "ok" and prev.earlier:
+                restored = StageState(**prev.earlier)
+                if restored.inputs_digest == digest:  # what made it fail was restored: done earlier
+                    rd.record(restored)
+                    prev = restored
             done = prev is not None and prev.status == "ok"
             changes = seen.changes(prev.inputs, prev.reads) if prev is not None and done else []
             kept = done and prev is not None and prev.inputs_digest != digest and name in FROZEN and not repin
@@ -308,6 +313,8 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
                 st.inputs, st.reads = seen.inputs, seen.reads
+                if prev is not None:  # kept, for inputs that come back as they were
+                    st.earlier = {**asdict(prev), "earlier": {}} if done else prev.earlier
                 return _ended(result, rd, rec, st, e)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, and the record says so
                 rec.figure = "interrupted"
