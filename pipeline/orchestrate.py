@@ -264,6 +264,8 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
     for name in table.order():
         prev = rd.state(name)
         if name not in spec.stages:
+            if prev is not None and prev.status != "ok" and prev.earlier:
+                prev = _restored(ctx, spec, up, rd, table[name].load(), prev)
             # Outputs of stages outside the range come from earlier records of this run.
             if prev is not None and prev.status == "ok":
                 up.set(name, table[name].load().Outputs.model_validate(local(prev.outputs, rd.path)))
@@ -279,10 +281,7 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
             digest = seen.digest
             if prev is not None and prev.status != "ok" and prev.earlier:
-                restored = StageState(**prev.earlier)
-                if restored.inputs_digest == digest:  # what made it fail was restored: done earlier
-                    rd.record(restored)
-                    prev = restored
+                prev = _restored(ctx, spec, up, rd, stage, prev, digest)
             done = prev is not None and prev.status == "ok"
             changes = seen.changes(prev.inputs, prev.reads) if prev is not None and done else []
             kept = done and prev is not None and prev.inputs_digest != digest and name in FROZEN and not repin
@@ -340,6 +339,24 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             result.states.append(st)
             rec.figure = outputs.figure()
     return result
+
+
+def _restored(
+    ctx: Context, spec: BuildSpec, up: Upstream, rd: RunDir, stage: Any, prev: StageState, digest: str = ""
+) -> StageState:
+    """The `ok` record a failed re-run kept, when the inputs are back to its digest (what made it
+    fail was undone: done earlier); else `prev`. `digest`: the inputs digest, planned here if not given."""
+    before = StageState(**prev.earlier)
+    if not digest:
+        try:
+            inputs = stage.plan(ctx, spec, up)
+            digest = inputs_record(prev.name, inputs, stage.reads(ctx, inputs), rd.path).digest
+        except PipelineError:
+            return prev
+    if before.inputs_digest != digest:
+        return prev
+    rd.record(before)
+    return before
 
 
 def _ended(
