@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -297,6 +297,8 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
     for name in table.order():
         prev = rd.state(name)
         if name not in spec.stages:
+            if prev is not None and prev.status != "ok" and prev.earlier:
+                prev = _restored(ctx, spec, up, rd, table[name].load(), prev)
             # Outputs of stages outside the range come from earlier records of this run.
             if prev is not None and prev.status == "ok":
                 up.set(name, table[name].load().Outputs.model_validate(local(prev.outputs, rd.path)))
@@ -311,6 +313,9 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             except PipelineError as e:
                 return _ended(result, rd, rec, StageState(name, "failed", "", {}, 0.0, str(e)), e)
             digest = seen.digest
+            if prev is not None and prev.status != "ok" and prev.earlier:
+                prev = _restored(ctx, spec, up, rd, stage, prev, digest)
+            done = prev is not None and prev.status == "ok"
             choice = decide(name, prev, seen, repin=repin)
             if not choice.run and prev is not None:
                 outputs = stage.Outputs.model_validate(local(prev.outputs, rd.path))
@@ -333,6 +338,8 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
                 status: Status = "stopped" if isinstance(e, stage.STOPS) else "failed"
                 st = StageState(name, status, digest, {}, time.monotonic() - start, str(e))
                 st.inputs, st.reads = seen.inputs, seen.reads
+                if prev is not None:  # kept, for inputs that come back as they were
+                    st.earlier = {**asdict(prev), "earlier": {}} if done else prev.earlier
                 return _ended(result, rd, rec, st, e)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, and the record says so
                 rec.figure = "interrupted"
@@ -358,6 +365,24 @@ def drive(ctx: Context, spec: BuildSpec, rd: RunDir, table: Table, *, repin: boo
             result.states.append(st)
             rec.figure = outputs.figure()
     return result
+
+
+def _restored(
+    ctx: Context, spec: BuildSpec, up: Upstream, rd: RunDir, stage: Any, prev: StageState, digest: str = ""
+) -> StageState:
+    """The `ok` record a failed re-run kept, when the inputs are back to its digest (what made it
+    fail was undone: done earlier); else `prev`. `digest`: the inputs digest, planned here if not given."""
+    before = StageState(**prev.earlier)
+    if not digest:
+        try:
+            inputs = stage.plan(ctx, spec, up)
+            digest = inputs_record(prev.name, inputs, stage.reads(ctx, inputs), rd.path).digest
+        except PipelineError:
+            return prev
+    if before.inputs_digest != digest:
+        return prev
+    rd.record(before)
+    return before
 
 
 def _ended(

@@ -45,6 +45,9 @@ class StageState:
     figure: str = ""  # the key figure of the stage table
     inputs: dict[str, Any] = field(default_factory=dict)  # what the digest covers, to say what changed
     reads: dict[str, str] = field(default_factory=dict)
+    # the `ok` record a failed re-run replaced: when its inputs are restored it is done again
+    # (a GPU host without mirrors cannot render again after refusing an edited lock)
+    earlier: dict[str, Any] = field(default_factory=dict)
 
 
 class RunDir:

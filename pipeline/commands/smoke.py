@@ -38,8 +38,8 @@ def _labels(raw: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--image",
     required=True,
-    help="Image to test: REPO@sha256:DIGEST (pulled by digest when absent, verified), or a tag or ID "
-    "on the engine.",
+    help="Image to test: REPO@sha256:DIGEST (pulled by digest when absent, verified), an image ID, or a "
+    "tag, resolved to its digest once (the registry's, else the engine's) and run by it.",
 )
 @click.option(
     "--model",

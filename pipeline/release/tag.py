@@ -10,11 +10,12 @@ The flow, each step refusing with its own message before anything is changed:
    image serves every model whose lock pins its pair; the verdict binds model, lock and image);
 2. the immutable tag (`settings.tag.tag_template`) and the moving tags are
    computed and validated against the registry tag grammar;
-3. under a file lock per (registry, repository): if the immutable tag already
-   exists it must hold this very image (immutable means immutable), else the
-   image is tagged locally and pushed; the digest is read back from the
-   registry API and must match what the push reported, and the manifest's
-   config must be this image's ID;
+3. under a file lock per (registry, repository): the verdict's digest (the image the smoke
+   test ran, by digest: `bound_digest`) must be in the target repository as this image;
+   if the immutable tag already exists it must hold this very image (immutable means
+   immutable), else that digest's manifest is PUT as the immutable tag (no layer, no
+   local tag, no name that may have moved is pushed); the digest is read back from the
+   registry API and must be the verdict's;
 4. the verification record (`record.json`, an in-toto Statement) is written
    next to the verdict and, if asked, attested with cosign;
 5. only then each moving tag is PUT to that digest (no layer is re-pushed).
@@ -48,7 +49,10 @@ from pipeline.oci.registry import (
     MEDIA_DOCKER_MANIFEST,
     MEDIA_OCI_MANIFEST,
     ImageRef,
+    RegistryAuthError,
     RegistryClient,
+    RegistryError,
+    RegistryUnavailable,
     credentials_for,
     default_scheme,
     parse_image_ref,
@@ -255,6 +259,25 @@ def check_server_evidence(vf: VerdictFile, info: ImageInfo, image: str) -> None:
         )
 
 
+def bound_digest(vf: VerdictFile, image: str) -> str:
+    """The registry digest the verdict was made for: the only thing `tag` pushes.
+
+    A verdict of an image never pushed (bound by image ID only) is refused: tagging it would
+    push whatever the engine makes of that image now, which nobody smoke-tested by digest.
+    """
+    digest = vf.verdict.image.digest
+    if not digest:
+        raise TagError(
+            f"refusing to tag {image}: the smoke verdict {vf.path} is bound to image ID "
+            f"{_short(vf.verdict.image.id)} only, not to a registry digest (the image was never pushed, or "
+            "was smoke-tested by a local name); tag pushes only the digest that was smoke-tested.",
+            hint="Push the candidate to the target registry (`pipeline build` does when [tag] registry is "
+            "set), smoke-test it by digest (`pipeline smoke --image REPO@sha256:…`), then tag with that "
+            "verdict. Nothing was pushed.",
+        )
+    return digest
+
+
 def _short(digest: str) -> str:
     d = digest.removeprefix("sha256:")
     return d[:12] if d else "(none)"
@@ -410,6 +433,7 @@ class ReleasePlan:
     target: ImageRef
     immutable: str
     moving: list[str]
+    digest: str  # the registry digest the verdict was made for: what is tagged
 
     @property
     def image(self) -> ImageInfo:
@@ -440,12 +464,13 @@ def release_plan(
         locks_dir=Path(settings.paths.locks_dir),
     )
     img = binding.image
-    log.detail(f"verdict {verdict.path} is bound to {image} ({_short(img.id)}), its recipe and lock")
+    digest = bound_digest(verdict, image)
+    log.detail(f"verdict {verdict.path} is bound to {image} ({_short(img.id)}, {digest}), recipe and lock")
     target = target_repository(settings, registry, repository)
     fields = tag_fields(binding.lock, verdict.verdict, verdict.verdict.inputs_digest)
     immutable, moving = plan_tags(settings, fields)
     log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
-    return ReleasePlan(verdict, binding, target, immutable, list(moving))
+    return ReleasePlan(verdict, binding, target, immutable, list(moving), digest)
 
 
 def tag_verified(
@@ -517,20 +542,19 @@ def tag_verified(
         hint="Wait for it to finish and run again; nothing was pushed.",
     )
     our_created = img.labels.get(labels.OCI_CREATED, "")
-    auth = creds.auth_config if creds else None
+    tested = planned.digest
     local_ref = f"{target.name}:{immutable}"
-    made_local_tag = False
+    manifest: tuple[bytes, str] = (b"", "")  # the smoke-tested digest's manifest, read from the registry
 
     def push_immutable() -> str:
-        """Push the image as the immutable tag through a local tag this run removes again."""
-        nonlocal made_local_tag
-        if not made_local_tag:
-            # absent, or this image's: ours (a run killed after its push left it; it goes too)
-            left = engine.image(local_ref)
-            made_local_tag = left is None or left.id == img.id
-        engine.tag(img.id, target.name, immutable)
-        log.detail(f"pushing {local_ref}")
-        return _push(engine, target.name, immutable, auth, log, sleep, settings.tag.push_timeout_s)
+        """The immutable tag PUT as the smoke-tested digest's manifest (no layer, no name is pushed)."""
+        log.detail(f"pushing {local_ref} → {tested}")
+        body, media_type = manifest
+
+        def put() -> str:
+            return client.put_manifest(repo, immutable, body, media_type)
+
+        return _push(put, f"{target.name}:{immutable}", log, sleep, settings.tag.push_timeout_s)
 
     rerun = _rerun_command(
         image, verdict_path, binding, target, "latest" in moving and "latest" not in settings.tag.moving_tags,
@@ -543,8 +567,8 @@ def tag_verified(
     try:
         # 0. forward only: nothing is pushed when a moving tag already holds a newer release
         mover.preflight(moving)
-        # a verdict bound to a digest: that digest, in the target repository, must be this image
-        _refuse_foreign_digest(client, target, verdict.verdict.image.digest, img.id)
+        # the verdict's digest, in the target repository, must be this image
+        manifest = _tested_manifest(client, target, tested, img.id)
         # 1. immutable tag: never moved once it exists; a manifest answering HTTP 500 is repaired
         existing, broken = current(client, repo, immutable)
         if broken:
@@ -582,10 +606,9 @@ def tag_verified(
                     f"{_short(img.id)}; the moving tags were not touched.",
                     hint="Check the registry and run `pipeline tag` again.",
                 )
-        tested_digest = verdict.verdict.image.digest
-        if tested_digest and tested_digest != digest:
+        if tested != digest:
             raise TagError(
-                f"refusing to move tags: the verdict was made for {target.name}@{tested_digest} "
+                f"refusing to move tags: the verdict was made for {target.name}@{tested} "
                 f"but {immutable} is {digest} (foreign verdict); the moving tags were not touched.",
                 hint=RERUN,
             )
@@ -643,11 +666,6 @@ def tag_verified(
         if outcome.error is not None:
             raise outcome.error
     finally:
-        if made_local_tag:  # the push tag is ours: it would keep the image from being pruned
-            try:
-                engine.remove_image(local_ref)
-            except PipelineError as e:
-                log.warn(f"could not remove the local push tag {local_ref}: {e.message}")
         flock.release()
     return TagResult(
         immutable_ref=local_ref,
@@ -673,20 +691,34 @@ def _rerun_command(
     return shlex.join(argv)
 
 
-def _refuse_foreign_digest(client: RegistryClient, target: ImageRef, tested: str, image_id: str) -> None:
-    """Refuse, before anything is pushed, a verdict whose digest the target does not hold as this image."""
-    if not tested:
-        return
+def _tested_manifest(
+    client: RegistryClient, target: ImageRef, tested: str, image_id: str
+) -> tuple[bytes, str]:
+    """The manifest of the smoke-tested digest in the target repository, which must be this image;
+    refused before anything is pushed otherwise."""
     try:
-        holds = _holds_image(client, target, tested, image_id)
-    except PipelineError:
-        holds = False
-    if not holds:
+        body, media_type, _ = client.get_manifest(target.repository, tested)
+    except RegistryUnavailable as e:
+        if e.status != 500:
+            raise
+        raise InfraError(
+            f"the registry answers HTTP 500 for {target.name}@{tested}, the smoke-tested digest (a push "
+            "killed halfway leaves its revision link empty); nothing was pushed or moved.",
+            hint="Push the candidate to that repository again from the engine that holds it (`docker push "
+            f"{target.name}:TAG`, or `pipeline build --resume RUN`): it rewrites the link. Then run "
+            "`pipeline tag` again.",
+        ) from None
+    except RegistryAuthError:
+        raise
+    except RegistryError:  # not there
+        body, media_type = b"", ""
+    if not body or (tested != image_id and _manifest_image_id(body, media_type) != image_id):
         raise TagError(
             f"refusing to tag: the verdict was made for {target.name}@{tested}, which the registry does not "
             f"hold as image {_short(image_id)} (foreign verdict); nothing was pushed or moved.",
             hint=RERUN,
         )
+    return body, media_type
 
 
 def _repush(push: Callable[[], str], digest: str) -> None:
@@ -700,35 +732,29 @@ REQUEST_TIMEOUT = 30.0  # one registry API request, at most (less when [tag] pus
 
 
 class PushTimeout(InfraError):
-    """The engine's push did not finish within [tag] push_timeout_s."""
+    """The immutable tag's PUT did not finish within [tag] push_timeout_s."""
 
 
 def _push(
-    engine: EngineAPI,
-    repo: str,
-    tag: str,
-    auth_config: Mapping[str, str] | None,
-    log: Logger,
-    sleep: Callable[[float], None],
-    timeout: float,
+    put: Callable[[], str], what: str, log: Logger, sleep: Callable[[float], None], timeout: float
 ) -> str:
-    """`engine.push` with bounded retries (the one retry policy) when the registry or engine is away,
-    every attempt together within `timeout` seconds.
+    """`put()` (the immutable tag's manifest PUT, its digest), with bounded retries (the one retry
+    policy) when the registry is away, every attempt together within `timeout` seconds.
 
-    A refusal (TagError: denied, bad credentials) is not retried; pushing the same
-    image again is harmless, so a transient failure is, while time is left.
+    A refusal (TagError: denied, bad credentials) is not retried; putting the same
+    manifest again is harmless, so a transient failure is, while time is left.
     """
     deadline = time.monotonic() + timeout
 
     def warn(n: int, tries: int, wait: float, err: BaseException) -> None:
         text = err.message if isinstance(err, PipelineError) else str(err)
-        log.warn(f"push of {repo}:{tag} failed ({text}); retrying in {wait:.0f}s")
+        log.warn(f"push of {what} failed ({text}); retrying in {wait:.0f}s")
 
     def attempt() -> str:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
-        return _bounded_push(engine, repo, tag, auth_config, left, timeout)
+            raise PushTimeout(f"the push of {what} did not finish within {timeout:.0f} s")
+        return _bounded_push(put, what, left, timeout)
 
     try:
         return with_retries(
@@ -742,7 +768,7 @@ def _push(
     except PushTimeout as e:
         raise PushTimeout(
             f"{e.message} ([tag] push_timeout_s, PIPELINE_PUSH_TIMEOUT_S); gave up, the moving tags were "
-            "not touched. The engine may still finish that push: the next `pipeline tag` finds it.",
+            "not touched. The registry may still store that tag: the next `pipeline tag` finds it.",
             hint="Check the registry (stalled, overloaded, unreachable?) and run `pipeline tag` again; "
             "raise [tag] push_timeout_s for a slow link.",
         ) from None
@@ -756,28 +782,21 @@ def _push(
         ) from err
 
 
-def _bounded_push(
-    engine: EngineAPI,
-    repo: str,
-    tag: str,
-    auth_config: Mapping[str, str] | None,
-    seconds: float,
-    timeout: float,
-) -> str:
-    """One `engine.push`, given up after `seconds` (the engine's stream has no deadline of its own)."""
+def _bounded_push(put: Callable[[], str], what: str, seconds: float, timeout: float) -> str:
+    """One `put()`, given up after `seconds` (the client's retries have no deadline of their own)."""
     done: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            done["digest"] = engine.push(repo, tag, auth_config=auth_config)
+            done["digest"] = put()
         except BaseException as e:  # handed to the caller's thread below
             done["error"] = e
 
-    worker = threading.Thread(target=run, name=f"push {repo}:{tag}", daemon=True)
+    worker = threading.Thread(target=run, name=f"push {what}", daemon=True)
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
-        raise PushTimeout(f"the push of {repo}:{tag} did not finish within {timeout:.0f} s")
+        raise PushTimeout(f"the push of {what} did not finish within {timeout:.0f} s")
     if "error" in done:
         raise done["error"]
     return str(done["digest"])

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pipeline.errors import NoHardware
+from pipeline.errors import NoHardware, PipelineError
 from pipeline.stages import build as build_stage
 from pipeline.stages.base import Context, StageData, Upstream
 from pipeline.stages.spec import BuildSpec
@@ -29,7 +29,9 @@ class Inputs(StageData):
     candidate: str = ""  # the tag to name in hints (the candidate)
     model: str
     recipe: Path
-    lock: Path | None = None  # the model's lock: the verdict binds it to the image (its pair label)
+    # the model's lock: verified where the mirrors are, bound to the image's pair label, and
+    # recorded in the verdict
+    lock: Path | None = None
     out_dir: Path  # verdict.json, summary.md, junit.xml, server logs
     run_all: bool = False
     quick: bool = False
@@ -46,6 +48,9 @@ class Outputs(StageData):
     verdict: Path
     passed: bool
     reason: str
+    # what the smoke test ran, resolved once at its start: `REPO@sha256:…`, else the image ID
+    image: str = ""
+    resolved_from: str = ""  # the tag it was given, when it was given one
 
     def figure(self) -> str:
         return "all gates passed" if self.passed else self.reason
@@ -66,7 +71,43 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
 
 
 def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
-    return [inputs.recipe, *([inputs.lock] if inputs.lock else [])]
+    return [inputs.recipe, *([inputs.lock] if inputs.lock is not None else [])]
+
+
+def by_digest(ctx: Context, engine: EngineAPI, image: str) -> str:
+    """`image` resolved once to what it is now, so that nothing later reads a name that may move:
+    a `REPO@sha256:…` or an image ID as given; a tag, to the registry's manifest digest when the
+    name has a registry (`host[:port]/…`; not Docker Hub, never asked) that holds it, else to the
+    engine's digest of that repository (`RepoDigests`), else to the image ID."""
+    from pipeline.oci.ref import DIGEST_RE, DOCKER_HUB_ALIASES
+    from pipeline.oci.registry import RegistryClient, credentials_for
+    from pipeline.validate import image_reference
+
+    if "@sha256:" in image or DIGEST_RE.match(image) or _is_short_id(image):
+        return image
+    ref = image_reference(image, what="--image")
+    if ref.registry not in DOCKER_HUB_ALIASES:
+        client = RegistryClient(ref.registry, credentials=credentials_for(ref.registry, ctx.env), retries=1)
+        try:
+            digest = client.manifest_digest(ref.repository, ref.reference)
+        except PipelineError as e:
+            ctx.log.warn(f"could not ask {ref.registry} for {image} ({e.message}); using the engine's image")
+            digest = None
+        if digest:
+            pinned = f"{ref.name}@{digest}"
+            ctx.log.info(f"{image} is {pinned} in its registry; the smoke test runs that digest")
+            return pinned
+    info = engine.image(image)
+    if info is None:
+        return image  # the smoke test says it is absent, and how to give it
+    held = [image_reference(d) for d in info.digests if "@" in d]
+    pinned = next((f"{ref.name}@{d.digest}" for d in held if d.name == ref.name), info.id)
+    ctx.log.info(f"{image} is {pinned} on the engine; the smoke test runs that")
+    return pinned
+
+
+def _is_short_id(image: str) -> bool:
+    return 12 <= len(image) <= 64 and all(c in "0123456789abcdef" for c in image)
 
 
 def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
@@ -98,6 +139,14 @@ def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
     return image
 
 
+def _bind_lock(engine: EngineAPI, image: str, lock: Path) -> None:
+    from pipeline.stages.verify import bind_lock
+
+    info = engine.image(image)
+    if info is not None:  # else the smoke test says the image is absent, and how to give it
+        bind_lock(lock, info.labels or {}, image, done="nothing was started")
+
+
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import SmokeFailed
     from pipeline.lock import Lock
@@ -117,10 +166,18 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         labels=dict(inputs.labels),
     )
     engine = ctx.engine(inputs.docker_host)
+    image = by_digest(ctx, engine, inputs.image)
+    if inputs.lock is not None:
+        from pipeline.stages.verify import verify_here
+
+        verify_here(ctx, inputs.lock, lock_given=False, stage="smoke")
+    image = on_engine(ctx, engine, image)
+    if inputs.lock is not None:
+        _bind_lock(engine, image, inputs.lock)
     try:
         verdict = run_smoke(
             engine,
-            image=on_engine(ctx, engine, inputs.image),
+            image=image,
             recipe=recipe,
             recipe_path=inputs.recipe,
             settings=ctx.settings_with(
@@ -134,7 +191,7 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         )
     except NoHardware as e:
         if ctx.resume_command:
-            ref = inputs.image if "@sha256:" in inputs.image else (inputs.candidate or inputs.image)
+            ref = image if "@sha256:" in image else (inputs.candidate or image)
             e.hint = (
                 f"The image is kept as an untagged candidate ({ref}). Smoke it on an MI355 host with "
                 f"`pipeline smoke --image {ref} --model {inputs.model}"
@@ -153,4 +210,5 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
             hint=f"Verdict, summary and server log: {path}, {summary}, {inputs.out_dir / 'server.log'}.",
         )
     ctx.log.info(f"smoke test passed: {verdict.reason}; verdict {path}")
-    return Outputs(verdict=path, passed=True, reason=verdict.reason)
+    resolved_from = inputs.image if image != inputs.image else ""
+    return Outputs(verdict=path, passed=True, reason=verdict.reason, image=image, resolved_from=resolved_from)

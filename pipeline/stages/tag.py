@@ -59,7 +59,8 @@ def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
     smoked = up.get("smoke", smoke_stage.Outputs)
     rendered = up.get("render", render_stage.Outputs)
     return Inputs(
-        image=built.candidate or built.image,  # by digest: the image smoke ran, on whichever engine
+        # by digest: the image smoke ran (resolved once, recorded), on whichever engine
+        image=smoked.image or built.candidate or built.image,
         verdict=smoked.verdict,
         lock=ctx.work_dir / "lock.toml",
         recipe=spec.recipe_path,
@@ -76,6 +77,17 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
     return [p for p in (inputs.lock, inputs.recipe) if p is not None]
 
 
+def _verify_lock(ctx: Context, inputs: Inputs) -> None:
+    """The lock: verified where the mirrors are, and always the image's (its lock label)."""
+    from pipeline.stages.verify import bind_lock, verify_here
+
+    assert inputs.lock is not None
+    verify_here(ctx, inputs.lock, lock_given=inputs.release is None, stage="tag")
+    info = ctx.engine().image(inputs.image)
+    if info is not None:  # else the binding says the image is absent
+        bind_lock(inputs.lock, info.labels or {}, inputs.image, done="nothing was pushed or moved")
+
+
 def run(ctx: Context, inputs: Inputs) -> Outputs:
     from pipeline.errors import UsageError
     from pipeline.fsutil import atomic_write_json
@@ -88,9 +100,12 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
     registry = inputs.registry if inputs.registry is not None else settings.tag.registry
     if not registry:
         raise UsageError(
-            "no registry is configured for the tag stage.",
+            "no registry is configured for the tag stage: nothing is released without one (the image "
+            "stays a local candidate).",
             hint="Set [tag] registry in pipeline.toml, PIPELINE_REGISTRY, or pass --registry.",
         )
+    if inputs.lock is not None:
+        _verify_lock(ctx, inputs)
     res = tag_verified(
         ctx.engine(),
         image=inputs.image,

@@ -23,6 +23,7 @@ and `patchq`, which know nothing of each other.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,6 +115,45 @@ def verify_lock(
     if head != lock.atom.sha:
         keep_pinned(atom, head)  # a ref, so no gc drops it before render
     return VerifiedLock(lock, head, atom, aiter)
+
+
+def verify_here(ctx: Context, lock_path: Path, *, lock_given: bool, stage: str) -> bool:
+    """`verify_lock` of `lock_path` where this host has the mirrors of both locked sources (smoke
+    and tag may run on a GPU host that has none); else one line says what is and is not checked.
+    True when it was verified against its commits and the series."""
+    from pipeline.errors import SourceError
+
+    lock = Lock.load(lock_path)
+    try:
+        _repos(ctx, lock, None, None)
+    except SourceError:
+        ctx.log.info(
+            f"{stage}: no mirrors of ATOM and aiter on this host ({ctx.settings.cache_dir}): the lock "
+            f"{lock_path} is not verified against its commits here (render and build did, where it was "
+            "built); it is bound by its digest to the image's label and the verdict"
+        )
+        return False
+    verify_lock(ctx, lock, lock_path=lock_path, lock_given=lock_given, final=True)
+    return True
+
+
+def bind_lock(lock_path: Path, image_labels: Mapping[str, str], image: str, *, done: str) -> None:
+    """The lock file pins the pair the image was built from: its pair digest is the image's pair
+    label (the image is model-free; the lock's own digest is the verdict's). `done` says what was
+    not done (a refusal changes nothing)."""
+    from pipeline import labels
+
+    lock = Lock.load(lock_path)
+    digest = lock.pair_digest()
+    label = image_labels.get(labels.PAIR_DIGEST, "")
+    if label != digest:
+        raise LockInconsistent(
+            f"lock file {lock_path} is not the lock the image {image} was built from: it pins pair "
+            f"{digest[:12]}, the image's label {labels.PAIR_DIGEST} says {label[:12] or '(none)'} "
+            f"(edited since the build?); {done}.",
+            hint="Restore the lock the run recorded (`git diff`, or a copy of the run directory), or "
+            f"build, smoke-test and tag that lock in a new run (`pipeline build --model {lock.model}`).",
+        )
 
 
 def _repos(
@@ -230,4 +270,4 @@ def _inconsistent(
     )
 
 
-__all__ = ["Mismatch", "VerifiedLock", "verify_lock"]
+__all__ = ["Mismatch", "VerifiedLock", "bind_lock", "verify_here", "verify_lock"]

@@ -58,3 +58,25 @@ def test_smoke_on_another_engine_pulls_the_candidate_by_digest_not_by_its_moved_
         out.truncate(0)
         assert smoke.on_engine(ctx, host_b, candidate) == candidate
         assert "pulling" not in out.getvalue()
+
+
+def test_smoke_given_a_tag_resolves_it_once_and_runs_that_digest_after_the_tag_moved(
+    engine: Engine, base_image: str, registry: Registry, docker_cleanup: DockerCleanup, tmp_path: Path
+) -> None:
+    """`pipeline smoke --image REPO:TAG` on host B: the registry's digest for the tag, asked once at
+    the start; the tag overwritten afterwards changes nothing that host B pulls and starts."""
+    repo = f"{registry.host}/atom-pipeline-test/resolve-{docker_cleanup.case_id}"
+    candidate = _push(engine, base_image, repo, "candidate-1", docker_cleanup, tmp_path)
+    settings = load_settings(env={"PIPELINE_CACHE_DIR": str(tmp_path / "cache")}, cwd=tmp_path)
+    out = io.StringIO()
+    with second_dockerd() as (host_b, _):
+        ctx = Context(settings=settings, log=Logger(stream=out), env={}, work_dir=tmp_path)
+        pinned = smoke.by_digest(ctx, host_b, f"{repo}:candidate-1")
+        assert pinned == candidate and f"is {candidate} in its registry" in out.getvalue()
+        # the tag moves to another image after the resolution
+        other = _push(engine, base_image, repo, "candidate-1", docker_cleanup, tmp_path)
+        assert other != candidate
+        assert smoke.on_engine(ctx, host_b, pinned) == candidate
+        info = host_b.image(candidate)
+        assert info is not None and candidate in info.digests
+        assert host_b.image(other) is None and host_b.image(f"{repo}:candidate-1") is None

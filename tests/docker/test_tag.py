@@ -51,15 +51,28 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
-def _build(engine: Engine, base_image: str, cleanup: DockerCleanup, world: World, tmp_path: Path) -> str:
-    """Build an image FROM the local base with the world's labels; write a passed verdict for it."""
+def _build(
+    engine: Engine,
+    base_image: str,
+    cleanup: DockerCleanup,
+    world: World,
+    tmp_path: Path,
+    registry: Registry,
+    repo: str,
+) -> str:
+    """Build an image FROM the local base with the world's labels, push it as the candidate (what
+    `pipeline build` does) and write a passed verdict for it by that digest."""
     ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
     ctx.mkdir()
     (ctx / "marker").write_text(uuid.uuid4().hex)
     (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY marker /marker\n")
     ref = cleanup.tag(f"tagged-{uuid.uuid4().hex[:6]}")
     built = engine.build(ctx, tag=ref, labels={**world.labels, **cleanup.labels})
-    world.write_verdict(image={"ref": ref, "id": built.id, "digest": ""})
+    candidate = f"candidate-{uuid.uuid4().hex[:12]}"
+    engine.tag(built.id, registry.repo(repo), candidate)
+    cleanup.image(f"{registry.repo(repo)}:{candidate}")
+    digest = engine.push(registry.repo(repo), candidate, auth_config=registry.auth_config)
+    world.write_verdict(image={"ref": f"{registry.repo(repo)}@{digest}", "id": built.id, "digest": digest})
     return ref
 
 
@@ -80,6 +93,11 @@ def _tag_args(world: World, image: str, registry: Registry, repo: str, *extra: s
     ]
 
 
+def _release_tags(client: RegistryClient, repo: str) -> list[str]:
+    """The repository's tags but the candidates `_build` pushed."""
+    return [t for t in client.tags(repo) if not t.startswith("candidate-")]
+
+
 def _immutable(world: World) -> str:
     from pipeline.release.tag import patchset_id
 
@@ -96,8 +114,8 @@ def test_tag_pushes_by_digest_and_pulls_back(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
     repo = f"{REPO_PREFIX}/tag-{docker_cleanup.case_id}"
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
     code = main(_tag_args(world, image, registry, repo, "--push-latest", "--json"))
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -109,11 +127,12 @@ def test_tag_pushes_by_digest_and_pulls_back(
     assert result["moved"] == [f"{MODEL}-verified", "latest"]
 
     client = RegistryClient(registry.host)
-    assert client.tags(repo) == sorted([immutable, f"{MODEL}-verified", "latest"])
+    assert _release_tags(client, repo) == sorted([immutable, f"{MODEL}-verified", "latest"])
     for tag in (immutable, f"{MODEL}-verified", "latest"):
         assert client.manifest_digest(repo, tag) == digest
+    assert digest == world.verdict()["image"]["digest"]  # the smoke-tested digest, PUT by the registry API
 
-    # the local push tag the run made is gone again (it kept old images from being pruned)
+    # no local push tag is made (it would keep old images from being pruned)
     assert engine.image(f"{name}:{immutable}") is None
     # pull back by digest: same image, same labels
     built_id = world.verdict()["image"]["id"]
@@ -149,8 +168,8 @@ def test_refusals_push_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
     repo = f"{REPO_PREFIX}/refuse-{docker_cleanup.case_id}"
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
     good = world.verdict()
     client = RegistryClient(registry.host)
 
@@ -182,6 +201,12 @@ def test_refusals_push_nothing(
     assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
     assert "foreign verdict" in capsys.readouterr().err
 
+    # a verdict bound by image ID only (smoke-tested by a local name): tag pushes only a tested digest
+    world.write_verdict(**{**good, "image": {**good["image"], "ref": image, "digest": ""}})
+    assert main(_tag_args(world, image, registry, repo)) == ExitCode.TAG
+    err = capsys.readouterr().err
+    assert "not to a registry digest" in err and "pipeline smoke --image REPO@sha256:" in err
+
     # an invalid tag
     world.write_verdict(**good)
     monkeypatch.setenv("PIPELINE_TAG_TEMPLATE", "{model}:{date}")
@@ -189,7 +214,7 @@ def test_refusals_push_nothing(
     assert "not a valid registry tag" in capsys.readouterr().err
     monkeypatch.delenv("PIPELINE_TAG_TEMPLATE")
 
-    assert client.tags(repo) == []
+    assert _release_tags(client, repo) == []
     assert not (world.verdict_path.parent / "record.json").exists()
 
 
@@ -241,7 +266,7 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
 
     # first release: the moving tag points at image A
     world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
 
     def run(world: World, image: str) -> Any:
         return _tag_run(engine, world, image, registry, repo, push_latest=False)
@@ -252,12 +277,12 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     # second release (another image, a later day): stop the registry after the immutable push
     world_b = make_world(tmp_path / "b", image_id="")
     world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
     real_put = RegistryClient.put_manifest
     events: list[str] = []
 
     def stop_then_put(self: RegistryClient, *a: Any, **kw: Any) -> str:
-        if not events:
+        if not events and a[1] == verified:  # after the immutable tag's PUT, before the moving tag's
             events.append("stopped")
             registry.process.terminate()
             registry.process.wait(timeout=10)
@@ -315,8 +340,8 @@ def test_auth_registry_credentials_never_shown(
     assert auth_registry.username is not None and auth_registry.password is not None
     user, password = auth_registry.username, auth_registry.password
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
     repo = f"{REPO_PREFIX}/auth-{docker_cleanup.case_id}"
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, auth_registry, repo)
     texts: list[str] = []
 
     # no credentials: refused, clearly
@@ -385,8 +410,8 @@ def test_cosign_attests_the_pushed_digest(
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
     repo = f"{REPO_PREFIX}/cosign-{docker_cleanup.case_id}"
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
     assert main(_tag_args(world, image, registry, repo, "--cosign", "--json")) == 0
     result = json.loads(capsys.readouterr().out)
     call = json.loads(calls.read_text())
@@ -437,10 +462,10 @@ def test_an_older_release_never_moves_the_moving_tags_back(
     repo = f"{REPO_PREFIX}/order-{docker_cleanup.case_id}"
     client = RegistryClient(registry.host)
     newer = make_world(tmp_path / "new", image_id="", created="2026-06-30T10:00:00Z")
-    image_new = _build(engine, base_image, docker_cleanup, newer, tmp_path)
+    image_new = _build(engine, base_image, docker_cleanup, newer, tmp_path, registry, repo)
     older = make_world(tmp_path / "old", image_id="", created="2026-06-20T10:00:00Z")
     older.write_verdict(finished="2026-06-28T08:00:00+00:00")
-    image_old = _build(engine, base_image, docker_cleanup, older, tmp_path)
+    image_old = _build(engine, base_image, docker_cleanup, older, tmp_path, registry, repo)
 
     assert main(_tag_args(newer, image_new, registry, repo, "--push-latest", "--json")) == 0
     digest_new = json.loads(capsys.readouterr().out)["digest"]
@@ -484,11 +509,11 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
     repo = f"{REPO_PREFIX}/split-{docker_cleanup.case_id}"
     client = RegistryClient(registry.host)
     world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
     first = _tag_run(engine, world_a, image_a, registry, repo)
     world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
     world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
     real_put = RegistryClient.put_manifest
     events: list[str] = []
 
@@ -519,7 +544,7 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
     assert record["predicate"]["image"]["moving_tags"] == [f"{MODEL}-verified", "latest"]
 
 
-def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_again(
+def test_a_manifest_answering_http_500_is_said_and_repaired_by_pushing_the_candidate_again(
     engine: Engine,
     base_image: str,
     docker_cleanup: DockerCleanup,
@@ -527,11 +552,12 @@ def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_
     tmp_path: Path,
     cli_env: Path,
 ) -> None:
-    """A push killed halfway left an empty revision link: the tag and `verified` answer 500 and
-    every re-run failed with exit 11. Re-pushing the immutable ref we hold rewrites the link."""
+    """A push killed halfway left an empty revision link: the smoke-tested digest, the tags and
+    `verified` answer 500. Tag says so (exit 11, nothing pushed) and names the repair: the
+    candidate pushed again from the engine rewrites the link; then the same tag finishes."""
     repo = f"{REPO_PREFIX}/broken-{docker_cleanup.case_id}"
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
     first = _tag_run(engine, world, image, registry, repo)
     link = (
         registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/revisions/sha256"
@@ -542,12 +568,22 @@ def test_a_manifest_answering_http_500_is_repaired_by_pushing_the_immutable_ref_
     status = _head_status(registry, repo, f"{MODEL}-verified")
     assert status == 500
     start = time.monotonic()
-    second = _tag_run(engine, world, image, registry, repo)
+    with pytest.raises(InfraError) as e:
+        _tag_run(engine, world, image, registry, repo)
     print(
-        f"FAULT | manifest answering HTTP 500 (empty revision link) | exit 0, repaired | - | "
-        f"{time.monotonic() - start:.2f} s"
+        f"FAULT | manifest answering HTTP 500 (empty revision link) | exit {e.value.exit_code}, repair "
+        f"named | nothing pushed | {time.monotonic() - start:.2f} s"
     )
-    assert second.digest == first.digest and second.pushed  # pushed again: that is the repair
+    assert e.value.exit_code == ExitCode.INFRA
+    text = str(e.value)
+    assert "answers HTTP 500" in text and "Push the candidate to that repository again" in text
+    # the repair it names: the candidate pushed again from the engine that holds it
+    info = engine.image(image)
+    assert info is not None
+    candidate = next(t for t in info.tags if t.startswith(f"{registry.repo(repo)}:candidate-"))
+    assert engine.push(*candidate.rsplit(":", 1)) == first.digest
+    second = _tag_run(engine, world, image, registry, repo)
+    assert second.digest == first.digest
     assert _head_status(registry, repo, f"{MODEL}-verified") == 200
     assert _head_status(registry, repo, first.immutable_ref.rsplit(":", 1)[1]) == 200
 
@@ -589,7 +625,7 @@ def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
     verified = f"{MODEL}-verified"
     client = RegistryClient(registry.host)
     world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
     first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
     # a file where distribution keeps the tag's directory: every PUT and HEAD of `latest` is HTTP 500
     tags_dir = registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/tags"
@@ -597,7 +633,7 @@ def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
     assert _head_status(registry, repo, "latest") == 500
     world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
     world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
     start = time.monotonic()
     code = main(_tag_args(world_b, image_b, registry, repo, "--push-latest"))
     err = capsys.readouterr().err
@@ -631,7 +667,7 @@ def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repair
     verified = f"{MODEL}-verified"
     client = RegistryClient(auth_registry.host, credentials=(user, password))
     world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path)
+    image = _build(engine, base_image, docker_cleanup, world, tmp_path, auth_registry, repo)
     real_put = RegistryClient.put_manifest
 
     def wrong_password_for_latest(self: RegistryClient, repo_: str, tag: str, *a: Any, **kw: Any) -> str:
@@ -691,21 +727,21 @@ def test_a_registry_stall_during_the_push_is_given_up_after_push_timeout_s(
     verified = f"{MODEL}-verified"
     client = RegistryClient(registry.host)
     world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path)
+    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
     first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
     world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
     world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path)
-    real_push = Engine.push
+    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
+    real_push = RegistryClient.put_manifest
     stalled: list[int] = []
 
-    def stall_then_push(self: Engine, *a: Any, **kw: Any) -> str:
+    def stall_then_push(self: RegistryClient, *a: Any, **kw: Any) -> str:
         if not stalled:
             stalled.append(registry.process.pid)
             os.kill(registry.process.pid, signal.SIGSTOP)
         return real_push(self, *a, **kw)
 
-    monkeypatch.setattr(Engine, "push", stall_then_push)
+    monkeypatch.setattr(RegistryClient, "put_manifest", stall_then_push)
     monkeypatch.setenv("PIPELINE_PUSH_TIMEOUT_S", "4")
     start = time.monotonic()
     try:
@@ -724,7 +760,7 @@ def test_a_registry_stall_during_the_push_is_given_up_after_push_timeout_s(
     assert client.manifest_digest(repo, verified) == first.digest
     assert not (world_b.verdict_path.parent / "record.json").exists()
     # the registry answers again: the same command finishes the release
-    monkeypatch.setattr(Engine, "push", real_push)
+    monkeypatch.setattr(RegistryClient, "put_manifest", real_push)
     monkeypatch.delenv("PIPELINE_PUSH_TIMEOUT_S")
     capsys.readouterr()
     assert main(_tag_args(world_b, image_b, registry, repo, "--json")) == 0

@@ -7,7 +7,9 @@ actual values side by side, the lock file named and the repair command carrying 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -15,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import labels
 from pipeline.cli import main
-from pipeline.errors import ExitCode
+from pipeline.config import load_settings
+from pipeline.errors import ExitCode, LockInconsistent
 from pipeline.lock import Lock
+from pipeline.log import Logger
+from pipeline.oci.engine import ImageInfo
+from pipeline.stages.base import Context
+from pipeline.stages.verify import verify_here
 from tests.fixtures.build_repos import MODEL, BuildRepos
 from tests.git.test_orchestrate import only_run, states, world  # noqa: F401 (the fixture)
 
@@ -115,3 +123,92 @@ def test_a_run_lock_edited_between_stages_stops_render(
     render = json.loads((run / "stages" / "render.json").read_text())
     assert render["status"] == "failed"
     assert not (run / "context").exists()
+
+
+def _ctx(cache: Path) -> tuple[Context, io.StringIO]:
+    out = io.StringIO()
+    settings = load_settings(env={**os.environ, "PIPELINE_CACHE_DIR": str(cache)}, cwd=Path.cwd())
+    return Context(settings=settings, log=Logger(stream=out), env={}, work_dir=cache), out
+
+
+@pytest.mark.parametrize("case", ["patch-sha256", "atom-sha"])
+def test_smoke_and_tag_verify_the_run_lock_where_the_mirrors_are_and_say_so_where_they_are_not(
+    case: str,
+    world: BuildRepos,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`verify_here` (smoke and tag of a run): the one `verify_lock` on a host with the mirrors; on a
+    GPU host without them, one line saying the lock is bound by digest only, and no verification."""
+    lock = _final_lock(tmp_path)
+    here, _ = _ctx(tmp_path / "cache")  # the build host: the run's mirrors
+    assert verify_here(here, lock, lock_given=False, stage="smoke") is True
+    field, edit = EDITS[case]
+    lock.write_text(edit(lock.read_text(), world))
+    with pytest.raises(LockInconsistent) as e:
+        verify_here(here, lock, lock_given=False, stage="tag")
+    assert field in str(e.value) and f"lock file {lock} is inconsistent" in str(e.value)
+
+    gpu, out = _ctx(tmp_path / "gpu-host-cache")  # no mirrors there
+    assert verify_here(gpu, lock, lock_given=False, stage="smoke") is False
+    said = out.getvalue()
+    assert said.count("\n") == 1, said
+    assert f"smoke: no mirrors of ATOM and aiter on this host ({tmp_path / 'gpu-host-cache'})" in said
+    assert f"the lock {lock} is not verified against its commits here" in said
+
+
+class _Engine:
+    """The GPU host's engine, holding the image the run built from the lock (its pair label)."""
+
+    docker_host = None
+
+    def __init__(self, image: str, pair_digest: str) -> None:
+        self.info = ImageInfo("sha256:" + "1" * 64, [], [image], {labels.PAIR_DIGEST: pair_digest}, "")
+        self.image_ref = image
+
+    def image(self, ref: str) -> ImageInfo | None:
+        return self.info if ref == self.image_ref else None
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_smoke_and_tag_stages_refuse_a_lock_edited_after_the_build_before_anything_starts(
+    world: BuildRepos,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU host without mirrors: the run's lock is still the image's (its lock label), or nothing
+    is started or pushed (exit 12); with the mirrors, the verification names the field first."""
+    import pipeline.release.tag
+    import pipeline.smoke
+    from pipeline.stages import smoke, tag
+
+    lock = _final_lock(tmp_path)
+    image = "127.0.0.1:5000/rocm/atom-dev@sha256:" + "2" * 64
+    engine = _Engine(image, Lock.load(lock).pair_digest())
+    monkeypatch.setattr(Context, "engine", lambda self, host=None: engine)
+    called: list[str] = []
+    monkeypatch.setattr(pipeline.smoke, "run_smoke", lambda *a, **kw: called.append("smoke"))
+    monkeypatch.setattr(pipeline.release.tag, "tag_verified", lambda *a, **kw: called.append("tag"))
+    lock.write_text(EDITS["patch-sha256"][1](lock.read_text(), world))
+    recipe = world.recipe
+    smoke_in = smoke.Inputs(image=image, model=MODEL, recipe=recipe, out_dir=tmp_path / "smoke", lock=lock)
+    tag_in = tag.Inputs(
+        image=image, verdict=tmp_path / "smoke", lock=lock, recipe=recipe, registry="127.0.0.1:5000",
+        tag=load_settings(env=dict(os.environ), cwd=tmp_path).tag, release=tmp_path / "locks", model=MODEL,
+    )  # fmt: skip
+    here, _ = _ctx(tmp_path / "cache")  # with the run's mirrors: the field that was edited
+    for stage, inputs in ((smoke, smoke_in), (tag, tag_in)):
+        with pytest.raises(LockInconsistent) as e:
+            stage.run(here, inputs)  # type: ignore[attr-defined]
+        assert f"lock file {lock} is inconsistent" in str(e.value) and ".sha256" in str(e.value)
+    gpu, out = _ctx(tmp_path / "gpu")  # no mirrors: said, and the lock is not the image's
+    with pytest.raises(LockInconsistent) as e:
+        smoke.run(gpu, smoke_in)
+    assert f"lock file {lock} is not the lock the image {image} was built from" in str(e.value)
+    assert "nothing was started" in str(e.value)
+    with pytest.raises(LockInconsistent) as e:
+        tag.run(gpu, tag_in)
+    assert "is not the lock the image" in str(e.value) and "nothing was pushed or moved" in str(e.value)
+    assert "no mirrors of ATOM and aiter on this host" in out.getvalue()
+    assert called == []

@@ -152,6 +152,44 @@ def test_a_failure_ends_the_run_and_resume_starts_there(world: World) -> None:
     assert result.error is None and world.calls == ["b", "c"]
 
 
+def test_a_refused_edit_that_is_restored_leaves_the_stage_done_earlier(world: World) -> None:
+    """A stage done, its input edited: it runs again and refuses (a lock edited on a GPU host that
+    cannot render). The edit undone, the stage is done earlier again, not run (it could not be)."""
+    drive(world.ctx, world.spec(), world.rd, world.table)
+    good = world.rd.state("b")
+    world.calls.clear()
+    world.stages["b"].file.write_text("b-edited")
+    world.stages["b"].fail_with = UsageError("refused: b.txt was edited")
+    result = drive(world.ctx, world.spec(), world.rd, world.table)
+    assert isinstance(result.error, UsageError) and world.calls == ["b"]
+    assert world.states() == {"a": "ok", "b": "failed", "c": "ok"}
+    result = drive(world.ctx, world.spec(), world.rd, world.table)  # still edited: refused again
+    assert isinstance(result.error, UsageError) and world.calls == ["b", "b"]
+
+    world.calls.clear()
+    world.stages["b"].file.write_text("b")  # restored
+    result = drive(world.ctx, world.spec(), world.rd, world.table)
+    assert result.error is None and world.calls == []
+    assert world.rd.state("b") == good and world.states() == {"a": "ok", "b": "ok", "c": "ok"}
+    assert [r.status for r in world.ctx.log.stages[-3:]] == ["skipped"] * 3
+
+
+def test_a_refused_edit_undone_before_a_range_that_starts_after_it_is_done_earlier(world: World) -> None:
+    """`--from c` after b refused an edit that was then undone: b's kept record is its result."""
+    drive(world.ctx, world.spec(), world.rd, world.table)
+    world.stages["b"].file.write_text("b-edited")
+    world.stages["b"].fail_with = UsageError("refused: b.txt was edited")
+    drive(world.ctx, world.spec(), world.rd, world.table)
+    world.calls.clear()
+    world.stages["b"].file.write_text("b")  # restored
+    result = drive(world.ctx, world.spec(("c",)), world.rd, world.table)
+    assert result.error is None and world.calls == [] and world.states()["b"] == "ok"
+    world.stages["b"].file.write_text("b-edited")  # not undone: b has no result for c
+    drive(world.ctx, world.spec(), world.rd, world.table)
+    result = drive(world.ctx, world.spec(("c",)), world.rd, world.table)
+    assert result.error is not None and "needs the result of the b stage" in result.error.message
+
+
 def test_an_error_the_stage_lists_in_stops_stops_the_run_without_failing_it(world: World) -> None:
     world.stages["b"].fail_with = NoHardware("no GPUs here")
     result = drive(world.ctx, world.spec(), world.rd, world.table)

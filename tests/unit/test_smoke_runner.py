@@ -156,7 +156,7 @@ class FakeEngine:
         self.run_kwargs: dict[str, Any] = {}
 
     def image(self, ref: str) -> FakeImage | None:
-        return FakeImage() if ref == "atom:test" else None
+        return FakeImage() if ref in ("atom:test", FakeImage.id) else None
 
     def run(self, image: str, command: Sequence[str], **kwargs: Any) -> FakeContainer:
         self.run_kwargs = {"command": list(command), **kwargs}

@@ -24,6 +24,9 @@ class _Engine:
     def close(self) -> None:
         self.closed = True
 
+    def image(self, ref: str) -> None:
+        return None  # no image here: the smoke test says so
+
 
 def _ctx(tmp_path: Path, **env: str) -> Context:
     settings = load_settings(env=env, cwd=tmp_path)

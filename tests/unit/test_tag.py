@@ -49,8 +49,14 @@ IMAGE_ID = "sha256:" + hashlib.sha256(b"config").hexdigest()
 EXPECTED_IMMUTABLE = f"{MODEL}-20260629-atom{ATOM_SHA[:7]}-aiter{AITER_SHA[:7]}-p{patchset_id(make_lock())}"
 
 
+def _manifest(image_id: str) -> bytes:
+    return json.dumps(
+        {"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST, "config": {"digest": image_id}, "layers": []}
+    ).encode()
+
+
 class FakeEngine:
-    """Holds one local image; `push` stores a manifest whose config is the image ID."""
+    """Holds one local image; `push` stores a manifest whose config is the image ID (tag never pushes)."""
 
     def __init__(self, registry: FakeRegistry, image_id: str, image_labels: dict[str, str]) -> None:
         self.registry = registry
@@ -85,17 +91,36 @@ class FakeEngine:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    return make_world(tmp_path / "w", image_id=IMAGE_ID)
-
-
-@pytest.fixture
 def fake() -> FakeRegistry:
     return FakeRegistry()
 
 
+@pytest.fixture
+def world(tmp_path: Path, fake: FakeRegistry) -> World:
+    """The image's candidate pushed to the registry, and smoke-tested by that digest."""
+    world = make_world(tmp_path / "w", image_id=IMAGE_ID)
+    _push_candidate(world, fake)
+    return world
+
+
+def _push_candidate(world: World, fake: FakeRegistry) -> str:
+    """What the build does: the candidate in the target repository; the verdict names that digest."""
+    candidate = fake.add(REPO, "candidate", _manifest(IMAGE_ID))
+    world.write_verdict(image={**world.verdict()["image"], "digest": candidate})
+    return candidate
+
+
 def _engine(world: World, fake: FakeRegistry) -> FakeEngine:
     return FakeEngine(fake, IMAGE_ID, world.labels)
+
+
+def _puts(fake: FakeRegistry, tag: str = "") -> list[str]:
+    """The manifest PUTs the registry saw (of `tag` only, when given)."""
+    return [
+        path
+        for method, path, _ in fake.log
+        if method == "PUT" and "/manifests/" in path and (not tag or path.endswith(f"/manifests/{tag}"))
+    ]
 
 
 def _run(
@@ -140,10 +165,11 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
     assert result.digest == digest != old and result.pushed
     assert result.moved == [f"{MODEL}-verified", "latest"]
     assert fake.tags[REPO][f"{MODEL}-verified"] == digest and fake.tags[REPO]["latest"] == digest
-    assert engine.tagged == [(IMAGE_ID, f"{REG}/{REPO}", EXPECTED_IMMUTABLE)]
-    assert [p[1] for p in engine.pushed] == [EXPECTED_IMMUTABLE]  # moving tags never pushed by the engine
+    # the immutable tag is the smoke-tested digest, PUT by the registry API: the engine pushes nothing
+    assert digest == world.verdict()["image"]["digest"] == fake.tags[REPO]["candidate"]
+    assert engine.tagged == [] and engine.pushed == [] and len(_puts(fake, EXPECTED_IMMUTABLE)) == 1
     # order on the wire: the immutable tag is read back before any moving-tag PUT
-    puts = [i for i, m in enumerate(fake.log) if m[0] == "PUT"]
+    puts = [i for i, m in enumerate(fake.log) if m[0] == "PUT" and not m[1].endswith(EXPECTED_IMMUTABLE)]
     readback = [i for i, m in enumerate(fake.log) if m[0] == "HEAD" and m[1].endswith(EXPECTED_IMMUTABLE)]
     assert readback and puts and max(readback) < min(puts)
     # record: in-toto statement next to the verdict
@@ -172,7 +198,7 @@ def test_pushes_immutable_then_moves_and_records(world: World, fake: FakeRegistr
     assert {k: v for k, v in attested.items() if k not in ("image", "times")} == {
         k: v for k, v in pred.items() if k not in ("image", "times")
     }
-    assert engine.removed == [f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"]  # the local push tag
+    assert engine.removed == []  # no local push tag was made, none is left
 
 
 def test_record_links_the_build_provenance_of_the_tagged_image(world: World, fake: FakeRegistry) -> None:
@@ -204,7 +230,37 @@ def test_second_run_is_idempotent(world: World, fake: FakeRegistry) -> None:
     first = _run(world, engine, fake)
     second = _run(world, engine, fake)
     assert second.digest == first.digest and not second.pushed
-    assert len(engine.pushed) == 1
+    assert len(_puts(fake, EXPECTED_IMMUTABLE)) == 1
+
+
+def test_a_verdict_bound_by_image_id_only_is_refused_and_nothing_is_pushed(
+    world: World, fake: FakeRegistry
+) -> None:
+    """An image never pushed (or smoke-tested by a local name): tag would push what the engine makes
+    of it now, which nobody smoke-tested by digest."""
+    world.write_verdict(image={**world.verdict()["image"], "digest": ""})
+    with pytest.raises(TagError) as e:
+        _run(world, _engine(world, fake), fake)
+    text = str(e.value)
+    assert e.value.exit_code == ExitCode.TAG
+    assert "bound to image ID" in text and "not to a registry digest" in text
+    assert "Push the candidate" in text and "pipeline smoke --image REPO@sha256:" in text
+    assert _puts(fake) == [] and list(fake.tags[REPO]) == ["candidate"]
+    assert not (world.verdict_path.parent / "record.json").exists()
+
+
+def test_the_immutable_tag_is_the_smoke_tested_digest_not_a_name_that_moved(
+    world: World, fake: FakeRegistry
+) -> None:
+    """The candidate tag is overwritten with another image after the smoke test; the engine's own
+    push would give yet another manifest. Tag PUTs the verdict's digest and nothing else."""
+    tested = world.verdict()["image"]["digest"]
+    fake.add(REPO, "candidate", _manifest("sha256:" + "6" * 64))
+    engine = _engine(world, fake)
+    result = _run(world, engine, fake, push_latest=True)
+    assert result.digest == tested == fake.tags[REPO][EXPECTED_IMMUTABLE]
+    assert fake.tags[REPO][f"{MODEL}-verified"] == fake.tags[REPO]["latest"] == tested
+    assert fake.tags[REPO]["candidate"] != tested and engine.pushed == [] and engine.tagged == []
 
 
 def test_immutable_tag_holding_another_image_is_refused(world: World, fake: FakeRegistry) -> None:
@@ -216,15 +272,27 @@ def test_immutable_tag_holding_another_image_is_refused(world: World, fake: Fake
     engine = _engine(world, fake)
     with pytest.raises(TagError, match="already exists and holds another image"):
         _run(world, engine, fake)
-    assert engine.pushed == [] and fake.tags[REPO][f"{MODEL}-verified"] == before
+    assert _puts(fake) == [] and fake.tags[REPO][f"{MODEL}-verified"] == before
 
 
-def test_readback_mismatch_leaves_moving_tags(world: World, fake: FakeRegistry) -> None:
+def test_readback_mismatch_leaves_moving_tags(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
     engine = _engine(world, fake)
-    engine.push_digest_override = "sha256:" + "e" * 64
-    with pytest.raises(TagError, match="reported sha256:eeee"):
+    real = RegistryClient.manifest_digest
+    pushed: list[str] = []
+
+    def another_writer(self: RegistryClient, repository: str, reference: str) -> str | None:
+        if reference == EXPECTED_IMMUTABLE and _puts(fake, EXPECTED_IMMUTABLE):
+            pushed.append(reference)
+            return "sha256:" + "e" * 64  # read back after our PUT: someone else's manifest
+        return real(self, repository, reference)
+
+    monkeypatch.setattr(RegistryClient, "manifest_digest", another_writer)
+    with pytest.raises(TagError, match="now serves sha256:eeee"):
         _run(world, engine, fake)
+    assert pushed
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
     assert not (world.verdict_path.parent / "record.json").exists()
 
@@ -235,9 +303,10 @@ def test_registry_down_before_moving_leaves_moving_tags(
     before = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
     real_put = RegistryClient.put_manifest
 
-    def down(self: RegistryClient, *a: Any, **kw: Any) -> str:
-        fake.fail = [requests.ConnectionError("Connection refused")] * 50
-        return real_put(self, *a, **kw)
+    def down(self: RegistryClient, repo: str, tag: str, *a: Any, **kw: Any) -> str:
+        if tag != EXPECTED_IMMUTABLE:  # after the immutable tag, before the moving tags
+            fake.fail = [requests.ConnectionError("Connection refused")] * 50
+        return real_put(self, repo, tag, *a, **kw)
 
     monkeypatch.setattr(RegistryClient, "put_manifest", down)
     with pytest.raises(InfraError) as e:
@@ -288,7 +357,7 @@ def test_a_new_moving_tag_is_deleted_on_rollback(world: World, fake: FakeRegistr
     fake.refuse[("PUT", "latest")] = 401
     with pytest.raises(TagError) as e:
         _run(world, _engine(world, fake), fake, push_latest=True)
-    assert set(fake.tags[REPO]) == {EXPECTED_IMMUTABLE}  # verified deleted again, latest never made
+    assert set(fake.tags[REPO]) == {"candidate", EXPECTED_IMMUTABLE}  # verified deleted, latest never made
     assert ("DELETE", f"/v2/{REPO}/manifests/{MODEL}-verified") in [m[:2] for m in fake.log]
     assert f"{MODEL}-verified deleted (it did not exist before)" in str(e.value)
     assert "nothing was moved" not in f"{e.value} {e.value.hint}"
@@ -345,7 +414,7 @@ def test_every_attempt_keeps_its_record(world: World, fake: FakeRegistry) -> Non
 
 
 def test_a_push_that_stalls_is_given_up_after_push_timeout_s_and_the_state_read_back(
-    world: World, fake: FakeRegistry
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 26 §4: a registry stall held `pipeline tag` as long as it lasted."""
     import threading
@@ -353,13 +422,13 @@ def test_a_push_that_stalls_is_given_up_after_push_timeout_s_and_the_state_read_
     old = fake.add(REPO, f"{MODEL}-verified", b'{"old": 1}')
     engine = _engine(world, fake)
     release = threading.Event()
-    real_push = engine.push
+    real_put = RegistryClient.put_manifest
 
-    def stalled(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
+    def stalled(self: RegistryClient, repository: str, tag: str, *a: Any) -> str:
         release.wait(60)  # the registry stopped answering
-        return real_push(repo, tag, auth_config)
+        return real_put(self, repository, tag, *a)
 
-    engine.push = stalled  # type: ignore[method-assign]
+    monkeypatch.setattr(RegistryClient, "put_manifest", stalled)
     try:
         with pytest.raises(InfraError) as e:
             _run(world, engine, fake, push_timeout_s=1)
@@ -380,7 +449,7 @@ def _refused(world: World, fake: FakeRegistry, exc: type[Exception] = TagError, 
     engine = _engine(world, fake)
     with pytest.raises(exc) as e:
         _run(world, engine, fake, **settings)
-    assert engine.pushed == [] and engine.tagged == [] and fake.tags == {}
+    assert _puts(fake) == [] and list(fake.tags[REPO]) == ["candidate"]
     assert not (world.verdict_path.parent / "record.json").exists()
     return str(e.value)
 
@@ -527,7 +596,7 @@ def test_image_labels_must_match_verdict(world: World, fake: FakeRegistry, label
     engine.images["atom:test"] = ImageInfo(info.id, info.tags, [], {**info.labels, label: "f" * 64}, "")
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
-    assert f"image's {what}" in str(e.value) and engine.pushed == []
+    assert f"image's {what}" in str(e.value) and _puts(fake) == []
 
 
 def test_a_verdict_that_binds_no_lock_is_refused(world: World, fake: FakeRegistry) -> None:
@@ -611,7 +680,7 @@ def test_stale_recipe_refused(world: World, fake: FakeRegistry) -> None:
     world.recipe_path.write_text(world.recipe_path.read_text() + "tp: 4\n")
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
-    assert "recipe" in str(e.value) and "stale verdict" in str(e.value) and engine.pushed == []
+    assert "recipe" in str(e.value) and "stale verdict" in str(e.value) and _puts(fake) == []
 
 
 def test_stale_lock_refused(world: World, fake: FakeRegistry) -> None:
@@ -619,7 +688,7 @@ def test_stale_lock_refused(world: World, fake: FakeRegistry) -> None:
     make_lock(patches=False).save(world.lock_path)
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
-    assert "lock file" in str(e.value) and "stale verdict" in str(e.value) and engine.pushed == []
+    assert "lock file" in str(e.value) and "stale verdict" in str(e.value) and _puts(fake) == []
 
 
 def test_invalid_tag_template_refused(world: World, fake: FakeRegistry) -> None:
@@ -651,7 +720,7 @@ def test_cosign_attests_before_moving(
     calls: list[tuple[list[str], int]] = []
 
     def fake_cosign(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-        calls.append((list(cmd), sum(1 for m in fake.log if m[0] == "PUT")))
+        calls.append((list(cmd), len(_puts(fake)) - len(_puts(fake, EXPECTED_IMMUTABLE))))
         return subprocess.CompletedProcess(list(cmd), 0, "", "")
 
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
@@ -707,7 +776,7 @@ def test_tag_lock_held_by_another_run(world: World, fake: FakeRegistry) -> None:
         engine = _engine(world, fake)
         with pytest.raises(RunLocked) as e:
             _run(world, engine, fake)
-        assert e.value.exit_code == ExitCode.LOCKED and engine.pushed == []
+        assert e.value.exit_code == ExitCode.LOCKED and _puts(fake) == []
     finally:
         holder.release()
 
@@ -717,6 +786,7 @@ def test_tag_lock_held_by_another_run(world: World, fake: FakeRegistry) -> None:
 
 def test_credentials_reach_push_but_no_output_or_file(world: World, tmp_path: Path) -> None:
     fake = FakeRegistry(auth="basic")
+    _push_candidate(world, fake)
     engine = _engine(world, fake)
     out = io.StringIO()
     log = Logger(stream=out, verbosity=2)
@@ -724,7 +794,8 @@ def test_credentials_reach_push_but_no_output_or_file(world: World, tmp_path: Pa
     env = {"PIPELINE_REGISTRY_USER": USER, "PIPELINE_REGISTRY_PASSWORD": PASSWORD}
     result = _run(world, engine, fake, env=env, credentials=(USER, PASSWORD), log=log)
     log.close()
-    assert engine.pushed[0][2] == {"username": USER, "password": PASSWORD}
+    authz = [a for m, path, a in fake.log if m == "PUT" and path.endswith(EXPECTED_IMMUTABLE)]
+    assert authz and all(a.startswith("Basic ") for a in authz)  # the immutable tag's PUT, authorised
     assert PASSWORD not in out.getvalue()
     for f in [*world.root.rglob("*"), *(tmp_path / "runlog").rglob("*")]:
         if f.is_file():
@@ -838,17 +909,19 @@ def test_cli_failed_verdict_refused_before_the_engine(
     assert "missing verdict" in capsys.readouterr().err
 
 
-def test_push_retried_on_infra_errors_then_gives_up(world: World, fake: FakeRegistry) -> None:
+def test_push_retried_on_infra_errors_then_gives_up(
+    world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = _engine(world, fake)
-    real_push = engine.push
+    real_put = RegistryClient.put_manifest
     failures = [InfraError("the registry could not be reached")] * 2
 
-    def flaky_push(repo: str, tag: str, auth_config: Mapping[str, str] | None = None) -> str:
-        if failures:
+    def flaky(self: RegistryClient, repository: str, tag: str, *a: Any) -> str:
+        if failures and tag == EXPECTED_IMMUTABLE:
             raise failures.pop()
-        return real_push(repo, tag, auth_config)
+        return real_put(self, repository, tag, *a)
 
-    engine.push = flaky_push  # type: ignore[method-assign]
+    monkeypatch.setattr(RegistryClient, "put_manifest", flaky)
     sleeps: list[float] = []
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
     kwargs: dict[str, Any] = dict(
@@ -900,7 +973,7 @@ def test_verdict_bound_to_another_digest_moves_nothing(world: World, fake: FakeR
         _run(world, engine, fake)
     assert fake.tags[REPO][f"{MODEL}-verified"] == before
     assert not (world.verdict_path.parent / "record.json").exists()
-    assert engine.pushed == []  # refused before the immutable tag was pushed
+    assert _puts(fake) == []  # refused before the immutable tag was pushed
 
 
 def test_verdict_bound_to_the_pushed_digest_is_accepted(world: World, fake: FakeRegistry) -> None:
@@ -947,7 +1020,7 @@ def test_a_newer_release_on_a_moving_tag_refuses_before_anything_is_pushed(
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
     assert "backwards" in str(e.value) and "2026-07-01T00:00:00Z" in str(e.value)
-    assert engine.pushed == [] and fake.tags[REPO][f"{MODEL}-verified"] == newer
+    assert _puts(fake) == [] and fake.tags[REPO][f"{MODEL}-verified"] == newer
     result = _run(world, engine, fake, log=Logger(stream=(out := io.StringIO())), allow_older=True)
     assert fake.tags[REPO][f"{MODEL}-verified"] == result.digest and "MOVING BACK" in out.getvalue()
 
@@ -1004,26 +1077,7 @@ def test_cli_read_only_cache_is_its_own_exit_code(
     assert main(_argv(world, "--lock", str(world.lock_path))) == ExitCode.DISK
     err = capsys.readouterr().err
     assert "is read-only (EROFS)" in err and "tag-locks" in err and "Traceback" not in err
-    assert fake.tags == {}
-
-
-def test_a_push_tag_left_by_a_killed_run_is_removed(world: World, fake: FakeRegistry) -> None:
-    """A run killed after its push left the local push tag behind; the resumed tag removes it."""
-    engine = _engine(world, fake)
-    left = f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
-    engine.images[left] = ImageInfo(IMAGE_ID, [left], [], world.labels, "")
-    _run(world, engine, fake)
-    assert engine.removed == [left]
-
-
-def test_a_local_tag_of_another_image_under_the_push_name_is_left_alone(
-    world: World, fake: FakeRegistry
-) -> None:
-    engine = _engine(world, fake)
-    other = f"{REG}/{REPO}:{EXPECTED_IMMUTABLE}"
-    engine.images[other] = ImageInfo("sha256:" + "7" * 64, [other], [], {}, "")
-    _run(world, engine, fake)
-    assert engine.removed == []
+    assert _puts(fake) == []
 
 
 def test_cli_dry_run_says_what_it_would_push_and_move_and_pushes_nothing(
