@@ -33,7 +33,15 @@ from typing import Any
 
 from pipeline import __version__, labels
 from pipeline.config import Settings
-from pipeline.errors import ConfigError, DiskError, InfraError, NoHardware, PipelineError, UsageError
+from pipeline.errors import (
+    ConfigError,
+    DiskError,
+    InfraError,
+    LockInconsistent,
+    NoHardware,
+    PipelineError,
+    UsageError,
+)
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.lock import Lock
 from pipeline.log import Logger
@@ -666,7 +674,7 @@ def bind_lock(lock: Lock | None, image_labels: Mapping[str, str], image: str, lo
             )
         return
     if pair != lock.pair_digest():
-        raise UsageError(
+        raise LockInconsistent(  # the exit of every lock the image contradicts (stages.verify)
             f"the lock of {lock.model} pins pair {lock.pair_digest()[:12]}, but {image} was built from "
             + (f"pair {pair[:12]}" if pair else "no pair this pipeline labelled")
             + f" ({labels.PAIR_DIGEST}): the image is not this lock's; nothing was started.",

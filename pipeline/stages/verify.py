@@ -150,9 +150,10 @@ def bind_lock(lock_path: Path, image_labels: Mapping[str, str], image: str, *, d
         raise LockInconsistent(
             f"lock file {lock_path} is not the lock the image {image} was built from: it pins pair "
             f"{digest[:12]}, the image's label {labels.PAIR_DIGEST} says {label[:12] or '(none)'} "
-            f"(edited since the build?); {done}.",
-            hint="Restore the lock the run recorded (`git diff`, or a copy of the run directory), or "
-            f"build, smoke-test and tag that lock in a new run (`pipeline build --model {lock.model}`).",
+            f"(edited since the build, or the lock of another pair); {done}.",
+            hint="Give the lock the image was built from (a run's lock.toml, restored with `git diff` or "
+            "from a copy of the run directory), or build, smoke-test and tag this lock in a new run "
+            f"(`pipeline build --model {lock.model}`).",
         )
 
 

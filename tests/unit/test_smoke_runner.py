@@ -20,7 +20,7 @@ import pytest
 from pipeline import labels
 from pipeline.cli import main
 from pipeline.config import load_settings
-from pipeline.errors import ConfigError, ExitCode, InfraError, UsageError
+from pipeline.errors import ConfigError, ExitCode, InfraError, LockInconsistent
 from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.oci.engine import ContainerInfo
@@ -216,10 +216,10 @@ def test_healthy_run_binds_the_verdict_and_passes_options(tmp_path: Path) -> Non
 def test_a_lock_of_another_pair_starts_nothing(tmp_path: Path) -> None:
     c = FakeContainer(["starting"])
     other = make_lock(patches=False)  # another series: another image
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(LockInconsistent) as e:
         smoke(tmp_path, c, lock=other)
     assert "the image is not this lock's" in str(e.value) and other.pair_digest()[:12] in str(e.value)
-    assert e.value.exit_code == ExitCode.USAGE and c.execs == []
+    assert e.value.exit_code == ExitCode.LOCK_INCONSISTENT and c.execs == []
 
 
 def test_without_a_lock_the_verdict_binds_none_and_says_so(tmp_path: Path) -> None:
@@ -442,8 +442,9 @@ def test_cli_binds_the_given_lock_and_refuses_one_of_another_pair(
     other = tmp_path / "other.toml"
     make_lock(patches=False).save(other)
     argv = ["smoke", "--image", "atom:test", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path / "r")]
-    assert main([*argv, "--lock", str(other)]) == ExitCode.USAGE
+    assert main([*argv, "--lock", str(other)]) == ExitCode.LOCK_INCONSISTENT
     err = capsys.readouterr().err
-    assert "the image is not this lock's" in err and "nothing was started" in err and container.execs == []
+    assert "is not the lock the image" in err and "the lock of another pair" in err
+    assert "nothing was started" in err and container.execs == []
     assert main([*argv, "--lock", str(tmp_path / "absent.toml")]) == ExitCode.USAGE
     assert "absent.toml does not exist" in capsys.readouterr().err
