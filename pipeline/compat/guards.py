@@ -465,6 +465,8 @@ def guard_holds(g: SigGuard, idx: ApiIndex) -> bool | None:
     t = idx.resolve_ref(g.ref)
     if t.kind not in ("func", "class") or t.sig is None:
         return None
+    if t.sig.op == "torch_compile_guard":
+        return None  # what it returns is a wrapper without functools.wraps: not the def's signature
     got = possible(g.form, t.sig.params)
     return None if got is None else g.when in got
 

@@ -229,3 +229,22 @@ def test_a_note_shows_the_parameters_as_python_writes_them() -> None:
     assert python_params(P("q, k, /, lens=, *, sink")) == "q, k, /, lens, *, sink"
     assert python_params(P("q, *rest, sink, **kw")) == "q, *rest, sink, **kw"
     assert python_params(P("q, /")) == "q, /"
+
+
+def test_a_guard_on_a_torch_compile_guard_op_is_not_evaluated() -> None:
+    # aiter's @torch_compile_guard returns a wrapper without functools.wraps: inspect.signature at run
+    # time is not the def's, so the check cannot say what the guard sees (a warning, never a note).
+    from pipeline.compat.aiterapi import Signature, Target
+    from pipeline.compat.guards import guard_holds
+
+    class Index:
+        def __init__(self, op: str | None) -> None:
+            self.op = op
+
+        def resolve_ref(self, ref: object) -> Target:
+            return Target("func", sig=Signature("f", "aiter/ops/f.py", 1, P("x, y"), op=self.op))
+
+    g = SigGuard(3, '"z" in params', ("aiter", ("f",)), ("in", "z", None), True)
+    assert guard_holds(g, Index(None)) is False  # type: ignore[arg-type]
+    assert guard_holds(g, Index("compile_ops")) is False  # type: ignore[arg-type]  (functools.wraps)
+    assert guard_holds(g, Index("torch_compile_guard")) is None  # type: ignore[arg-type]
