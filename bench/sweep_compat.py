@@ -175,6 +175,14 @@ class Arg:
         self.i, self.value, self.literal = i, value, literal
 
 
+def _converted(node: ast.expr) -> object | None:
+    """A value of the type a builtin conversion gives (`int(x)` is an int whatever x is), or None."""
+    samples: dict[str, object] = {"int": 0, "float": 0.0, "str": "", "bool": False}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in samples:
+        return samples[node.func.id]
+    return None
+
+
 def local_dicts(source: bytes, node: ast.Call) -> dict[str, ast.Dict]:
     """Names the function around `node` assigns a dict literal with constant keys once and never changes
     (`split_params = {"fast_mode": 1}` ... `f(**split_params)`): what their `**` passes."""
@@ -220,7 +228,8 @@ def bind_call(
         lit = isinstance(a, ast.Constant) or (
             isinstance(a, ast.UnaryOp) and isinstance(a.operand, ast.Constant)
         )
-        pos.append(Arg(i, ast.literal_eval(a) if lit else None, lit))
+        conv = _converted(a)
+        pos.append(Arg(i, ast.literal_eval(a) if lit else conv, lit or conv is not None))
     kw: dict[str, Arg] = {}
     partial = False  # a `**mapping` whose keys are not written: bind what is (no missing-argument then)
     for k in node.keywords:
@@ -240,7 +249,8 @@ def bind_call(
             if name in kw:
                 return None, f"TypeError: got multiple values for keyword argument {name!r}"
             lit = isinstance(v, ast.Constant)
-            kw[name] = Arg(-1, v.value if lit else None, lit)  # type: ignore[attr-defined]
+            conv = _converted(v)
+            kw[name] = Arg(-1, v.value if lit else conv, lit or conv is not None)  # type: ignore[attr-defined]
     try:
         return (sig.bind_partial if partial else sig.bind)(*pos, **kw), ""
     except TypeError as e:
@@ -512,6 +522,10 @@ def main(argv: list[str] | None = None) -> int:
             for call, f in todo:
                 if f is not None and f.severity == "note":
                     apart["guarded"] += 1  # not reached at this pin: the replay cannot see the guard
+                    rows.append({"cell": "note", "atom": atom_sha[:10], "aiter": pin[:10], "path": call.path,
+                                 "line": call.line, "function": call.qualname,
+                                 "check": f.message})  # fmt: skip
+                    print(f"  note {atom_sha[:10]} × {pin[:10]} {call.path}:{call.line}: {f.message[:200]}")
                     continue
                 if f is not None and f.kind not in BINDING_KINDS:
                     rep = (
