@@ -593,12 +593,17 @@ class Checker:
             return True
 
         def matters(s: Signature | None) -> bool:
-            """Another definition, or a layout under which this call binds to other slots."""
+            """Another definition, or a layout under which this call's positionals land on other slots.
+            Its keywords need not bind there: a call gains keywords after its positionals were written
+            (`q_scale=` added to a call written for `sm_scale` at position 9, before aiter moved it)."""
             if s is None:
                 return True
             if (s.path, s.name) != (sig.path, sig.name):
                 return True
-            return layout(s) != layout(sig) and bind(call, s).ok and bool(shifted_args(s, sig, call))
+            if layout(s) == layout(sig):
+                return False
+            positionals_fit = not any(p.kind == "too-many-positional" for p in bind(call, s).problems)
+            return positionals_fit and bool(shifted_args(s, sig, call))
 
         for base in (self.explicit_baseline, self.date_baseline):
             if base is not None and base != aiter_sha:

@@ -108,6 +108,18 @@ def test_a_call_written_before_the_change_is_still_a_shift_with_its_cause(r3: Ro
     assert "The call, added in ATOM" not in f.message  # written before R6: the ordinary case
 
 
+def test_a_call_that_gained_a_keyword_is_still_screened_for_a_shift(r3: Round3Repos) -> None:
+    # dec.py was created calling decode(q, kv, o, m); its positionals grew and it gained `q_scale=`
+    # (V5, for R9); R10 then inserted page_size/nhead_kv before sm_scale, the day before V6. The
+    # call's keyword does not exist in the layout of the file's creation, and the layout as of V6's
+    # date is the pin's: the screen must still see that its positionals land elsewhere.
+    path = "atom/models/dec.py"
+    f = at(check(r3, "V6", "R10"), path, line(r3, "V6", path, "return decode("))
+    assert (f.severity, f.kind, f.written_against) == ("error", "positional-shift", r3.a["R9"]), f.message
+    assert f.cause is not None and f.cause.commit.sha == r3.a["R10"], f.message
+    assert "argument 5 `scale` written for `sm_scale` now lands on `page_size`" in f.message
+
+
 def test_written_for_the_older_layout_is_clean_at_an_older_pin(r3: Round3Repos) -> None:
     path = "atom/models/late.py"
     report = check(r3, "V2", "R5")

@@ -246,5 +246,5 @@ def test_a_guard_on_a_torch_compile_guard_op_is_not_evaluated() -> None:
 
     g = SigGuard(3, '"z" in params', ("aiter", ("f",)), ("in", "z", None), True)
     assert guard_holds(g, Index(None)) is False  # type: ignore[arg-type]
-    assert guard_holds(g, Index("compile_ops")) is False  # type: ignore[arg-type]  (functools.wraps)
+    assert guard_holds(g, Index("compile_ops")) is False  # type: ignore[arg-type]
     assert guard_holds(g, Index("torch_compile_guard")) is None  # type: ignore[arg-type]
