@@ -15,9 +15,9 @@ resolved function, with placeholder values. The replay calls a call broken when
   lands on (annotations evaluated with a stand-in `Tensor`), or
 - it binds, but a positional argument lands on another parameter than under the
   signature of the aiter as of the date the call's lines were last changed
-  (`git blame`): the reference a release engineer would use by hand; unless an aiter
-  commit within a day after the call's lines changed the callee's file so that the call
-  binds with the pin's slots (aiter changed to fit the call: a paired change).
+  (`git blame`): the reference a release engineer would use by hand; unless the argument
+  names agree better with the pin's slots and an aiter commit within a day after the call's
+  lines gave it those slots (aiter changed to fit the call: a paired change).
 
 A `**mapping` whose keys are not written is bound partially (what is written); a missing
 method of an aiter object is replayed by reading the class (and its bases in the same file)
@@ -257,6 +257,17 @@ def bind_call(
         return None, f"TypeError: {e}"
 
 
+def named_agree(node: ast.Call, slots: dict[int, str]) -> int:
+    """How many positional arguments are spelled like the parameter they land on (`self.final_lse` on
+    `final_lse`): what a reader of the call sees it was written for."""
+    n = 0
+    for i, a in enumerate(node.args, 1):
+        spelled = a.attr if isinstance(a, ast.Attribute) else a.id if isinstance(a, ast.Name) else None
+        if spelled is not None and i in slots and spelled.lstrip("_") == slots[i].lstrip("_"):
+            n += 1
+    return n
+
+
 def landing(b: inspect.BoundArguments) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, v in b.arguments.items():
@@ -321,7 +332,12 @@ def replay(
 
     moved = [i for i, n in then.items() if now.get(i) != n and not renamed(n, now.get(i))]
     if moved:
-        paired = paired_change(checker, call, node, pin, now, dicts)
+        # the argument names say the pin's slots are the intended ones: did aiter change to fit the call?
+        paired = (
+            paired_change(checker, call, node, pin, now, dicts)
+            if named_agree(node, now) > named_agree(node, then)
+            else None
+        )
         if paired is not None:
             why = f"binds; aiter {paired[:10]} changed to fit the call within a day of it (a paired change)"
             return Replay("clean", why), ref_sha
