@@ -15,7 +15,13 @@ resolved function, with placeholder values. The replay calls a call broken when
   lands on (annotations evaluated with a stand-in `Tensor`), or
 - it binds, but a positional argument lands on another parameter than under the
   signature of the aiter as of the date the call's lines were last changed
-  (`git blame`): the reference a release engineer would use by hand.
+  (`git blame`): the reference a release engineer would use by hand; unless the argument
+  names agree better with the pin's slots and an aiter commit within a day after the call's
+  lines gave it those slots (aiter changed to fit the call: a paired change).
+
+A `**mapping` whose keys are not written is bound partially (what is written); a missing
+method of an aiter object is replayed by reading the class (and its bases in the same file)
+again from the source at the pin.
 
 Agreement is printed as TP/FP/TN/FN (positive: the check reports the call,
 error or warning; missing functions/modules are counted apart, the replay
@@ -169,7 +175,52 @@ class Arg:
         self.i, self.value, self.literal = i, value, literal
 
 
-def bind_call(sig: inspect.Signature, node: ast.Call) -> tuple[inspect.BoundArguments | None, str]:
+def _converted(node: ast.expr) -> object | None:
+    """A value of the type a builtin conversion gives (`int(x)` is an int whatever x is), or None."""
+    samples: dict[str, object] = {"int": 0, "float": 0.0, "str": "", "bool": False}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in samples:
+        return samples[node.func.id]
+    return None
+
+
+def local_dicts(source: bytes, node: ast.Call) -> dict[str, ast.Dict]:
+    """Names the function around `node` assigns a dict literal with constant keys once and never changes
+    (`split_params = {"fast_mode": 1}` ... `f(**split_params)`): what their `**` passes."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    fns = [
+        n for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.lineno <= node.lineno <= (n.end_lineno or 0)
+    ]  # fmt: skip
+    if not fns:
+        return {}
+    fn = max(fns, key=lambda n: n.lineno)
+    found: dict[str, ast.Dict] = {}
+    stores: dict[str, int] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            stores[n.id] = stores.get(n.id, 0) + 1
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
+            stores[n.value.id] = stores.get(n.value.id, 0) + 2  # changed after it was written
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.attr in ("update", "pop"):
+            stores[n.value.id] = stores.get(n.value.id, 0) + 2
+        if (
+            isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Dict)
+            and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in n.value.keys)
+        ):
+            found[n.targets[0].id] = n.value
+    return {k: v for k, v in found.items() if stores.get(k) == 1}
+
+
+def bind_call(
+    sig: inspect.Signature, node: ast.Call, dicts: dict[str, ast.Dict] | None = None
+) -> tuple[inspect.BoundArguments | None, str]:
     pos: list[Arg] = []
     for i, a in enumerate(node.args, 1):
         if isinstance(a, ast.Starred):
@@ -177,17 +228,44 @@ def bind_call(sig: inspect.Signature, node: ast.Call) -> tuple[inspect.BoundArgu
         lit = isinstance(a, ast.Constant) or (
             isinstance(a, ast.UnaryOp) and isinstance(a.operand, ast.Constant)
         )
-        pos.append(Arg(i, ast.literal_eval(a) if lit else None, lit))
+        conv = _converted(a)
+        pos.append(Arg(i, ast.literal_eval(a) if lit else conv, lit or conv is not None))
     kw: dict[str, Arg] = {}
+    partial = False  # a `**mapping` whose keys are not written: bind what is (no missing-argument then)
     for k in node.keywords:
-        if k.arg is None:
-            return None, "n/a: **kwargs"
-        lit = isinstance(k.value, ast.Constant)
-        kw[k.arg] = Arg(-1, k.value.value if lit else None, lit)  # type: ignore[attr-defined]
+        items: list[tuple[str, ast.expr]] = []
+        if k.arg is not None:
+            items = [(k.arg, k.value)]
+        elif isinstance(k.value, ast.Name) and k.value.id in (dicts or {}):
+            d = (dicts or {})[k.value.id]
+            items = [(x.value, v) for x, v in zip(d.keys, d.values, strict=True)]  # type: ignore[union-attr]
+        elif isinstance(k.value, ast.Dict) and all(
+            isinstance(x, ast.Constant) and isinstance(x.value, str) for x in k.value.keys
+        ):
+            items = [(x.value, v) for x, v in zip(k.value.keys, k.value.values, strict=True)]  # type: ignore[union-attr]
+        else:
+            partial = True
+        for name, v in items:
+            if name in kw:
+                return None, f"TypeError: got multiple values for keyword argument {name!r}"
+            lit = isinstance(v, ast.Constant)
+            conv = _converted(v)
+            kw[name] = Arg(-1, v.value if lit else conv, lit or conv is not None)  # type: ignore[attr-defined]
     try:
-        return sig.bind(*pos, **kw), ""
+        return (sig.bind_partial if partial else sig.bind)(*pos, **kw), ""
     except TypeError as e:
         return None, f"TypeError: {e}"
+
+
+def named_agree(node: ast.Call, slots: dict[int, str]) -> int:
+    """How many positional arguments are spelled like the parameter they land on (`self.final_lse` on
+    `final_lse`): what a reader of the call sees it was written for."""
+    n = 0
+    for i, a in enumerate(node.args, 1):
+        spelled = a.attr if isinstance(a, ast.Attribute) else a.id if isinstance(a, ast.Name) else None
+        if spelled is not None and i in slots and spelled.lstrip("_") == slots[i].lstrip("_"):
+            n += 1
+    return n
 
 
 def landing(b: inspect.BoundArguments) -> dict[int, str]:
@@ -215,7 +293,8 @@ def replay(
     if got is None:
         return Replay("n/a", "no def at the signature's line"), None
     sig, anns = got
-    b, err = bind_call(sig, node)
+    dicts = local_dicts(atom_src, node)
+    b, err = bind_call(sig, node, dicts)
     if err:
         return Replay("broken" if err.startswith("TypeError") else "n/a", err), None
     assert b is not None
@@ -239,7 +318,7 @@ def replay(
     rgot = stub_signature(rsrc or b"", rt.sig.line, rt.sig.name)
     if rgot is None:
         return Replay("clean", "binds; reference not rebuilt"), ref_sha
-    rb, rerr = bind_call(rgot[0], node)
+    rb, rerr = bind_call(rgot[0], node, dicts)
     if rb is None:
         return Replay("clean", f"binds; did not bind at the blame-date aiter either ({rerr})"), ref_sha
     now, then = landing(b), landing(rb)
@@ -253,9 +332,52 @@ def replay(
 
     moved = [i for i, n in then.items() if now.get(i) != n and not renamed(n, now.get(i))]
     if moved:
+        # the argument names say the pin's slots are the intended ones: did aiter change to fit the call?
+        paired = (
+            paired_change(checker, call, node, pin, now, dicts)
+            if named_agree(node, now) > named_agree(node, then)
+            else None
+        )
+        if paired is not None:
+            why = f"binds; aiter {paired[:10]} changed to fit the call within a day of it (a paired change)"
+            return Replay("clean", why), ref_sha
         i = moved[0]
         return Replay("broken", f"argument {i} written for `{then[i]}` now lands on `{now.get(i)}`"), ref_sha
     return Replay("clean", "binds, same slots as at the blame date"), ref_sha
+
+
+PAIRED = DAY  # an aiter change this soon after the call's lines, giving it the pin's slots, was made for it
+
+
+def paired_change(
+    checker: Checker, call: RawCall, node: ast.Call, pin: str, now: dict[int, str], dicts: dict[str, ast.Dict]
+) -> str | None:
+    """An aiter first-parent commit (up to the pin) within `PAIRED` after the call's lines were written that
+    changed the callee's file so that the call binds with the slots it has at the pin: aiter changed to fit
+    the call (its commit says so: "num_kv_splits is trailing+optional so the ATOM call site ... stays
+    aligned"). Read from the file's source at each such commit, not from the check's signatures."""
+    written = checker.written_time(call)
+    t = target_of(checker.index(pin), call)
+    if written is None or t.sig is None:
+        return None
+    pin_time = next((ts for ts, sha in checker.first_parent.commits if sha == pin), None)
+    window = sorted(
+        (ts, sha)
+        for ts, sha in checker.first_parent.commits
+        if written < ts <= written + PAIRED and (pin_time is None or ts <= pin_time)
+    )
+    for _, sha in window:
+        src = checker.aiter.read_blob(sha, t.sig.path)
+        try:
+            tree = ast.parse(src or b"")
+        except SyntaxError:
+            continue
+        d = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == t.sig.name), None)
+        got = stub_signature(src or b"", d.lineno, d.name) if d is not None else None
+        b = bind_call(got[0], node, dicts)[0] if got is not None else None
+        if b is not None and landing(b) == now:
+            return sha
+    return None
 
 
 def replay_missing(aiter: GitRepo, pin: str, qualname: str, kind: str) -> Replay:
@@ -276,6 +398,57 @@ def replay_missing(aiter: GitRepo, pin: str, qualname: str, kind: str) -> Replay
         return Replay("broken", f"no top-level def/class/assignment of `{name}` anywhere in aiter")
     where = ", ".join(p.split(":", 1)[-1] for p in got.stdout.split())
     return Replay("n/a", f"`{name}` is defined in {where}: absent from the module looked up?")
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def replay_missing_member(checker: Checker, call: RawCall, pin: str) -> Replay | None:
+    """`obj.m(...)` on an aiter object: does the class (read again from its source at the pin, its bases
+    in the same file followed) define `m` as a method, a class attribute or `self.m = ...`? None: not
+    a member of an aiter object."""
+    t = target_of(checker.index(pin), call)
+    if t.kind != "missing" or t.missing_what != "method" or t.cls is None:
+        return None
+    name, cls = call.ref[1][-1], t.cls  # the class the check looked the method up in
+    try:
+        tree = ast.parse(checker.aiter.read_blob(pin, cls.path) or b"")
+    except SyntaxError:
+        return Replay("n/a", f"{cls.path} does not parse")
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+    def members(c: ast.ClassDef) -> set[str]:
+        out: set[str] = set()
+        for n in c.body:
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                out.add(n.name)
+            elif isinstance(n, ast.Assign):
+                out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                out.add(n.target.id)
+        for n in ast.walk(c):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _is_self(n.value):
+                out.add(n.attr)
+        return out
+
+    todo, seen = [cls.name], set()
+    while todo:
+        c = classes.get(todo.pop())
+        if c is None or c.name in seen:
+            continue
+        seen.add(c.name)
+        got = members(c)
+        if name in got:
+            return Replay("clean", f"`{c.name}` defines `{name}` at the pin ({cls.path})")
+        if "__getattr__" in got or "__getattribute__" in got:
+            return Replay("n/a", f"`{c.name}` has a __getattr__ hook")
+        for base in c.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                todo.append(base.id)
+            elif not (isinstance(base, ast.Name) and base.id in ("object", "ABC", "Generic")):
+                return Replay("n/a", f"base `{ast.unparse(base)}` of `{c.name}` not in {cls.path}")
+    return Replay("broken", f"`{cls.name}` (and its bases in {cls.path}) defines no `{name}` at the pin")
 
 
 def pick_commits(atom: GitRepo, n: int) -> list[str]:
@@ -352,19 +525,39 @@ def main(argv: list[str] | None = None) -> int:
         for pin in pins:
             t1 = time.perf_counter()
             report = checker.check(pin)
-            flagged = {(f.path, f.line, f.col): f for f in report.findings}
-            calls = [c for fc in checker.files for c in fc.calls if not c.star_args and not c.star_kwargs]
-            clean = [c for c in calls if (c.path, c.line, c.col) not in flagged]
-            todo = [
-                (c, flagged.get((c.path, c.line, c.col))) for c in calls if (c.path, c.line, c.col) in flagged
-            ]
+            # `f(x).to(y)`: two calls start at one place, told apart by the callee
+            flagged = {(f.path, f.line, f.col, f.function): f for f in report.findings}
+            calls = [c for fc in checker.files for c in fc.calls if not c.star_args]
+            todo = [(c, f) for c in calls if (f := flagged.get((c.path, c.line, c.col, c.qualname)))]
+            idx = checker.index(pin)
+            clean = [  # calls the check bound and found clean (unchecked ones have no signature to replay)
+                c for c in calls
+                if (c.path, c.line, c.col, c.qualname) not in flagged and target_of(idx, c).sig is not None
+            ]  # fmt: skip
             todo += [(c, None) for c in rng.sample(clean, min(args.sample, len(clean)))]
             for call, f in todo:
                 if f is not None and f.severity == "note":
                     apart["guarded"] += 1  # not reached at this pin: the replay cannot see the guard
+                    rows.append({"cell": "note", "atom": atom_sha[:10], "aiter": pin[:10], "path": call.path,
+                                 "line": call.line, "function": call.qualname,
+                                 "check": f.message})  # fmt: skip
+                    print(f"  note {atom_sha[:10]} × {pin[:10]} {call.path}:{call.line}: {f.message[:200]}")
                     continue
                 if f is not None and f.kind not in BINDING_KINDS:
-                    rep = replay_missing(aiter, pin, f.function, f.kind)
+                    rep = (
+                        replay_missing_member(checker, call, pin) if f.kind == "missing-function" else None
+                    ) or replay_missing(aiter, pin, f.function, f.kind)
+                    if rep.verdict == "clean":
+                        counts["FP"] += 1
+                        by_kind.setdefault(f.kind, {}).setdefault("FP", 0)
+                        by_kind[f.kind]["FP"] += 1
+                        rows.append({"cell": "FP", "atom": atom_sha[:10], "aiter": pin[:10],
+                                     "path": call.path, "line": call.line, "function": call.qualname,
+                                     "replay": rep.why,
+                                     "check": f"{f.severity} {f.kind}: {f.message}"})  # fmt: skip
+                        print(f"  FP {atom_sha[:10]} × {pin[:10]} {call.path}:{call.line} {call.qualname}")
+                        print(f"     replay: {rep.why}")
+                        continue
                     if rep.verdict != "broken":
                         apart["missing"] += 1
                         print(

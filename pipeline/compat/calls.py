@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipeline.compat import guards
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
+from pipeline.compat.guards import GuardForm, Scope
 from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
 from pipeline.pickling import by_fields
 
@@ -42,11 +44,6 @@ class Arg:
     etype: str | None  # evident type: int/float/str/bool/None/Tensor/list/tuple/dict, or None if unknown
 
 
-# A guard's test in a form the check evaluates against a signature (`inspect.signature(f).parameters`):
-# ("in", name), ("len", op, n), ("not", form), ("and", forms), ("or", forms).
-GuardForm = tuple[object, ...]
-
-
 @by_fields
 @dataclass(frozen=True, slots=True)
 class SigGuard:
@@ -55,7 +52,7 @@ class SigGuard:
     line: int
     text: str  # the guard's test (or the statement that exits), shortened
     ref: Ref  # the aiter function whose signature is inspected
-    form: GuardForm | None  # None: not a plain comparison (the check cannot evaluate it)
+    form: GuardForm | None  # see `pipeline.compat.guards`; None: the check cannot evaluate it
     when: bool = True  # the guarded code runs when the test is true (False: when it is false)
 
 
@@ -323,8 +320,8 @@ class _Scanner:
         self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
         self.has_sig = "signature" in text  # no guard of this kind can be in a file that never says it
         self.sig_guards: list[SigGuard] = []  # the signature guards the statements being scanned run under
-        # per scope: names holding `inspect.signature(f)` (or what was derived from it) -> (f, plain alias)
-        self.sig_vars: list[dict[str, tuple[ast.expr, bool]]] = []
+        # per scope: names holding what `inspect.signature(f)` gives (see `guards.value`)
+        self.sig_vars: list[Scope] = []
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -518,7 +515,7 @@ class _Scanner:
                 attrs.update(ce)
         if attrs:
             self._compute_hot({ROOT, *env, *attrs})
-        self.sig_vars.append(self._learn_sig_vars(self.tree.body) if self.has_sig else {})
+        self.sig_vars.append(self._learn_sig_vars(self.tree.body, {}) if self.has_sig else {})
         self._scan_body(self.tree.body, env, {}, {}, False)
         return self.out
 
@@ -558,126 +555,82 @@ class _Scanner:
         scope = self.sig_vars[-1] if self.sig_vars else {}
         return any(n in text for n in scope)
 
-    def _sig_source(self, node: ast.expr) -> tuple[ast.expr, bool] | None:
-        """(f, plain) when `node` is `inspect.signature(f)[.parameters[.keys()]]` (plain) or is derived
-        from one (a name holding one, a comprehension over one...)."""
-        scope = self.sig_vars[-1] if self.sig_vars else {}
-        plain = _signature_alias(node)
-        if plain is not None:
-            return plain, True
-        if isinstance(node, ast.Name) and node.id in scope:
-            return scope[node.id]
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "keys":
-            inner = self._sig_source(node.func.value)
-            if inner is not None:
-                return inner
-        for n in ast.walk(node):
-            if n is node:
-                continue
-            got = _signature_alias(n) if isinstance(n, ast.Call | ast.Attribute) else None
-            if got is not None:
-                return got, False
-            if isinstance(n, ast.Name) and n.id in scope:
-                return scope[n.id][0], False
-        return None
-
-    def _learn_sig_vars(self, body: list[ast.stmt]) -> dict[str, tuple[ast.expr, bool]]:
-        """Names a scope assigns from `inspect.signature(...)` or from such a name (in source order)."""
-        scope: dict[str, tuple[ast.expr, bool]] = {}
+    def _learn_sig_vars(self, body: list[ast.stmt], outer: Scope) -> Scope:
+        """The scope's names holding what a signature gives (see `pipeline.compat.guards`), with the
+        enclosing scope's that it does not assign. A plain chain: a name assigned once (or again only in
+        the `except` of the `try` that assigns it: a fallback for a signature that cannot be read) keeps
+        its value; assigned otherwise it is derived, not followed."""
+        stores = _scope_stores(body)
+        scope: Scope = {k: v for k, v in outer.items() if k not in stores}
         self.sig_vars.append(scope)
         try:
             for node in _walk_stmts_in_order(body):
-                if (
-                    isinstance(node, ast.Assign)
-                    and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)
-                ):
-                    src = self._sig_source(node.value)
-                    if src is not None:
-                        scope[node.targets[0].id] = src
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    target, val = node.targets[0], node.value
+                elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                    target, val = node.target, node.value
+                else:
+                    continue
+                if not isinstance(target, ast.Name):
+                    continue
+                sv = guards.value(val, scope)
+                if sv is None:
+                    continue
+                others = [
+                    s for s, fallback_for in stores[target.id] if s is not node and not fallback_for(node)
+                ]
+                scope[target.id] = sv if not others else (sv[0], None)
         finally:
             self.sig_vars.pop()
         return scope
 
+    def _resolver(
+        self, env: dict[str, NameRef], cls_env: dict[str, NameRef]
+    ) -> Callable[[ast.expr], Ref | None]:
+        def resolve(f: ast.expr) -> Ref | None:
+            b = self.ref_of(f, env, cls_env)
+            return b.ref if b is not None else None
+
+        return resolve
+
     def _guard_of(
         self, test: ast.expr, env: dict[str, NameRef], cls_env: dict[str, NameRef], when: bool
     ) -> SigGuard | None:
-        src = self._sig_source(test)
-        if src is None:
-            return None
-        b = self.ref_of(src[0], env, cls_env)
-        if b is None:
-            return None  # the signature of something that is not aiter's: not about this call's layout
-        form = self._guard_form(test, b.ref, env, cls_env)
-        return SigGuard(test.lineno, self._text(test, 100), b.ref, form, when)
-
-    def _guard_form(
-        self, test: ast.expr, ref: Ref, env: dict[str, NameRef], cls_env: dict[str, NameRef]
-    ) -> GuardForm | None:
-        """The test as a plain comparison of `ref`'s parameters, or None."""
-
-        def params_of(node: ast.expr) -> bool:
-            src = self._sig_source(node)
-            if src is None or not src[1]:
-                return False
-            b = self.ref_of(src[0], env, cls_env)
-            return b is not None and b.ref == ref
-
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            inner = self._guard_form(test.operand, ref, env, cls_env)
-            return ("not", inner) if inner is not None else None
-        if isinstance(test, ast.BoolOp):
-            parts = [self._guard_form(v, ref, env, cls_env) for v in test.values]
-            if any(p is None for p in parts):
-                return None
-            return ("and" if isinstance(test.op, ast.And) else "or", tuple(parts))
-        if isinstance(test, ast.Compare) and len(test.ops) == 1:
-            left, op, right = test.left, test.ops[0], test.comparators[0]
-            if (
-                isinstance(op, ast.In | ast.NotIn)
-                and isinstance(left, ast.Constant)
-                and isinstance(left.value, str)
-                and params_of(right)
-            ):
-                form: GuardForm = ("in", left.value)
-                return form if isinstance(op, ast.In) else ("not", form)
-            ops = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
-            if (
-                type(op) in ops
-                and isinstance(left, ast.Call)
-                and isinstance(left.func, ast.Name)
-                and left.func.id == "len"
-                and len(left.args) == 1
-                and params_of(left.args[0])
-                and isinstance(right, ast.Constant)
-                and type(right.value) is int
-            ):
-                return ("len", ops[type(op)], right.value)
-        return None
+        scope = self.sig_vars[-1] if self.sig_vars else {}
+        got = guards.finalize(guards.form_of(test, scope), self._resolver(env, cls_env))
+        if got is None:
+            return None  # reads no signature of aiter's: not about this call's layout
+        return SigGuard(test.lineno, self._text(test, 100), got[0], got[1], when)
 
     def _exit_guard(
         self, st: ast.stmt, env: dict[str, NameRef], cls_env: dict[str, NameRef]
     ) -> SigGuard | None:
-        """`if <signature test>: return` / `try: <signature test> except ...: return`: what follows runs
-        only when the test passed."""
+        """`if <signature test>: return` / `try: <reads that can fail> except ...: return`: what follows
+        runs only when the test passed (`names.index("x")` did not raise: "x" is a name)."""
         if isinstance(st, ast.If) and not st.orelse and _exits(st.body):
             return self._guard_of(st.test, env, cls_env, when=False)
-        if isinstance(st, ast.Try) and any(_exits(h.body) for h in st.handlers):
-            plain = all(
-                isinstance(x, ast.Assign) and _signature_alias(x.value) is not None for x in st.body
-            )  # reading a Python function's signature does not fail: not a test of its layout
-            if plain:
-                return None
-            for x in st.body:
-                for node in ast.walk(x):
-                    if isinstance(node, ast.expr):
-                        src = self._sig_source(node)
-                        if src is not None:
-                            b = self.ref_of(src[0], env, cls_env)
-                            if b is not None:
-                                return SigGuard(x.lineno, self._text_stmt(x), b.ref, None, True)
-                        break
-        return None
+        if not (isinstance(st, ast.Try) and any(_exits(h.body) for h in st.handlers)):
+            return None
+        scope = self.sig_vars[-1] if self.sig_vars else {}
+        leaves: list[GuardForm] = []
+        first: ast.stmt | None = None
+        for x in st.body:
+            if guards.derived_from(x, scope) is None:
+                continue  # reads no signature (what else may raise is a runtime condition)
+            sv = guards.value(x.value, scope) if isinstance(x, ast.Assign | ast.Expr) else None
+            leaf = guards.raises_unless(sv) if sv is not None else None
+            if leaf == guards.FREE:
+                continue  # reading a signature, or deriving from it, does not fail: not a test of its layout
+            f = sv[0] if sv is not None else guards.derived_from(x, scope)
+            leaves.append(leaf if leaf is not None else ("leaf", f, guards.UNKNOWN))
+            first = first or x
+        if first is None:
+            return None
+        form = leaves[0] if len(leaves) == 1 else ("and", tuple(leaves))
+        got = guards.finalize(form, self._resolver(env, cls_env))
+        if got is None:
+            return None
+        return SigGuard(first.lineno, self._text_stmt(first), got[0], got[1], True)
 
     def _text_stmt(self, st: ast.stmt) -> str:
         line = self.lines[st.lineno - 1].strip() if st.lineno - 1 < len(self.lines) else ""
@@ -867,8 +820,9 @@ class _Scanner:
         self.fn_dicts.append(self._dict_literals(fn) if _may_spread_a_local_dict(self._fn_text(fn)) else {})
         # A nested function sees the enclosing scope's names (the guards it runs under are inherited).
         outer_vars = self.sig_vars[-1] if self.sig_vars else {}
-        learned = self._learn_sig_vars(fn.body) if self.has_sig and "signature" in self._fn_text(fn) else {}
-        self.sig_vars.append({**outer_vars, **learned})
+        text = self._fn_text(fn) if self.has_sig else ""
+        learn = "signature" in text or any(n in text for n in outer_vars)
+        self.sig_vars.append(self._learn_sig_vars(fn.body, outer_vars) if learn else outer_vars)
         try:
             self._scan_body(fn.body, env, cls_env, local_types, False)
         finally:
@@ -1033,6 +987,61 @@ def _names_in_target(t: ast.expr) -> list[str]:
     return []
 
 
+def _bound_names(st: ast.stmt) -> list[str]:
+    """The names a statement itself binds (not those of the statements nested in it)."""
+    if isinstance(st, ast.Assign):
+        return [n for t in st.targets for n in _names_in_target(t)]
+    if isinstance(st, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
+        return _names_in_target(st.target)
+    if isinstance(st, ast.With | ast.AsyncWith):
+        return [n for i in st.items if i.optional_vars is not None for n in _names_in_target(i.optional_vars)]
+    if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [st.name]
+    if isinstance(st, ast.Import | ast.ImportFrom):
+        return [a.asname or a.name.split(".")[0] for a in st.names]
+    if isinstance(st, ast.Global | ast.Nonlocal):
+        return list(st.names)
+    return []
+
+
+StoreSite = tuple[ast.stmt, Callable[[ast.stmt], bool]]
+
+
+def _scope_stores(body: list[ast.stmt]) -> dict[str, list[StoreSite]]:
+    """Every statement of a scope that binds a name (nested definitions not entered), each with a test:
+    does it sit in an `except` of a `try` whose body holds a given statement (a fallback for it)?"""
+    out: dict[str, list[StoreSite]] = {}
+
+    def fallback(trys: tuple[ast.Try | ast.TryStar, ...]) -> Callable[[ast.stmt], bool]:
+        return lambda node: any(node is x for t in trys for b in t.body for x in ast.walk(b))
+
+    def visit(stmts: list[ast.stmt], trys: tuple[ast.Try | ast.TryStar, ...]) -> None:
+        for st in stmts:
+            for n in _bound_names(st):
+                out.setdefault(n, []).append((st, fallback(trys)))
+            if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            if isinstance(st, ast.Try | ast.TryStar):
+                visit(st.body, trys)
+                for h in st.handlers:
+                    if h.name:
+                        out.setdefault(h.name, []).append((st, fallback(trys)))
+                    visit(h.body, (*trys, st))
+                visit(st.orelse, trys)
+                visit(st.finalbody, trys)
+                continue
+            for fname in ("body", "orelse", "finalbody"):
+                sub = getattr(st, fname, None)
+                if isinstance(sub, list):
+                    visit(sub, trys)
+            if isinstance(st, ast.Match):
+                for c in st.cases:
+                    visit(c.body, trys)
+
+    visit(body, ())
+    return out
+
+
 def _walk_stmts(
     node: ast.AST, *, into_defs: bool = False, hot: Callable[[ast.AST], bool] | None = None
 ) -> Iterator[ast.stmt]:
@@ -1145,24 +1154,6 @@ def _may_call(body: bytes, bound: set[bytes]) -> bool:
 def worth_scanning(data: bytes) -> bool:
     """Can this file call aiter or register an op? (Most of ATOM cannot: skipped unread.)"""
     return b"aiter" in data or b"_op(" in data or b"torch_compile_guard" in data
-
-
-def _signature_alias(node: ast.expr) -> ast.expr | None:
-    """f, when `node` is `inspect.signature(f)` or `inspect.signature(f).parameters` (or `signature(f)`)."""
-    if isinstance(node, ast.Attribute) and node.attr == "parameters":
-        node = node.value
-    if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords):
-        return None
-    f = node.func
-    named = (isinstance(f, ast.Attribute) and f.attr == "signature" and isinstance(f.value, ast.Name)) or (
-        isinstance(f, ast.Name) and f.id == "signature"
-    )
-    if not named:
-        return None
-    arg = node.args[0]
-    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "unwrap":
-        arg = arg.args[0] if arg.args else arg  # inspect.signature(inspect.unwrap(f))
-    return arg
 
 
 def _exits(body: list[ast.stmt]) -> bool:

@@ -42,6 +42,7 @@ from pipeline.compat.calls import (
 )
 from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
+from pipeline.compat.guards import guard_holds, params_phrase
 from pipeline.compat.pysource import ReportStore, SummaryCache, Tree
 from pipeline.compat.report import CauseInfo, CheckReport, Finding, UncheckedCall, Unparseable
 from pipeline.compat.workers import PARALLEL_MIN_BYTES, PARALLEL_MIN_FILES, Workers
@@ -499,7 +500,7 @@ class Checker:
                     f, severity="note", kind="unreachable-at-pin",
                     message=f"`{call.qualname}` is not reached at aiter {aiter_sha[:10]}: it runs only when "
                     f"`{g.text}` (line {g.line}) is {'true' if g.when else 'false'}, which cannot hold at "
-                    f"this pin ({_params_phrase(g, idx)}). Had it run: {f.message}",
+                    f"this pin ({params_phrase(g, idx)}). Had it run: {f.message}",
                 )  # fmt: skip
             if holds is None and unknown is None:
                 unknown = g
@@ -641,12 +642,17 @@ class Checker:
             return True
 
         def matters(s: Signature | None) -> bool:
-            """Another definition, or a layout under which this call binds to other slots."""
+            """Another definition, or a layout under which this call's positionals land on other slots.
+            Its keywords need not bind there: a call gains keywords after its positionals were written
+            (`q_scale=` added to a call written for `sm_scale` at position 9, before aiter moved it)."""
             if s is None:
                 return True
             if (s.path, s.name) != (sig.path, sig.name):
                 return True
-            return layout(s) != layout(sig) and bind(call, s).ok and bool(shifted_args(s, sig, call))
+            if layout(s) == layout(sig):
+                return False
+            positionals_fit = not any(p.kind == "too-many-positional" for p in bind(call, s).problems)
+            return positionals_fit and bool(shifted_args(s, sig, call))
 
         for base in (self.explicit_baseline, self.date_baseline):
             if base is not None and base != aiter_sha:
@@ -1037,44 +1043,6 @@ class Checker:
             f". The call was written for a newer aiter: `{name}` was added to {base_sig.path} by aiter "
             f'{c.short} ({_day(c)}, "{c.subject}"), which the pinned aiter predates'
         )
-
-
-def guard_holds(g: SigGuard, idx: ApiIndex) -> bool | None:
-    """Whether the code under `g` runs at this aiter (None: the check cannot tell)."""
-    if g.form is None:
-        return None
-    t = idx.resolve_ref(g.ref)
-    if t.kind not in ("func", "class") or t.sig is None:
-        return None
-    names = [p.name for p in t.sig.params]
-
-    def ev(form: tuple[object, ...]) -> bool | None:
-        op = form[0]
-        if op == "in":
-            return form[1] in names
-        if op == "len":
-            n, want = len(names), form[2]
-            assert isinstance(want, int)
-            cmp = {"==": n == want, "!=": n != want, "<": n < want, "<=": n <= want, ">": n > want}
-            return cmp.get(str(form[1]), n >= want)
-        if op == "not":
-            inner = ev(form[1])  # type: ignore[arg-type]
-            return None if inner is None else not inner
-        parts = [ev(x) for x in form[1]]  # type: ignore[attr-defined]
-        if any(x is None for x in parts):
-            return None
-        return all(parts) if op == "and" else any(parts)
-
-    got = ev(g.form)
-    return None if got is None else got == g.when
-
-
-def _params_phrase(g: SigGuard, idx: ApiIndex) -> str:
-    t = idx.resolve_ref(g.ref)
-    if t.sig is None:
-        return "its signature is not known"
-    params = ", ".join(p.show() for p in t.sig.params)
-    return f"`{t.sig.name}` has parameters ({params}) at {t.sig.path}:{t.sig.line}"
 
 
 def _no_cause(sig: Signature, aiter_sha: str) -> str:

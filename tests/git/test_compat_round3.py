@@ -108,6 +108,18 @@ def test_a_call_written_before_the_change_is_still_a_shift_with_its_cause(r3: Ro
     assert "The call, added in ATOM" not in f.message  # written before R6: the ordinary case
 
 
+def test_a_call_that_gained_a_keyword_is_still_screened_for_a_shift(r3: Round3Repos) -> None:
+    # dec.py was created calling decode(q, kv, o, m); its positionals grew and it gained `q_scale=`
+    # (V5, for R9); R10 then inserted page_size/nhead_kv before sm_scale, the day before V6. The
+    # call's keyword does not exist in the layout of the file's creation, and the layout as of V6's
+    # date is the pin's: the screen must still see that its positionals land elsewhere.
+    path = "atom/models/dec.py"
+    f = at(check(r3, "V6", "R10"), path, line(r3, "V6", path, "return decode("))
+    assert (f.severity, f.kind, f.written_against) == ("error", "positional-shift", r3.a["R9"]), f.message
+    assert f.cause is not None and f.cause.commit.sha == r3.a["R10"], f.message
+    assert "argument 5 `scale` written for `sm_scale` now lands on `page_size`" in f.message
+
+
 def test_written_for_the_older_layout_is_clean_at_an_older_pin(r3: Round3Repos) -> None:
     path = "atom/models/late.py"
     report = check(r3, "V2", "R5")
@@ -155,11 +167,46 @@ def test_a_guard_the_check_cannot_evaluate_makes_a_warning_naming_it(r3: Round3R
     f = at(report, path, line(r3, "V2", path, "stage_fn(1, 2, 3)"))
     guard = line(r3, "V2", path, "inspect.signature(stage_fn).parameters.keys() >=")
     assert f.severity == "warning" and f"(line {guard}), which the check cannot evaluate" in f.message
-    # The shim installed only for one layout (an early `return` after `names.index(...)`).
-    shim = at(check(r3, "V2", "R7"), path, line(r3, "V2", path, "return original(q, k, v, 1, bs, True, 7)"))
+    # A chain that is not plain (a name assigned again on one branch) is not evaluated.
+    derived = "atom/models/derived.py"
+    g = at(check(r3, "V3", "R6"), derived, line(r3, "V3", derived, "# not plain"))
+    test = line(r3, "V3", derived, 'if names[0] == "z":')
+    assert g.severity == "warning" and f"`names[0] == 'z'` (line {test}), which the check cannot" in g.message
+
+
+def test_the_shim_installed_for_one_layout_is_checked_where_its_guards_hold(r3: Round3Repos) -> None:
+    # ATOM's sglang shim shape: positional names kept by kind, `names.index(...)` in a `try` that
+    # returns, a slice from that index compared with a list. At R6/R7 the layout is there: the call
+    # under it is checked (7 positionals, 6 parameters); at R5 `num_splits` is not: unreachable.
+    path = "atom/models/late.py"
+    call = line(r3, "V2", path, "return original(q, k, v, 1, bs, True, 7)")
+    shim = at(check(r3, "V2", "R7"), path, call)
+    assert (shim.severity, shim.kind) == ("error", "too-many-positional"), shim.message
+    old = at(check(r3, "V2", "R5"), path, call)
     index = line(r3, "V2", path, 'at = names.index("num_splits")')
-    assert (shim.severity, shim.kind) == ("warning", "too-many-positional"), shim.message
-    assert f'`at = names.index("num_splits")` (line {index}), which the check cannot evaluate' in shim.message
+    assert (old.severity, old.kind) == ("note", "unreachable-at-pin"), old.message
+    assert f'runs only when `at = names.index("num_splits")` (line {index}) is true' in old.message
+
+
+@pytest.mark.parametrize(
+    "label", ["module flag", "fallback flag", "position", "count", "derived flag", "runtime and layout"]
+)
+def test_a_guard_on_a_value_derived_from_the_signature_is_evaluated(r3: Round3Repos, label: str) -> None:
+    # stage_fn is (x, y) at R6 and (x, z, y) at R7: under each guard, the call for the other layout
+    # is not reached (a note), the one for the pin's layout is checked and binds.
+    path = "atom/models/derived.py"
+
+    def findings(pin: str) -> dict[int, Finding]:
+        return {f.line: f for f in check(r3, "V3", pin).findings if f.path == path}
+
+    at_r7, at_r6 = findings("R7"), findings("R6")
+    new = line(r3, "V3", path, f"# {label}: new")
+    assert new not in at_r7, at_r7[new].message
+    assert (at_r6[new].severity, at_r6[new].kind) == ("note", "unreachable-at-pin"), at_r6[new].message
+    if label != "runtime and layout":  # (that one has no call for the old layout)
+        old = line(r3, "V3", path, f"# {label}: old")
+        assert old not in at_r6, at_r6[old].message
+        assert (at_r7[old].severity, at_r7[old].kind) == ("note", "unreachable-at-pin"), at_r7[old].message
 
 
 # -- §5 fewer unchecked calls, and only aiter's --------------------------------------------------

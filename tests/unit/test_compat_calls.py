@@ -390,10 +390,15 @@ def test_signature_guards_are_recorded_with_their_plain_form() -> None:
     )
     by_line = {c.line: c.sig_guards for c in calls}
     (g1,) = by_line[8]
-    assert (g1.ref, g1.form, g1.when, g1.line) == (("aiter", ("f",)), ("in", "z"), True, 7)
-    assert [(g.form, g.when) for g in by_line[10]] == [(("in", "z"), False)]
+    assert (g1.ref, g1.form, g1.when, g1.line) == (("aiter", ("f",)), ("in", "z", None), True, 7)
+    assert [(g.form, g.when) for g in by_line[10]] == [(("in", "z", None), False)]
     (g3,) = by_line[12]
-    assert g3.form == ("or", (("not", ("len", ">=", 2)), ("in", "y")))  # the same function, both parts
+    # the same function, both parts
+    assert g3.form == ("or", (("not", ("len", ">=", 2, None)), ("in", "y", None)))
     assert by_line[14] == ()
-    (g4,) = by_line[22]
-    assert g4.form is None and g4.text.startswith("at = list(inspect.signature(f)") and g4.line == 19
+    (g4,) = by_line[22]  # `.index("k")` did not raise: "k" is a parameter
+    assert (
+        g4.form == ("in", "k", None)
+        and g4.text.startswith("at = list(inspect.signature(f)")
+        and g4.line == 19
+    )
