@@ -351,3 +351,27 @@ def auth_registry(tmp_path: Path) -> Iterator[Registry]:
         tmp_path / "auth-registry", username="pipeline-ci", password="pw-" + secrets.token_hex(12)
     ) as reg:
         yield reg
+
+
+@pytest.fixture
+def second_engine() -> Iterator[tuple[Engine, str]]:
+    """Another host's engine: a second dockerd with its own bridge, and its DOCKER_HOST address."""
+    from tests.fixtures.second_engine import second_dockerd
+
+    try:
+        with second_dockerd() as found:
+            yield found
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def sshd_host(tmp_path: Path) -> Iterator[Any]:
+    """The suite's engine behind the real sshd: a host reached over `ssh://` (tests.servers.sshd)."""
+    from tests.servers.sshd import start_sshd
+
+    try:
+        with start_sshd(tmp_path / "sshd") as server:
+            yield server
+    except FileNotFoundError as err:
+        pytest.fail(str(err), pytrace=False)

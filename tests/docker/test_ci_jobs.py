@@ -21,11 +21,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from pipeline import labels
 from pipeline.oci.engine import Engine
@@ -33,30 +30,11 @@ from pipeline.oci.registry import RegistryClient
 from tests.docker.conftest import DockerCleanup
 from tests.docker.test_e2e import MODEL, World, world  # noqa: F401  (the fixture)
 from tests.fixtures.build_repos import TEST_BASE_PYTHON, run_git, test_wheelhouse
-from tests.fixtures.second_engine import second_dockerd
-from tests.servers.sshd import Sshd, start_sshd
+from tests.servers.sshd import Sshd
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = (MODEL, f"{MODEL}-B", f"{MODEL}-C")
 WHEELS = test_wheelhouse()  # read before a fixture points PIPELINE_CACHE_DIR elsewhere
-
-
-@pytest.fixture
-def engine_a() -> Iterator[tuple[Engine, str]]:
-    try:
-        with second_dockerd() as found:
-            yield found
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
-
-
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    try:
-        with start_sshd(tmp_path / "sshd") as server:
-            yield server
-    except FileNotFoundError as err:
-        pytest.fail(str(err), pytrace=False)
 
 
 def _job(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -95,8 +73,8 @@ def _nightly(
 def test_the_workflows_jobs_in_order_share_one_image_per_pair_compile_aiter_once_and_carry_one_digest(
     world: World,  # noqa: F811
     engine: Engine,
-    engine_a: tuple[Engine, str],
-    sshd: Sshd,
+    second_engine: tuple[Engine, str],
+    sshd_host: Sshd,
     docker_cleanup: DockerCleanup,
     tmp_path: Path,
 ) -> None:
@@ -123,7 +101,7 @@ def test_the_workflows_jobs_in_order_share_one_image_per_pair_compile_aiter_once
         "PIPELINE_OFFLINE_BUILD": "1",
         "PIPELINE_REQUIRE_GIT": "0",
     }
-    _, host_a = engine_a
+    _, host_a = second_engine
     build_env = {
         **base,
         **pipeline_env,
@@ -134,7 +112,7 @@ def test_the_workflows_jobs_in_order_share_one_image_per_pair_compile_aiter_once
         "PIPELINE_CACHE_DIR": str(tmp_path / "build-host-cache"),
         "PIPELINE_RUNS_DIR": str(tmp_path / "build-host-runs"),
     }
-    smoke_env = {**base, **pipeline_env, "DOCKER_HOST": sshd.docker_host, "PATH": sshd.env_path}
+    smoke_env = {**base, **pipeline_env, "DOCKER_HOST": sshd_host.docker_host, "PATH": sshd_host.env_path}
     tag_env = {
         **base,
         **{k: world.env[k] for k in ("PIPELINE_REGISTRY", "PIPELINE_REPOSITORY", "PIPELINE_RECIPES_DIR")},

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,28 +31,9 @@ from pipeline.oci.registry import RegistryClient
 from tests.docker.conftest import DockerCleanup
 from tests.docker.test_e2e import MODEL, World, runs, stage_status, world  # noqa: F401
 from tests.fixtures.build_repos import TEST_BASE_PYTHON, test_wheelhouse
-from tests.fixtures.second_engine import second_dockerd
-from tests.servers.sshd import Sshd, start_sshd
+from tests.servers.sshd import Sshd
 
 WHEELS = test_wheelhouse()  # read before a fixture points PIPELINE_CACHE_DIR elsewhere
-
-
-@pytest.fixture
-def build_host() -> Iterator[tuple[Engine, str]]:
-    try:
-        with second_dockerd() as found:
-            yield found
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
-
-
-@pytest.fixture
-def gpu_host(tmp_path: Path) -> Iterator[Sshd]:
-    try:
-        with start_sshd(tmp_path / "sshd") as server:
-            yield server
-    except FileNotFoundError as err:
-        pytest.fail(str(err), pytrace=False)
 
 
 def _release_tags(client: RegistryClient, repository: str) -> list[str]:
@@ -72,15 +52,15 @@ def test_a_run_built_on_one_host_is_smoked_and_tagged_on_another_by_digest(
     world: World,  # noqa: F811
     engine: Engine,
     base_image: str,
-    build_host: tuple[Engine, str],
-    gpu_host: Sshd,
+    second_engine: tuple[Engine, str],
+    sshd_host: Sshd,
     docker_cleanup: DockerCleanup,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # host A, the build host: `pipeline build --model M --until build`
-    _, host_a = build_host
+    _, host_a = second_engine
     for key, value in {
         "DOCKER_HOST": host_a,
         "PIPELINE_WHEELS_DIR": str(WHEELS),
@@ -115,12 +95,12 @@ def test_a_run_built_on_one_host_is_smoked_and_tagged_on_another_by_digest(
 
     # host B, the GPU host: its engine over ssh://, its own cache (no mirrors) and runs
     monkeypatch.delenv("DOCKER_HOST")
-    monkeypatch.setenv("PATH", gpu_host.env_path)  # its `ssh` knows the host key and the client key
+    monkeypatch.setenv("PATH", sshd_host.env_path)  # its `ssh` knows the host key and the client key
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "gpu-host" / "cache"))
     monkeypatch.setenv("PIPELINE_RUNS_DIR", str(gpu_runs))
     docker_cleanup.image(candidate)  # smoke pulls it onto the suite's engine, host B
     assert engine.image(candidate) is None  # nothing of host A's
-    resume = ["build", "--resume", str(moved), "--docker-host", gpu_host.docker_host]
+    resume = ["build", "--resume", str(moved), "--docker-host", sshd_host.docker_host]
     lock = moved / "lock.toml"
     atom_sha = json.loads((moved / "stages" / "pin.json").read_text())["outputs"]["lock"]["sources"]["atom"]
     patch_sha = next(p["sha256"] for p in json.loads((moved / "stages" / "patch.json").read_text())["outputs"]
@@ -158,7 +138,7 @@ def test_a_run_built_on_one_host_is_smoked_and_tagged_on_another_by_digest(
     assert "smoke: no mirrors of ATOM and aiter on this host" in err
     verdict = json.loads((moved / "smoke" / "verdict.json").read_text())
     assert verdict["passed"] is True and verdict["image"]["digest"] == tested  # the digest it ran
-    assert verdict["engine"] == gpu_host.docker_host
+    assert verdict["engine"] == sshd_host.docker_host
 
     # the lock edited between smoke and tag: refused by tag itself (--from tag), by render on a resume
     err = refused([*resume, "--from", "tag"], "before tag (--from tag)")
