@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -44,7 +44,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import LockFileError, RunLocked
+from pipeline.errors import LockFileError, LockInconsistent, RunLocked
 from pipeline.fsutil import (
     acquire_lock,
     atomic_write_text,
@@ -182,6 +182,23 @@ class Lock(_Frozen):
         with the same pair share one build, and each verdict binds its model's lock to that image.
         """
         return hashlib.sha256(self.pair_toml().encode()).hexdigest()
+
+    def require_pair(self, image_labels: Mapping[str, str], image: str, *, name: str, done: str) -> None:
+        """This lock pins the pair `image` was built from (its pair label), or LockInconsistent:
+        the one check smoke and tag make of a lock against an image. `name` says which lock, `done`
+        what was not done."""
+        from pipeline import labels
+
+        pair, label = self.pair_digest(), image_labels.get(labels.PAIR_DIGEST, "")
+        if label != pair:
+            raise LockInconsistent(
+                f"{name} is not the lock the image {image} was built from: it pins pair {pair[:12]}, "
+                f"the image's label {labels.PAIR_DIGEST} says {label[:12] or '(none)'} (edited since the "
+                f"build, or the lock of another pair); {done}.",
+                hint="Give the lock the image was built from (a run's lock.toml, restored with `git diff` "
+                "or from a copy of the run directory), or build, smoke-test and tag this lock "
+                f"(`pipeline build --model {self.model}`).",
+            )
 
     def with_patches(self, patches: tuple[PatchPin, ...]) -> Lock:
         return self.model_copy(update={"patches": patches})

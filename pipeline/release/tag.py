@@ -224,19 +224,13 @@ def check_binding(
             raise UsageError(f"cannot tell which lock file {image} was smoke-tested with; pass --lock FILE.")
         lock_path = default_lock_path(locks_dir, model)
     lock = Lock.load(lock_path)
+    lock.require_pair(lbl, image, name=f"lock file {lock_path}", done="nothing was pushed or moved")
     if lock.digest() != verdict.lock_sha256:
         raise TagError(
             f"refusing to tag {image}: the lock file {lock_path} changed since the image was built and "
             f"smoke-tested (stale verdict): it is now {_short(lock.digest())}, the verdict was made with "
             f"{_short(verdict.lock_sha256)}.",
             hint="Rebuild from the current lock (`pipeline build`) and smoke-test it, or restore the lock.",
-        )
-    if lock.pair_digest() != lbl[labels.PAIR_DIGEST]:
-        raise TagError(
-            f"refusing to tag {image}: the lock file {lock_path} pins pair {_short(lock.pair_digest())}, "
-            f"the image was built from pair {_short(lbl[labels.PAIR_DIGEST])}: the image is not this "
-            "lock's.",
-            hint="Tag the image built from this lock, or pass the lock it was built from with --lock.",
         )
     return BoundVerdict(vf, info, lock, lock_path, recipe)
 

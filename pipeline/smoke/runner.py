@@ -37,7 +37,6 @@ from pipeline.errors import (
     ConfigError,
     DiskError,
     InfraError,
-    LockInconsistent,
     NoHardware,
     PipelineError,
     UsageError,
@@ -673,14 +672,7 @@ def bind_lock(lock: Lock | None, image_labels: Mapping[str, str], image: str, lo
                 "`pipeline tag` refuses it (pass --lock, or keep locks/<model>.toml)"
             )
         return
-    if pair != lock.pair_digest():
-        raise LockInconsistent(  # the exit of every lock the image contradicts (stages.verify)
-            f"the lock of {lock.model} pins pair {lock.pair_digest()[:12]}, but {image} was built from "
-            + (f"pair {pair[:12]}" if pair else "no pair this pipeline labelled")
-            + f" ({labels.PAIR_DIGEST}): the image is not this lock's; nothing was started.",
-            hint="Smoke-test the image built from this lock (`pipeline build --model MODEL` names it), "
-            "or pass the lock that image was built from with --lock.",
-        )
+    lock.require_pair(image_labels, image, name=f"the lock of {lock.model}", done="nothing was started")
 
 
 def run_smoke(

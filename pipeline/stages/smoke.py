@@ -140,6 +140,7 @@ def on_engine(ctx: Context, engine: EngineAPI, image: str) -> str:
 
 
 def _bind_lock(engine: EngineAPI, image: str, lock: Path) -> None:
+    """The lock pins the image's pair, checked before run_smoke moves an earlier smoke run aside."""
     from pipeline.stages.verify import bind_lock
 
     info = engine.image(image)

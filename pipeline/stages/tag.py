@@ -78,14 +78,12 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 
 
 def _verify_lock(ctx: Context, inputs: Inputs) -> None:
-    """The lock: verified where the mirrors are, and always the image's (its lock label)."""
-    from pipeline.stages.verify import bind_lock, verify_here
+    """The lock, verified where the mirrors are (`release.tag.check_binding` then binds it to the
+    image's pair and to the verdict, before anything is pushed)."""
+    from pipeline.stages.verify import verify_here
 
     assert inputs.lock is not None
     verify_here(ctx, inputs.lock, lock_given=inputs.release is None, stage="tag")
-    info = ctx.engine().image(inputs.image)
-    if info is not None:  # else the binding says the image is absent
-        bind_lock(inputs.lock, info.labels or {}, inputs.image, done="nothing was pushed or moved")
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:

@@ -138,23 +138,8 @@ def verify_here(ctx: Context, lock_path: Path, *, lock_given: bool, stage: str) 
 
 
 def bind_lock(lock_path: Path, image_labels: Mapping[str, str], image: str, *, done: str) -> None:
-    """The lock file pins the pair the image was built from: its pair digest is the image's pair
-    label (the image is model-free; the lock's own digest is the verdict's). `done` says what was
-    not done (a refusal changes nothing)."""
-    from pipeline import labels
-
-    lock = Lock.load(lock_path)
-    digest = lock.pair_digest()
-    label = image_labels.get(labels.PAIR_DIGEST, "")
-    if label != digest:
-        raise LockInconsistent(
-            f"lock file {lock_path} is not the lock the image {image} was built from: it pins pair "
-            f"{digest[:12]}, the image's label {labels.PAIR_DIGEST} says {label[:12] or '(none)'} "
-            f"(edited since the build, or the lock of another pair); {done}.",
-            hint="Give the lock the image was built from (a run's lock.toml, restored with `git diff` or "
-            "from a copy of the run directory), or build, smoke-test and tag this lock in a new run "
-            f"(`pipeline build --model {lock.model}`).",
-        )
+    """The lock file pins the pair the image was built from (`Lock.require_pair`)."""
+    Lock.load(lock_path).require_pair(image_labels, image, name=f"lock file {lock_path}", done=done)
 
 
 def _repos(

@@ -218,7 +218,7 @@ def test_a_lock_of_another_pair_starts_nothing(tmp_path: Path) -> None:
     other = make_lock(patches=False)  # another series: another image
     with pytest.raises(LockInconsistent) as e:
         smoke(tmp_path, c, lock=other)
-    assert "the image is not this lock's" in str(e.value) and other.pair_digest()[:12] in str(e.value)
+    assert "is not the lock the image" in str(e.value) and other.pair_digest()[:12] in str(e.value)
     assert e.value.exit_code == ExitCode.LOCK_INCONSISTENT and c.execs == []
 
 

@@ -15,8 +15,17 @@ import requests
 from filelock import FileLock
 
 from pipeline import labels
-from pipeline.errors import ConfigError, ExitCode, InfraError, RunLocked, TagError, UsageError
+from pipeline.errors import (
+    ConfigError,
+    ExitCode,
+    InfraError,
+    LockInconsistent,
+    RunLocked,
+    TagError,
+    UsageError,
+)
 from pipeline.fsutil import sha256_file
+from pipeline.lock import Lock
 from pipeline.log import Logger
 from pipeline.oci.engine import ImageInfo
 from pipeline.oci.registry import MEDIA_DOCKER_MANIFEST, RegistryClient, parse_image_ref
@@ -615,9 +624,10 @@ def test_a_lock_of_another_pair_is_refused_though_the_verdict_names_it(
     other = make_lock(patches=False)
     other.save(world.lock_path)
     world.write_verdict(lock_sha256=other.digest())
-    with pytest.raises(TagError) as e:
+    with pytest.raises(LockInconsistent) as e:
         _run(world, engine, fake)
-    assert "the image is not this lock's" in str(e.value) and other.pair_digest()[:12] in str(e.value)
+    assert "is not the lock the image" in str(e.value) and other.pair_digest()[:12] in str(e.value)
+    assert e.value.exit_code == ExitCode.LOCK_INCONSISTENT
     assert engine.pushed == []
 
 
@@ -684,8 +694,14 @@ def test_stale_recipe_refused(world: World, fake: FakeRegistry) -> None:
 
 
 def test_stale_lock_refused(world: World, fake: FakeRegistry) -> None:
+    """The lock changed where the image does not see it (a commit's subject): the pair is the
+    image's, the verdict's lock is not this one."""
     engine = _engine(world, fake)
-    make_lock(patches=False).save(world.lock_path)
+    lock = Lock.load(world.lock_path)
+    atom = lock.sources.atom.model_copy(update={"subject": "edited by hand"})
+    moved = lock.model_copy(update={"sources": lock.sources.model_copy(update={"atom": atom})})
+    assert moved.pair_digest() == lock.pair_digest() and moved.digest() != lock.digest()
+    moved.save(world.lock_path)
     with pytest.raises(TagError) as e:
         _run(world, engine, fake)
     assert "lock file" in str(e.value) and "stale verdict" in str(e.value) and _puts(fake) == []
