@@ -224,12 +224,19 @@ def check_recipe_tools(
         network_mode="none",
         labels=dict(labels or {}),
     ) as c:
-        code = c.wait(timeout=timeout)
-        logs = c.logs()
-    lines = [ln for ln in logs.splitlines() if ln.startswith("TOOLS ")]
+        facts, why = _probe_output(c, "TOOLS", timeout)
+    return [f"the recipe-tools probe {why}"] if facts is None else tool_failures(facts)
+
+
+def _probe_output(c: Any, marker: str, timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """A probe container's last `MARKER {json}` line, once it exited 0; else None and why not."""
+    code = c.wait(timeout=timeout)
+    logs = c.logs()
+    lines = [ln for ln in logs.splitlines() if ln.startswith(marker + " ")]
     if code != 0 or not lines:
-        return [f"the recipe-tools probe exited {code} in the image: " + logs.strip()[-1500:]]
-    return tool_failures(json.loads(lines[-1][len("TOOLS ") :]))
+        return None, f"exited {code} in the image: " + logs.strip()[-1500:]
+    facts: dict[str, Any] = json.loads(lines[-1][len(marker) + 1 :])
+    return facts, ""
 
 
 def _check_signature(report: Any) -> dict[str, Any]:
@@ -298,16 +305,11 @@ def run_selfcheck(
             network_mode="none",
             labels=dict(labels or {}),
         ) as c:
-            code = c.wait(timeout=timeout)
-            logs = c.logs()
-            lines = [ln for ln in logs.splitlines() if ln.startswith("SELFCHECK ")]
-            if code != 0 or not lines:
-                result.failures.append(
-                    f"the self-check probe exited {code} in the image: " + logs.strip()[-1500:]
-                )
+            facts, why = _probe_output(c, "SELFCHECK", timeout)
+            if facts is None:
+                result.failures.append(f"the self-check probe {why}")
                 _write(run_dir, result)
                 return result
-            facts = json.loads(lines[-1][len("SELFCHECK ") :])
             result.facts = facts
             result.failures += judge(expected, facts)
             try:
