@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -821,9 +822,16 @@ class ApiIndex:
         self._dep(("f", dotted, r, ""))
         return r
 
-    def _valid(self, deps: frozenset[Dep]) -> bool:
+    def _valid(self, deps: frozenset[Dep], same_text: Callable[[str], bool] | None = None) -> bool:
+        """`same_text(path)`: the file is known unchanged since the commit the facts were read at. A
+        "does not mention" fact then holds (the modules it star-imports are facts of their own)."""
         # Blob and existence checks first (dict look-ups); "does not mention" checks read text.
-        soft = [(dotted, name, flag) for kind, dotted, flag, name in deps if kind == "n"]
+        soft = [
+            (dotted, name, flag)
+            for kind, dotted, flag, name in deps
+            if kind == "n"
+            and not (same_text is not None and dotted in self.mods and same_text(self.mods[dotted]))
+        ]
         for kind, dotted, flag, sha in deps:
             if kind == "e":
                 if (dotted in self.mods or dotted in self.namespaces) != flag:
@@ -871,7 +879,16 @@ class ApiIndex:
             self._summaries[module_from_path(path)] = summ
 
     def unparseable(self) -> list[tuple[str, str]]:
-        return [(self.mods[m], s.error) for m, s in self._summaries.items() if s.error]
+        return sorted((self.mods[m], s.error) for m, s in self._summaries.items() if s.error)
+
+    def unparseable_in(self, deps: frozenset[Dep]) -> tuple[tuple[str, str], ...]:
+        """The files among a resolution's dependencies whose summaries were read and do not parse."""
+        out = []
+        for kind, module, _, _ in deps:
+            s = self._summaries.get(module) if kind == "m" else None
+            if s is not None and s.error:
+                out.append((self.mods[module], s.error))
+        return tuple(sorted(out))
 
     def raw_read(self) -> set[str]:
         """Modules whose text was searched for a name without being parsed."""
@@ -1376,6 +1393,10 @@ class ApiIndex:
         if hit[1].isdisjoint(changed):
             return all(not self._star_may_export(m, n) for m, n in hit[2] if m in changed)
         return self._valid(self._prev._ref_raw[ref])
+
+    def still_holds(self, deps: frozenset[Dep], same_text: Callable[[str], bool] | None = None) -> bool:
+        """Does every fact a resolution made at another commit relied on hold at this one?"""
+        return self._valid(deps, same_text)
 
     def deps_of(self, ref: tuple[str, tuple[str, ...]]) -> frozenset[Dep] | None:
         """Every fact the resolution of `ref` here relied on (None: not traced, e.g. C++ bindings)."""

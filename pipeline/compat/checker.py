@@ -40,6 +40,7 @@ from pipeline.compat.calls import (
     unchecked_reason,
     worth_scanning,
 )
+from pipeline.compat.carry import CLEAN, NOT_AITERS, UNCHECKED, Carried, Night, Verdict
 from pipeline.compat.cause import Cause, FileVersion, History, explain, find_cause, shifted_args
 from pipeline.compat.evidence import Candidate, Fit, agreement, best_fit, layout, problem_keys, tied
 from pipeline.compat.guards import guard_holds, params_phrase
@@ -69,6 +70,7 @@ class Caches:
     facts: SummaryCache  # git facts that never change for given SHAs (blame, first-parent dates, logs)
     reports: ReportStore  # whole reports, keyed by every SHA they depend on
     cache_dir: Path | None
+    nights: ReportStore | None = None  # the last check's verdicts, per pair of repositories
     workers: Workers = dataclasses.field(default_factory=lambda: Workers())
 
     @classmethod
@@ -79,6 +81,7 @@ class Caches:
             SummaryCache.open("facts", cache_dir),
             ReportStore("reports", cache_dir),
             cache_dir,
+            ReportStore("nights", cache_dir, keep=8),
         )
 
     _logs: SummaryCache | None = None  # aiter's whole first-parent history per tip (big: opened lazily)
@@ -417,14 +420,20 @@ class Checker:
             index.op_names = self.op_names
 
     # -- the check -----------------------------------------------------------
-    def check(self, aiter_sha: str, *, with_causes: bool = True) -> CheckReport:
+    def check(self, aiter_sha: str, *, with_causes: bool = True, nightly: bool = False) -> CheckReport:
+        """Every call at one pin. `nightly`: carry the last check's plain verdicts that still hold
+        (`pipeline.compat.carry`) and leave this one's for the next."""
         t0 = time.perf_counter()
         idx = self.index(aiter_sha)
         findings: list[Finding] = []
         unchecked: list[tuple[tuple[int, int, int], UncheckedCall]] = []  # keyed by where, for path order
         checked = 0
         ops: list[tuple[int, int, RawCall]] = []  # torch.ops calls: bound once every file says its ops
-        one = functools.partial(self._check_one, idx, aiter_sha=aiter_sha, causes=with_causes)
+        tonight = Night(self._night_context(), aiter_sha, self.date_baseline, self.tip) if nightly else None
+        carried = self._last_night(aiter_sha) if nightly else None
+        one = functools.partial(
+            self._check_one, idx, aiter_sha=aiter_sha, causes=with_causes, carried=carried, tonight=tonight
+        )
         for fi, fc in self._files_as_ready():
             for ui, u in enumerate(fc.unchecked):
                 unchecked.append(((fi, 0, ui), UncheckedCall(u.path, u.line, u.display, u.reason)))
@@ -436,7 +445,11 @@ class Checker:
         for fi, ci, call in ops:
             checked += one(call, findings=findings, unchecked=unchecked, where=(fi, 1, ci))
         unparseable = [Unparseable("atom", f.path, f.error) for f in self.files if f.error]
-        unparseable += [Unparseable("aiter", p, e) for p, e in idx.unparseable()]
+        broken = set(idx.unparseable())
+        if tonight is not None:
+            broken.update(u for v in tonight.verdicts.values() for u in v.unparseable)
+            self._leave_night(tonight)
+        unparseable += [Unparseable("aiter", p, e) for p, e in sorted(broken)]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
         unchecked.sort(key=lambda u: u[0])
         return CheckReport(
@@ -460,13 +473,27 @@ class Checker:
         findings: list[Finding],
         unchecked: list[tuple[tuple[int, int, int], UncheckedCall]],
         where: tuple[int, int, int],
+        carried: Carried | None = None,
+        tonight: Night | None = None,
     ) -> int:
         """Bind one call at the pin; 1 when it counts as checked."""
+        v = carried.verdict(call) if carried is not None else None
+        if v is not None:
+            if tonight is not None:
+                tonight.keep(call, v)
+            if v.outcome == UNCHECKED:
+                unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, v.reason)))
+            return 1 if v.outcome == CLEAN else 0
         t = target_of(idx, call)
         if t.kind in ("func", "class") and t.sig is not None:
             if (call.star_args or call.star_kwargs) and not (call.args or call.kwargs):
                 unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY)))
+                self._keep(tonight, idx, call, UNCHECKED, STAR_ONLY)
                 return 0
+            b = bind(call, t.sig)
+            if b.ok and not self._doubtful_memo(call, aiter_sha, t.sig, b):
+                self._keep(tonight, idx, call, CLEAN, "", t.sig)  # (what `_check_call` would say: None)
+                return 1
             f = self.check_guarded(idx, call, t.sig, aiter_sha, causes)
             if f is not None:
                 findings.append(dataclasses.replace(f, callee="op" if t.sig.compiled else "python"))
@@ -475,12 +502,88 @@ class Checker:
             findings.append(self._missing(call, t, aiter_sha, causes))
             return 1
         if t.kind in ("module", "foreign"):
+            self._keep(tonight, idx, call, NOT_AITERS, "")
             return 0  # a module, or a value of a type that is not aiter's: not a call of aiter
         if call.ref[0] == TORCH_OPS and call.ref[1] and call.ref[1][0] in self.atom_ops:
             return 0  # an op ATOM registers in the `aiter` namespace itself: not a call of aiter
         reason = unchecked_reason(call, t, self.atom_ops)
         unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, reason)))
+        self._keep(tonight, idx, call, UNCHECKED, reason)
         return 0
+
+    # -- from one night to the next (pipeline.compat.carry) -------------------
+    def _night_context(self) -> tuple[object, ...]:
+        return (self.explicit_baseline,)
+
+    def _keep(
+        self,
+        tonight: Night | None,
+        idx: ApiIndex,
+        call: RawCall,
+        outcome: str,
+        reason: str,
+        sig: Signature | None = None,
+    ) -> None:
+        """Record a plain verdict with what it read, for the next check (when it can be traced)."""
+        if tonight is None or call.ref[0] == TORCH_OPS:
+            return  # (an op is found by every aiter file that names it: not traced per call)
+        at_pin = idx.deps_of(call.ref)
+        if at_pin is None:
+            return
+        at_date = history = None
+        if sig is not None:  # clean: what `_doubtful`'s screens read
+            base = self.date_baseline
+            if base is not None and base != tonight.pin:
+                at_date = self.index(base).deps_of(call.ref)
+                if at_date is None:
+                    return
+            born = self.file_added(call.path) if self.explicit_baseline is None else None
+            history = (sig.path, born) if born is not None else None
+        broken = idx.unparseable_in(at_pin)
+        tonight.keep(call, Verdict(outcome, reason, at_pin, at_date, history, broken))
+
+    def _night_key(self) -> str:
+        # (not by aiter's path: a verdict holds by what it read, wherever the commits were read from)
+        return f"night:{self.atom.path}"
+
+    def _last_night(self, aiter_sha: str) -> Carried | None:
+        """The last check's verdicts, when its commits are on tonight's first-parent history."""
+        store = self.caches.nights
+        night = store.get(self._night_key()) if store is not None else None
+        if not isinstance(night, Night) or night.context != self._night_context():
+            return None
+        order = {sha: i for i, (_, sha) in enumerate(self.first_parent.commits)}  # 0: the tip
+        p0, t0, p1 = (order.get(sha) for sha in (night.pin, night.tip, aiter_sha))
+        if p0 is None or t0 is None or p1 is None or order.get(self.tip) != 0 or p0 < t0:
+            return None  # a rewritten history, or a pin off aiter's first parents
+        d0, d1 = order.get(night.date or ""), order.get(self.date_baseline or "")
+        oldest = max(i for i in (p0, t0, p1, d0, d1) if i is not None)
+        changed: list[set[str]] = [set() for _ in range(oldest)]  # per first parent, tip first
+        if oldest > 0:
+            out = self.aiter.git(
+                "log", "--first-parent", "-m", "--name-only", "--format=%x00%H", self.tip,
+                f"^{self.first_parent.commits[oldest][1]}", "--", AITER_PREFIX + "/",
+            )  # fmt: skip
+            for chunk in out.split("\0")[1:]:
+                sha, _, names = chunk.partition("\n")
+                if sha in order and order[sha] < oldest:
+                    changed[order[sha]].update(n for n in names.splitlines() if n)
+
+        def between(a: int, b: int) -> frozenset[str]:
+            """Files changed from the older of two first parents to the newer."""
+            return frozenset().union(*changed[min(a, b) : max(a, b)])
+
+        history = between(0, max(p0, t0, p1))  # the histories were read from the tip
+        date_index = self.index(self.date_baseline) if self.date_baseline not in (None, aiter_sha) else None
+        return Carried(
+            night, (self.index(aiter_sha), between(p0, p1)),
+            (date_index, between(d0, d1) if d0 is not None and d1 is not None else None), history,
+            self.file_added,
+        )  # fmt: skip
+
+    def _leave_night(self, tonight: Night) -> None:
+        if self.caches.nights is not None:
+            self.caches.nights.put(self._night_key(), tonight)
 
     # -- one call ------------------------------------------------------------
     def check_guarded(
@@ -1090,7 +1193,7 @@ def run_check(
         return got
     try:
         checker = Checker(atom, atom_sha, aiter, caches, tip=tip, explicit_baseline=explicit, dated_by=dated)
-        report = checker.check(aiter_sha)
+        report = checker.check(aiter_sha, nightly=True)
         caches.reports.put(key, report)
         return report
     finally:

@@ -179,6 +179,7 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
     # (aiter's whole history log is kept apart, opened only when a call's evidence needs it)
     assert sorted(p.name for p in cache.iterdir()) == [
         *(f"compat-{kind}-v{SCHEMA}.pickle" for kind in ("aiter", "atom", "facts", "logs")),
+        f"compat-nights-v{SCHEMA}",  # the verdicts the next check may carry (pipeline.compat.carry)
         f"compat-reports-v{SCHEMA}",  # one small file per report: a warm run reads only its own
     ]
     (report_file,) = (cache / f"compat-reports-v{SCHEMA}").iterdir()

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.compat import CheckReport, incremental, run_check
+from pipeline.compat import CheckReport, carry, incremental, run_check
 from pipeline.compat.pysource import SummaryCache
 from pipeline.compat.reach import ModelFacts, Reach, compute_reach
 from pipeline.gitw import GitRepo
 from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
-from tests.fixtures.gitfixture import commit_all, git, write_files
+from tests.fixtures.gitfixture import commit_all, git, init_repo, write_files
 from tests.fixtures.reach_repos import build_reach_repos
 
 
@@ -178,3 +178,84 @@ def test_a_reach_path_changed_overnight_gives_the_cold_reach(tmp_path: Path) -> 
     assert _reach_said(got) == _reach_said(cold)
     assert got.on_path("atom/model_ops/broken.py")
     shutil.rmtree(cold_dir)
+
+
+class Carrying:
+    """Which calls each check carried from the last one (`pipeline.compat.carry`), by qualname."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        original = carry.Carried.verdict
+
+        def verdict(this: carry.Carried, call: Any) -> Any:
+            got = original(this, call)
+            if got is not None:
+                self.calls.append(call.qualname)
+            return got
+
+        monkeypatch.setattr(carry.Carried, "verdict", verdict)
+
+    def take(self) -> list[str]:
+        out, self.calls = sorted(self.calls), []
+        return out
+
+
+def test_a_plain_verdict_is_carried_only_while_everything_it_read_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Night by night: a call moved by an edit above it keeps its verdict at its new line; a change
+    to the callee's module, a star-imported module that starts to define the name, or a file
+    touched in the callee's history makes the call bound again; a cold check agrees every night."""
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    write_files(
+        aiter,
+        {
+            "aiter/__init__.py": "from .ops import *\nfrom .extra import *\n",
+            "aiter/ops.py": "def f(a, b):\n    pass\n\n\ndef g(x, *, flag=False):\n    pass\n",
+            "aiter/extra.py": "def unrelated():\n    pass\n",
+            "aiter/quant.py": "def h(t):\n    pass\n",
+        },
+    )
+    commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    write_files(aiter, {"README": "aiter\n"})  # (after ATOM's commits: the ATOM-date screen is A0)
+    commit_all(aiter, "A0b", "2026-01-03T00:00:00+00:00")
+    caller = "import aiter\nfrom aiter.quant import h\n\n\ndef run(a, b, x, t):\n" \
+        "    aiter.f(a, b)\n    aiter.g(x, flag=True)\n    h(t)\n    return aiter.unrelated()\n"  # fmt: skip
+    write_files(atom, {"atom/__init__.py": "", "atom/m.py": caller})
+    commit_all(atom, "T0", "2026-01-02T00:00:00+00:00")
+    seen = Carrying(monkeypatch)
+    cache = tmp_path / "cache"
+
+    def night(n: int) -> CheckReport:
+        got = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=cache)
+        cold = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=tmp_path / f"cold{n}")
+        assert _said(got) == _said(cold), f"night {n}"
+        return got
+
+    assert night(0).calls_checked == 4 and seen.take() == []
+    # ATOM: three lines above the calls. Every verdict moves with its call.
+    write_files(atom, {"atom/m.py": "# a\n# b\n# c\n" + caller})
+    commit_all(atom, "T1", "2026-01-02T01:00:00+00:00")
+    assert night(1).findings == [] and seen.take() == [
+        "aiter.f",
+        "aiter.g",
+        "aiter.quant.h",
+        "aiter.unrelated",
+    ]
+    # aiter: g loses `flag`; f's and g's module changed, h's did not.
+    write_files(aiter, {"aiter/ops.py": "def f(a, b):\n    pass\n\n\ndef g(x):\n    pass\n"})
+    commit_all(aiter, "A1: g without flag", "2026-01-04T00:00:00+00:00")
+    got = night(2)
+    assert [f.line for f in got.findings] == [10]  # `aiter.g(x, flag=True)`, bound again
+    assert seen.take() == ["aiter.quant.h", "aiter.unrelated"]
+    # aiter: a star-imported module starts to define `f` (it did not mention it: that fact broke).
+    write_files(aiter, {"aiter/extra.py": "def unrelated():\n    pass\n\n\ndef f(a):\n    pass\n"})
+    commit_all(aiter, "A2: extra.f", "2026-01-05T00:00:00+00:00")
+    got = night(3)
+    assert [f.line for f in got.findings if "aiter.f" in f.message] == [9]
+    assert "aiter.f" not in seen.take()
+    # aiter: h's file changes in a way that keeps h; its history moved on, so h is bound again.
+    write_files(aiter, {"aiter/quant.py": "def h(t):\n    pass\n\n\ndef h2(t):\n    pass\n"})
+    commit_all(aiter, "A3: quant.h2", "2026-01-06T00:00:00+00:00")
+    night(4)
+    assert "aiter.quant.h" not in seen.take()

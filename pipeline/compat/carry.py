@@ -1,0 +1,117 @@
+"""Last night's verdicts on tonight's calls: a check a few commits on binds only what changed.
+
+A scheduled check runs an ATOM × aiter pair a few commits on from the last one.
+Most calls are the same call in the same place, and most of what they resolved
+through in aiter is the same blobs. A call whose verdict was plain is carried to
+the next check together with everything that verdict read:
+
+- *clean*: it binds at the pin and no screen doubts the layout it was written for;
+- *not aiter's*: it resolves to a module or to a value of another library's type;
+- *unchecked*: it resolves to nothing with a signature, for a recorded reason.
+
+What such a verdict read is exactly: the resolution of the callee at the pin and at
+the ATOM-date screen (`ApiIndex.deps_of`: the blobs, module existence and "does not
+mention" facts each relied on), checked again against tonight's trees; the
+first-parent history of the callee's file (its layout when the ATOM file was
+created), carried only when no aiter commit since touched that file; and when
+the ATOM file was created. A finding, a call a screen doubted, a `torch.ops` call
+(found by every file that names the op) is checked in full every night. So a
+carried verdict is the verdict a cold check gives: tests replay nights on fixture
+histories against cold checks, and the benchmark compares on the real mirrors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline.compat.aiterapi import ApiIndex, Dep
+from pipeline.compat.calls import RawCall
+
+CLEAN, NOT_AITERS, UNCHECKED = "clean", "not-aiters", "unchecked"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    outcome: str  # CLEAN, NOT_AITERS or UNCHECKED
+    reason: str  # why unchecked
+    at_pin: frozenset[Dep]  # what the callee's resolution at the pin relied on
+    at_date: frozenset[Dep] | None  # the same at the ATOM-date screen, when the screen read it
+    history: tuple[str, int] | None  # (the callee's aiter file, the ATOM file's creation) when read
+    unparseable: tuple[tuple[str, str], ...] = ()  # aiter files it read that do not parse
+
+
+@dataclass
+class Night:
+    """What one check leaves for the next: its pair's moving commits and its verdicts."""
+
+    context: tuple[object, ...]  # what every verdict shares (the explicit baseline)
+    pin: str
+    date: str | None  # the ATOM-date screen's aiter
+    tip: str  # aiter's default branch, whose first-parent history was read
+    verdicts: dict[RawCall, Verdict] = field(default_factory=dict)  # by `position_free` call
+
+    def keep(self, call: RawCall, verdict: Verdict) -> None:
+        self.verdicts[position_free(call)] = verdict
+
+
+def position_free(call: RawCall) -> RawCall:
+    """The call without where it stands: a plain verdict does not depend on it (an edit above a
+    call moves it, and its verdict moves with it)."""
+    return dataclasses.replace(call, line=0, col=0, end_line=None, import_line=None, sig_guards=())
+
+
+class Carried:
+    """Last night's verdicts, each given out only when everything it read still holds tonight."""
+
+    def __init__(
+        self,
+        night: Night,
+        pin: tuple[ApiIndex, frozenset[str]],
+        date: tuple[ApiIndex | None, frozenset[str] | None],
+        history: frozenset[str],
+        born: Callable[[str], int | None],
+    ) -> None:
+        """`pin`: tonight's index at the pin, and the aiter files changed between last night's pin
+        and tonight's; `date`: the same for the ATOM-date screen (no index: it is the pin tonight;
+        no files: last night had none); `history`: the files changed between the oldest commit
+        last night's histories were read from and tonight's tip; `born`: when an ATOM file was
+        created."""
+        self.night = night
+        self._indexes = (pin[0], date[0])
+        self._same = (pin[1], date[1])  # files not in these are the same text at both commits
+        self.history = history
+        self._born = born
+        self._valid: list[dict[int, bool]] = [{}, {}]  # per index: id(deps) -> still holds
+        self.carried = 0
+
+    def verdict(self, call: RawCall) -> Verdict | None:
+        v = self.night.verdicts.get(position_free(call))
+        if v is None:
+            return None
+        if not self._holds(0, v.at_pin):
+            return None
+        # Tonight's ATOM-date screen reads its aiter (with none tonight, last night's passed screen
+        # reads nothing).
+        screen = v.outcome == CLEAN and self._indexes[1] is not None
+        if screen and (v.at_date is None or not self._holds(1, v.at_date)):
+            return None
+        if v.history is not None:  # (the callee's blob is among `at_pin`'s facts; its history is
+            # checked too: a file changed and changed back, an ATOM file re-created)
+            path, born = v.history
+            if path in self.history or self._born(call.path) != born:
+                return None
+        self.carried += 1
+        return v
+
+    def _holds(self, which: int, deps: frozenset[Dep]) -> bool:
+        index, same = self._indexes[which], self._same[which]
+        if index is None:
+            return False
+        memo = self._valid[which]  # (one object per resolution: shared by the calls that made it)
+        got = memo.get(id(deps))
+        if got is None:
+            unchanged = (lambda path: path not in same) if same is not None else None
+            got = memo[id(deps)] = index.still_holds(deps, unchanged)
+        return got
