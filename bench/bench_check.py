@@ -105,11 +105,11 @@ def main() -> None:
     cold = show("cold, whole process", colds, TARGET_COLD_S)
     show("warm, whole process", warms, TARGET_WARM_S)
     if real and not args.atom and not args.aiter:
-        show(
-            "next night (previous night's cache), whole process",
-            nights(atom, aiter, env, tmp, args.runs),
-            TARGET_NIGHT_S,
-        )
+        night_runs = nights(atom, aiter, env, tmp, args.runs)
+        show("next night (previous night's cache), whole process", night_runs, TARGET_NIGHT_S)
+        cold_head = check_pair(atom, aiter, "HEAD", "HEAD", env, tmp / "cold-head", tmp)
+        same = all(json.loads(r.stdout) == json.loads(cold_head.stdout) for r in night_runs)
+        print(f"  the next night's report is a cold check's, field for field: {'yes' if same else 'NO'}")
     peak = max(r.peak_mb for r in colds + warms)
     print(f"peak memory, process tree summed: {peak:.0f} MB  target ≤ {TARGET_MB:.0f} MB -> "
           f"{'OK' if peak <= TARGET_MB else 'OVER'} ({peak / TARGET_MB:.2f}× target)")  # fmt: skip
@@ -161,19 +161,21 @@ def nights(atom: str, aiter: str, env: dict[str, str], tmp: Path, runs: int) -> 
     subprocess.run(["git", "clone", "-q", "--bare", "--shared", aiter, str(yesterday)], check=True)
     git(str(yesterday), "update-ref", f"refs/heads/{branch}", prev_aiter)
 
-    def check(repo: str, a: str, b: str, cache: Path) -> Run:
-        cmd = [
-            sys.executable, "-m", "pipeline", "check", "--atom-repo", atom, "--aiter-repo", repo,
-            "--atom", a, "--aiter", b, "--format", "json",
-        ]  # fmt: skip
-        return measure(cmd, dict(env, PIPELINE_CACHE_DIR=str(cache)), cwd=tmp)
-
     out = []
     for i in range(runs):
         cache = tmp / f"night{i}"
-        check(str(yesterday), prev_atom, prev_aiter, cache)  # last night
-        out.append(check(aiter, "HEAD", "HEAD", cache))
+        check_pair(atom, str(yesterday), prev_atom, prev_aiter, env, cache, tmp)  # last night
+        out.append(check_pair(atom, aiter, "HEAD", "HEAD", env, cache, tmp))
     return out
+
+
+def check_pair(atom: str, aiter: str, a: str, b: str, env: dict[str, str], cache: Path, cwd: Path) -> Run:
+    """One whole `pipeline check` process on the cache `cache` (it holds no answer of this pair to replay)."""
+    cmd = [
+        sys.executable, "-m", "pipeline", "check", "--atom-repo", atom, "--aiter-repo", aiter,
+        "--atom", a, "--aiter", b, "--format", "json",
+    ]  # fmt: skip
+    return measure(cmd, dict(env, PIPELINE_CACHE_DIR=str(cache)), cwd=cwd)
 
 
 if __name__ == "__main__":
