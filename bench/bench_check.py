@@ -3,7 +3,7 @@
 Each run is a fresh `python -m pipeline check ...` process: cold (empty cache dir), then warm
 (the cache the cold run left). Figures: wall time, CPU time (with git and the scan workers),
 peak memory summed over the process tree. On the real mirrors when present
-(/work/.mirror/ROCm+ATOM/repo, /work/.mirror/ROCm+aiter/repo; ATOM_MIRROR / AITER_MIRROR),
+(ATOM_MIRROR / AITER_MIRROR),
 else on the fixture repositories (then no peer runs).
 
 Targets (issue 12 §5): cold ≤ 1.0 s, warm ≤ 0.1 s, peak ≤ 300 MB counting workers; (issue 28 §7)
@@ -35,6 +35,7 @@ from peers import (  # (run as a script from anywhere: bench/ is on the path)
     Run,
     bytecode_env,
     griffe_breakages,
+    have_mirrors,
     interpreter_floor,
     measure,
     scratch,
@@ -45,7 +46,7 @@ TARGET_COLD_S, TARGET_WARM_S, TARGET_MB, TARGET_NIGHT_S = 1.0, 0.1, 300.0, 0.3
 
 
 def repos() -> tuple[str, str, str, str, bool]:
-    if Path(ATOM_MIRROR).exists() and Path(AITER_MIRROR).exists():
+    if have_mirrors():
         return ATOM_MIRROR, AITER_MIRROR, "ab9eb781", "08f04b889a", True
     sys.path.insert(0, str(ROOT))
     from tests.fixtures.compat_repos import build_compat_repos

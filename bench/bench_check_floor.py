@@ -30,7 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import AITER_MIRROR, ATOM_MIRROR, ROOT, bytecode_env  # (run as a script from anywhere)
+from peers import (  # (run as a script from anywhere)
+    AITER_MIRROR,
+    ATOM_MIRROR,
+    ROOT,
+    bytecode_env,
+    have_mirrors,
+)
 
 sys.path.insert(0, str(ROOT))
 TARGET_COLD_S = 1.0
@@ -85,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    if not (Path(ATOM_MIRROR).exists() and Path(AITER_MIRROR).exists()):
+    if not have_mirrors():
         sys.exit(f"needs the real mirrors ({ATOM_MIRROR}, {AITER_MIRROR}): set ATOM_MIRROR / AITER_MIRROR")
     warnings.simplefilter("ignore")  # upstream sources' invalid escapes
     from pipeline.compat import calls

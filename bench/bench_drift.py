@@ -1,9 +1,8 @@
 """Benchmark: `pipeline recipe drift` over every recipe in recipes/ up to an ATOM commit.
 
-In a fresh Python process, on the real ATOM mirror (/work/.mirror/ROCm+ATOM/repo, override
-with ATOM_MIRROR). Target (issue 18): ≤ 2 s for all recipes. Named peer, measured in the
-same run: `git log -p` of the same recipe sources over the same range (reading the history
-without understanding it).
+In a fresh Python process, on the real ATOM mirror (ATOM_MIRROR). Target (issue 18): ≤ 2 s for
+all recipes. Named peer, measured in the same run: `git log -p` of the same recipe sources over
+the same range (reading the history without understanding it).
 
     python bench/bench_drift.py [--atom REF] [--runs N]
 """
@@ -42,8 +41,8 @@ def main() -> int:
     ap.add_argument("--atom", default="HEAD")
     ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args()
-    mirror = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-    if not Path(mirror).is_dir():
+    mirror = os.environ.get("ATOM_MIRROR", "")
+    if not (mirror and Path(mirror).is_dir()):
         print(f"no ATOM mirror at {mirror}: set ATOM_MIRROR")
         return 2
     env = dict(os.environ, PYTHONPATH=str(ROOT))

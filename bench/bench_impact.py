@@ -64,9 +64,8 @@ def main() -> int:
     ap.add_argument("--head", default="08f04b889a")
     ap.add_argument("--atom", default="ab9eb781")
     a = ap.parse_args()
-    atom = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-    aiter = os.environ.get("AITER_MIRROR", "/work/.mirror/ROCm+aiter/repo")
-    if not (Path(atom).is_dir() and Path(aiter).is_dir()):
+    atom, aiter = os.environ.get("ATOM_MIRROR", ""), os.environ.get("AITER_MIRROR", "")
+    if not (atom and aiter and Path(atom).is_dir() and Path(aiter).is_dir()):
         print(f"no mirrors at {atom} / {aiter}: set ATOM_MIRROR and AITER_MIRROR")
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-impact-") as tmp:

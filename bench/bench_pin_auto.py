@@ -26,6 +26,7 @@ from peers import (  # (run as a script from anywhere: bench/ is on the path)
     ATOM_MIRROR,
     ROOT,
     bytecode_env,
+    have_mirrors,
     measure,
     scratch,
     willitbreak,
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
     atom, aiter, atom_rev, head, real = ATOM_MIRROR, AITER_MIRROR, args.atom, args.aiter_head, True
-    if not (Path(atom).exists() and Path(aiter).exists()):
+    if not have_mirrors():
         sys.path.insert(0, str(ROOT))
         from tests.fixtures.compat_repos import build_compat_repos
 

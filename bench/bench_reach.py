@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh Python process: cold = empty cache dir, warm = the
 cache the cold run left (results are cached by tree SHA). On the real ATOM mirror
-(/work/.mirror/ROCm+ATOM/repo, override with ATOM_MIRROR), else a fixture repository.
+(ATOM_MIRROR), else a fixture repository.
 
 Target (issue 18): ≤ 0.3 s cold. Named peer, measured in the same run: `ast.parse` of
 every ATOM Python file of the same tree (the least an AST-based import graph costs).
@@ -81,8 +81,8 @@ def main() -> int:
     ap.add_argument("--arch", default="MiniMaxM3SparseForCausalLM")
     ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args()
-    mirror = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-    if not Path(mirror).is_dir():
+    mirror = os.environ.get("ATOM_MIRROR", "")
+    if not (mirror and Path(mirror).is_dir()):
         sys.path.insert(0, str(ROOT))  # the fixtures live in the repository's tests/
         from tests.fixtures.reach_repos import build_reach_repos
 

@@ -27,8 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ATOM_MIRROR = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-AITER_MIRROR = os.environ.get("AITER_MIRROR", "/work/.mirror/ROCm+aiter/repo")
+# Bare mirrors of ROCm/ATOM and ROCm/aiter, named by the environment (never a path of one machine).
+ATOM_MIRROR = os.environ.get("ATOM_MIRROR", "")
+AITER_MIRROR = os.environ.get("AITER_MIRROR", "")
+
+
+def have_mirrors(*which: str) -> bool:
+    """Are the named mirrors (default: both) set and present?"""
+    return all(m and Path(m).is_dir() for m in (which or (ATOM_MIRROR, AITER_MIRROR)))
+
+
 # Named in the issue, printed as a reference only (it needs torch installed to mean anything).
 MYPY_REFERENCE_S = 15.0
 

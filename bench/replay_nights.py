@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import AITER_MIRROR, ATOM_MIRROR, bytecode_env, measure, scratch
+from peers import AITER_MIRROR, ATOM_MIRROR, bytecode_env, have_mirrors, measure, scratch
 
 
 def git(repo: str, *a: str) -> str:
@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("--atom-step", type=int, default=3)
     ap.add_argument("--aiter-step", type=int, default=5)
     args = ap.parse_args()
-    if not (Path(ATOM_MIRROR).exists() and Path(AITER_MIRROR).exists()):
+    if not have_mirrors():
         print("replay_nights: needs the mirrors (ATOM_MIRROR, AITER_MIRROR)")
         return 2
     tmp = scratch("nights-")

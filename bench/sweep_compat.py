@@ -54,8 +54,8 @@ from pipeline.compat.calls import RawCall  # noqa: E402
 from pipeline.compat.checker import Caches, Checker, FirstParent, target_of  # noqa: E402
 from pipeline.gitw import GitRepo  # noqa: E402
 
-ATOM = os.environ.get("ATOM_MIRROR", "/work/.mirror/ROCm+ATOM/repo")
-AITER = os.environ.get("AITER_MIRROR", "/work/.mirror/ROCm+aiter/repo")
+ATOM = os.environ.get("ATOM_MIRROR", "")  # bare mirrors, named by the environment
+AITER = os.environ.get("AITER_MIRROR", "")
 DAY = 86400
 BINDING_KINDS = {
     "positional-shift", "too-many-positional", "missing-argument", "unexpected-keyword",
@@ -495,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("sweep.json"))
     args = ap.parse_args(argv)
+    if not (ATOM and AITER and Path(ATOM).is_dir() and Path(AITER).is_dir()):
+        raise SystemExit(
+            "sweep_compat: set ATOM_MIRROR and AITER_MIRROR to bare mirrors of ROCm/ATOM and ROCm/aiter"
+        )
     atom, aiter = GitRepo(ATOM), GitRepo(AITER)
     tip = aiter.rev_parse("HEAD")
     assert tip is not None
