@@ -76,17 +76,29 @@ class History:
         # One whole-history log of the tip serves every file of every commit on its first parents.
         self._all: dict[str, list[FileVersion]] | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
-        self._by_commit: dict[str, dict[str, str]] | None = None
+        self._prefix = ""  # the whole-history log's (`use_first_parent`)
 
     def changed_by(self, sha: str) -> dict[str, str]:
-        """{path: new blob} of the Python files a first-parent commit changed (from the whole log)."""
-        if self._by_commit is None:
-            self._by_commit = {}
-            for path, versions in (self._all or {}).items():
-                for v in versions:
-                    if v.blob is not None:
-                        self._by_commit.setdefault(v.commit.sha, {})[path] = v.blob
-        return self._by_commit.get(sha, {})
+        """{path: new blob} of the files under the history's prefix a first-parent commit changed
+        (against its first parent): one `git diff-tree` per commit, kept with the git facts."""
+        key = f"changed-by:{sha}:{self._prefix}"
+        got: dict[str, str] | None = self.facts.data.get(key) if self.facts is not None else None
+        if got is None:
+            parent = self.parent(sha)
+            got = {}
+            if parent is not None:
+                out = self.repo.git(
+                    "diff-tree", "-r", "--no-renames", "--no-abbrev", parent, sha, "--", self._prefix
+                )
+                for line in out.splitlines():
+                    meta, _, path = line.partition("\t")
+                    fields = meta.split()
+                    if len(fields) >= 5 and path and set(fields[3]) != {"0"}:
+                        got[path] = fields[3]
+            if self.facts is not None:
+                self.facts.data[key] = got
+                self.facts.dirty = True
+        return got
 
     def position(self, sha: str) -> int | None:
         """Place of a commit on the tip's first parents (0: the tip), when the whole log is in use."""
@@ -95,6 +107,7 @@ class History:
     def use_first_parent(self, tip: str, commits: list[tuple[int, str]], prefix: str) -> None:
         """Answer `file_log` for commits on `tip`'s first parents from one `git log --raw` of `prefix`."""
         if self._all is None:
+            self._prefix = prefix
             self._all = self.first_parent_log(tip, prefix, {sha for _, sha in commits})
             self._order = {sha: i for i, (_, sha) in enumerate(commits)}
 
