@@ -1442,17 +1442,9 @@ class ApiIndex:
         name = attrs[0]
         t = self.resolve((name,))
         sig = t.sig if t.kind == "func" and t.sig is not None and t.sig.op else None
-        if sig is None:
-            for summ in list(self._summaries.values()):
-                path = summ.registered.get(name)
-                if path is not None:
-                    ft = self._resolve_path(summ.module, path, 1)
-                    if ft.kind == "func" and ft.sig is not None:
-                        sig = dataclasses.replace(ft.sig, op="custom_op")
-                        t = ft
-                        break
-        if sig is None:
-            for file in self._files_mentioning_ops().get(name, []):
+        if sig is None:  # the files that name the op, in path order (not the summaries read so far:
+            # the answer must not depend on which calls were bound before)
+            for file in self.op_files(name):
                 found = self.summary(module_from_path(file))
                 if found is None:
                     continue
@@ -1473,6 +1465,10 @@ class ApiIndex:
         if self._ext is None:
             self._ext = (extension_names(self.tree.repo, self.tree.sha, self.cache),)
         return self._ext[0]
+
+    def op_files(self, name: str) -> tuple[str, ...]:
+        """The aiter files whose text names the op `name` (one of `op_names`), in path order."""
+        return tuple(sorted(self._files_mentioning_ops().get(name, ())))
 
     def _files_mentioning_ops(self) -> dict[str, list[str]]:
         """{op name: aiter files whose text names it}, for the names in `op_names`.

@@ -40,6 +40,9 @@ class Verdict:
     at_date: frozenset[Dep] | None  # the same at the ATOM-date screen, when the screen read it
     history: tuple[str, int] | None  # (the callee's aiter file, the ATOM file's creation) when read
     unparseable: tuple[tuple[str, str], ...] = ()  # aiter files it read that do not parse
+    # a `torch.ops.aiter` call: the files that name the op at the pin and at the date screen (an op
+    # is found through them), and the ATOM file that registers it itself
+    op: tuple[tuple[str, ...], tuple[str, ...] | None, str | None] | None = None
 
 
 @dataclass
@@ -72,17 +75,19 @@ class Carried:
         date: tuple[ApiIndex | None, frozenset[str] | None],
         history: frozenset[str],
         born: Callable[[str], int | None],
+        atom_op: Callable[[str], str | None],
     ) -> None:
         """`pin`: tonight's index at the pin, and the aiter files changed between last night's pin
         and tonight's; `date`: the same for the ATOM-date screen (no index: it is the pin tonight;
         no files: last night had none); `history`: the files changed between the oldest commit
         last night's histories were read from and tonight's tip; `born`: when an ATOM file was
-        created."""
+        created; `atom_op`: the ATOM file that registers an op itself."""
         self.night = night
         self._indexes = (pin[0], date[0])
         self._same = (pin[1], date[1])  # files not in these are the same text at both commits
         self.history = history
         self._born = born
+        self._atom_op = atom_op
         self._valid: list[dict[int, bool]] = [{}, {}]  # per index: id(deps) -> still holds
         self.carried = 0
 
@@ -97,6 +102,13 @@ class Carried:
         screen = v.outcome == CLEAN and self._indexes[1] is not None
         if screen and (v.at_date is None or not self._holds(1, v.at_date)):
             return None
+        if v.op is not None:
+            name = call.ref[1][0]
+            pin, date = self._indexes
+            if v.op[0] != pin.op_files(name) or self._atom_op(name) != v.op[2]:
+                return None
+            if screen and (date is None or v.op[1] != date.op_files(name)):
+                return None
         if v.history is not None:  # (the callee's blob is among `at_pin`'s facts; its history is
             # checked too: a file changed and changed back, an ATOM file re-created)
             path, born = v.history

@@ -505,6 +505,7 @@ class Checker:
             self._keep(tonight, idx, call, NOT_AITERS, "")
             return 0  # a module, or a value of a type that is not aiter's: not a call of aiter
         if call.ref[0] == TORCH_OPS and call.ref[1] and call.ref[1][0] in self.atom_ops:
+            self._keep(tonight, idx, call, NOT_AITERS, "")
             return 0  # an op ATOM registers in the `aiter` namespace itself: not a call of aiter
         reason = unchecked_reason(call, t, self.atom_ops)
         unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, reason)))
@@ -525,22 +526,29 @@ class Checker:
         sig: Signature | None = None,
     ) -> None:
         """Record a plain verdict with what it read, for the next check (when it can be traced)."""
-        if tonight is None or call.ref[0] == TORCH_OPS:
-            return  # (an op is found by every aiter file that names it: not traced per call)
+        if tonight is None:
+            return
         at_pin = idx.deps_of(call.ref)
         if at_pin is None:
             return
-        at_date = history = None
+        at_date = history = date_ops = None
         if sig is not None:  # clean: what `_doubtful`'s screens read
             base = self.date_baseline
             if base is not None and base != tonight.pin:
                 at_date = self.index(base).deps_of(call.ref)
                 if at_date is None:
                     return
+                date_ops = self.index(base).op_files(call.ref[1][0]) if call.ref[0] == TORCH_OPS else None
             born = self.file_added(call.path) if self.explicit_baseline is None else None
             history = (sig.path, born) if born is not None else None
+        op = None
+        if call.ref[0] == TORCH_OPS:  # found through the files that name it (`ApiIndex._torch_op`)
+            if not call.ref[1]:
+                return
+            name = call.ref[1][0]
+            op = (idx.op_files(name), date_ops, self.atom_ops.get(name))
         broken = idx.unparseable_in(at_pin)
-        tonight.keep(call, Verdict(outcome, reason, at_pin, at_date, history, broken))
+        tonight.keep(call, Verdict(outcome, reason, at_pin, at_date, history, broken, op))
 
     def _night_key(self) -> str:
         # (not by aiter's path: a verdict holds by what it read, wherever the commits were read from)
@@ -578,7 +586,7 @@ class Checker:
         return Carried(
             night, (self.index(aiter_sha), between(p0, p1)),
             (date_index, between(d0, d1) if d0 is not None and d1 is not None else None), history,
-            self.file_added,
+            self.file_added, lambda name: self.atom_ops.get(name),  # (known once the scan is done)
         )  # fmt: skip
 
     def _leave_night(self, tonight: Night) -> None:

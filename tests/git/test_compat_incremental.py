@@ -259,3 +259,46 @@ def test_a_plain_verdict_is_carried_only_while_everything_it_read_holds(
     commit_all(aiter, "A3: quant.h2", "2026-01-06T00:00:00+00:00")
     night(4)
     assert "aiter.quant.h" not in seen.take()
+
+
+def test_a_carried_op_call_is_bound_again_when_another_file_starts_to_name_the_op(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.ops.aiter.<op>` is found through the aiter files that name the op, in path order: a
+    file added before the registering one, registering the op with another signature, changes
+    what the call binds to, though nothing the last resolution read changed."""
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    register = 'def {f}({params}):\n    pass\n\n\ndirect_register_custom_op("norm_op", {f})\n'
+    write_files(
+        aiter,
+        {
+            "aiter/__init__.py": "",
+            "aiter/ops/__init__.py": "",
+            "aiter/ops/norm.py": register.format(f="norm_impl", params="x, eps"),
+        },
+    )
+    commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    write_files(aiter, {"README": "aiter\n"})
+    commit_all(aiter, "A0b", "2026-01-03T00:00:00+00:00")
+    caller = "import torch\n\n\ndef run(x):\n    return torch.ops.aiter.norm_op(x, 1e-6)\n"
+    write_files(atom, {"atom/__init__.py": "", "atom/m.py": caller})
+    commit_all(atom, "T0", "2026-01-02T00:00:00+00:00")
+    seen = Carrying(monkeypatch)
+    cache = tmp_path / "cache"
+
+    def night(n: int) -> CheckReport:
+        got = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=cache)
+        cold = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=tmp_path / f"cold{n}")
+        assert _said(got) == _said(cold), f"night {n}"
+        return got
+
+    first = night(0)
+    assert first.calls_checked == 1 and not first.findings and seen.take() == []
+    write_files(aiter, {"README": "aiter, again\n"})
+    commit_all(aiter, "A1", "2026-01-04T00:00:00+00:00")
+    assert not night(1).findings and seen.take() == ["torch.ops.aiter.norm_op"]
+    # A file before norm.py in path order now registers the op, taking one argument.
+    write_files(aiter, {"aiter/ops/early.py": register.format(f="early_impl", params="x")})
+    commit_all(aiter, "A2", "2026-01-05T00:00:00+00:00")
+    assert [f.line for f in night(2).findings] == [5]
+    assert seen.take() == []
