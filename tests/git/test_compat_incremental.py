@@ -180,6 +180,19 @@ def test_a_reach_path_changed_overnight_gives_the_cold_reach(tmp_path: Path) -> 
     shutil.rmtree(cold_dir)
 
 
+class Nights:
+    """Each night's check of ATOM's and aiter's heads on the last night's cache, beside a cold one."""
+
+    def __init__(self, atom: Path, aiter: Path, tmp: Path) -> None:
+        self.atom, self.aiter, self.tmp = GitRepo(atom), GitRepo(aiter), tmp
+
+    def __call__(self, n: int) -> CheckReport:
+        got = run_check(self.atom, "HEAD", self.aiter, "HEAD", cache_dir=self.tmp / "cache")
+        cold = run_check(self.atom, "HEAD", self.aiter, "HEAD", cache_dir=self.tmp / f"cold{n}")
+        assert _said(got) == _said(cold), f"night {n}"
+        return got
+
+
 class Carrying:
     """Which calls each check carried from the last one (`pipeline.compat.carry`), by qualname."""
 
@@ -224,13 +237,7 @@ def test_a_plain_verdict_is_carried_only_while_everything_it_read_holds(
     write_files(atom, {"atom/__init__.py": "", "atom/m.py": caller})
     commit_all(atom, "T0", "2026-01-02T00:00:00+00:00")
     seen = Carrying(monkeypatch)
-    cache = tmp_path / "cache"
-
-    def night(n: int) -> CheckReport:
-        got = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=cache)
-        cold = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=tmp_path / f"cold{n}")
-        assert _said(got) == _said(cold), f"night {n}"
-        return got
+    night = Nights(atom, aiter, tmp_path)
 
     assert night(0).calls_checked == 4 and seen.take() == []
     # ATOM: three lines above the calls. Every verdict moves with its call.
@@ -284,13 +291,7 @@ def test_a_carried_op_call_is_bound_again_when_another_file_starts_to_name_the_o
     write_files(atom, {"atom/__init__.py": "", "atom/m.py": caller})
     commit_all(atom, "T0", "2026-01-02T00:00:00+00:00")
     seen = Carrying(monkeypatch)
-    cache = tmp_path / "cache"
-
-    def night(n: int) -> CheckReport:
-        got = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=cache)
-        cold = run_check(GitRepo(atom), "HEAD", GitRepo(aiter), "HEAD", cache_dir=tmp_path / f"cold{n}")
-        assert _said(got) == _said(cold), f"night {n}"
-        return got
+    night = Nights(atom, aiter, tmp_path)
 
     first = night(0)
     assert first.calls_checked == 1 and not first.findings and seen.take() == []
