@@ -59,17 +59,22 @@ def run(flags: Mapping[str, str], env: Mapping[str, str], cache_dir: str) -> int
         return None  # a setting the CLI validates, or a variable it warns about
     if not _utf8(sys.stdout):
         return None  # click re-encodes an ASCII stdout
-    held = _Held(getattr(sys.stderr, "encoding", None))
+    stderr = sys.stderr
+    held = _Held(getattr(stderr, "encoding", None))
     log = Logger.from_env(env, stream=held)  # type: ignore[arg-type]
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, on_sigterm)  # as `cli.main`
+    sys.stderr = held  # (a Python warning, in its place among the lines)
     try:
         failed, report = _check(flags, log, cache_dir)
     except KeyboardInterrupt:  # the stage's `■ check` line, then the CLI's
+        sys.stderr = stderr
         _release(held, log)
         return log.report(interrupted())
     except Exception:  # an error or a bug: the CLI says it
         return None
+    finally:
+        sys.stderr = stderr
     # click prints the report as its file holds it (read back with universal newlines, no
     # terminal escapes when not a terminal): anything else is its to print
     if "\r" in report or "\x1b" in report or not _encodes(report):

@@ -53,6 +53,7 @@ _ENV_KEYS = (
 )  # fmt: skip
 # the stage line: `✕ check (6.1s) — ...` (log.MARKS, or log.ASCII_MARKS where they cannot show)
 _STAGE_MARKS = ("\n✓ check (", "\n✕ check (", "\n+ check (", "\nx check (")
+COMPLETE_VAR = "_PIPELINE_COMPLETE"  # cli.COMPLETE_VAR (click's shell completion)
 _RECORDED = (0, 4)  # compatible, incompatible: answers; every other exit is re-run
 KEPT_PER_DIR = 16  # records kept in each of the 256 record directories (the newest)
 
@@ -167,6 +168,8 @@ def _question(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Questio
     flags = parse(argv)
     if flags is None or env.get("PIPELINE_REPLAY", "1") == "0" or env.get("GITHUB_STEP_SUMMARY"):
         return None
+    if env.get(COMPLETE_VAR):
+        return None  # shell completion: the CLI answers, not the check
     if not all(os.path.isdir(flags[k]) for k in ("atom_repo", "aiter_repo")):
         return None  # a URL goes through its mirror: the full CLI decides
     try:
