@@ -1,8 +1,9 @@
 """`python -m pipeline` and the `pipeline` console script.
 
 `pipeline --version` is answered here, before click and the CLI are imported:
-shells and CI steps ask it often, and it needs nothing else. So is a repeated
-plain `pipeline check` of the same commits (`pipeline.replay`).
+shells and CI steps ask it often, and it needs nothing else. So is a plain
+`pipeline check`: replayed when asked before (`pipeline.replay`), else checked
+without the CLI framework when nothing but its flags shapes it (`pipeline.plaincheck`).
 """
 
 import gc

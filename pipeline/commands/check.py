@@ -3,6 +3,8 @@
 Reads both repositories from git objects (no checkout, no import, no torch).
 Exit 0 when compatible, 4 (`IncompatibleError`) when an error-severity finding
 exists, after printing the report; usage and source problems keep their codes.
+What it prints comes from `compat.verdict`, which `pipeline.plaincheck` prints
+with too: the plain form is answered there, without click or pydantic, the same.
 """
 
 from __future__ import annotations
