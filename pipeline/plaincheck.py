@@ -8,9 +8,10 @@ the check (`compat.run_check`), the report, the stage line and the verdict
 
 This module only vouches that the CLI would print the same: that the settings would say
 nothing (no `PIPELINE_*` variable but the cache dir, the four its flags override and the
-non-settings; no project file, which `replay.key` rules out) and that click would print the
-report as it is. Whatever else happens (an error, a bug, a report click would re-encode)
-returns None with nothing printed, and the full CLI answers with its own messages and codes.
+non-settings; no project file, which `replay.key` rules out), that the logger prints nothing
+before the stage line (not on GitHub Actions) and that click would print the report as it
+is. Whatever else happens (an error, a bug, a report click would re-encode) returns None with
+nothing printed, and the full CLI answers with its own messages and codes.
 """
 
 from __future__ import annotations
@@ -59,22 +60,22 @@ def run(flags: Mapping[str, str], env: Mapping[str, str], cache_dir: str) -> int
         return None  # a setting the CLI validates, or a variable it warns about
     if not _utf8(sys.stdout):
         return None  # click re-encodes an ASCII stdout
-    stderr = sys.stderr
-    held = _Held(getattr(stderr, "encoding", None))
+    if env.get("GITHUB_ACTIONS") == "true":
+        # its lines before the check (masks, the group) would show before the answer is known
+        # to be ours; elsewhere the check's stage line is the first (what else writes to stderr,
+        # a warning of Python's, a worker's, comes before it either way)
+        return None
+    held = _Held(getattr(sys.stderr, "encoding", None))
     log = Logger.from_env(env, stream=held)  # type: ignore[arg-type]
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, on_sigterm)  # as `cli.main`
-    sys.stderr = held  # (a Python warning, in its place among the lines)
     try:
         failed, report = _check(flags, log, cache_dir)
     except KeyboardInterrupt:  # the stage's `■ check` line, then the CLI's
-        sys.stderr = stderr
         _release(held, log)
         return log.report(interrupted())
     except Exception:  # an error or a bug: the CLI says it
         return None
-    finally:
-        sys.stderr = stderr
     # click prints the report as its file holds it (read back with universal newlines, no
     # terminal escapes when not a terminal): anything else is its to print
     if "\r" in report or "\x1b" in report or not _encodes(report):
@@ -110,9 +111,8 @@ def _check(flags: Mapping[str, str], log: Logger, cache_dir: str) -> tuple[Incom
             baseline_aiter_rev=flags.get("baseline"),
             cache_dir=Path(cache_dir) / "compat",
         )
-        counts = Counts.of(report)  # (no recipe: no gate)
+        counts = Counts.of(report)  # (no recipe: no gate; not on Actions: no annotations)
         shown.append(verdict.render(flags.get("format", "text"), report, counts))
-        verdict.annotate(log, report)  # (no lock: no source links)
         if counts.errors:
             raise verdict.incompatible(report, counts.errors, patched=False, model="")
         return verdict.figure(counts, report.calls_checked, report.calls_unchecked)
