@@ -22,8 +22,6 @@ if TYPE_CHECKING:  # pydantic costs a third of a second: `--help` and `--version
     from pipeline.config import Settings
     from pipeline.stages.base import Context
 
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "REGISTRY_PASSWORD", "PIPELINE_REGISTRY_PASSWORD")
-
 
 @dataclass
 class App:
@@ -37,9 +35,7 @@ class App:
     @classmethod
     def create(cls, *, config_file: Path | None, verbosity: int, env: Mapping[str, str] | None = None) -> App:
         env = dict(os.environ if env is None else env)
-        log = Logger.from_env(env, verbosity=verbosity)
-        for name in SECRET_ENV:
-            log.mask(env.get(name))
+        log = Logger.from_env(env, verbosity=verbosity)  # (SECRET_ENV masked)
         return cls(env=env, config_file=config_file, verbosity=verbosity, log=log)
 
     def settings(self, **overrides: Any) -> Settings:

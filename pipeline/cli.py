@@ -21,12 +21,18 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline import __version__
-from pipeline.errors import EXIT_CODES, ExitCode, Interrupted, PipelineError, UsageError, disk_error
+from pipeline.errors import (
+    EXIT_CODES,
+    ExitCode,
+    PipelineError,
+    UsageError,
+    disk_error,
+    interrupted,
+    on_sigterm,
+)
 from pipeline.stages import TABLE
 
 if TYPE_CHECKING:
-    from types import FrameType
-
     from pipeline.app import App  # imported when a command runs: `--help` needs no logger
 
 # command name -> one-line help; each command is `command` in pipeline/commands/<name>.py
@@ -146,15 +152,10 @@ _CURRENT: list[App] = []
 _ARGV: list[str] = []
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Turn SIGTERM into the same path as Ctrl-C so every `finally` cleans up.
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (never raises)."""
     if hasattr(signal, "SIGTERM"):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)
     _CURRENT.clear()
     _ARGV[:] = list(sys.argv[1:] if argv is None else argv)
     instruction = os.environ.get(COMPLETE_VAR)
@@ -173,8 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         e.show()
         return int(ExitCode.USAGE)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        # what the stages guarantee: containers removed; images built stay (they are the build cache)
-        return _report(Interrupted("interrupted; every container this run started was removed."))
+        return _report(interrupted())
     except PipelineError as e:
         return _report(e)
     except OSError as e:
@@ -215,13 +215,7 @@ def too_long(e: OSError) -> UsageError:
 
 
 def _report(err: PipelineError) -> int:
-    app = _CURRENT[-1] if _CURRENT else None
-    if app is not None:
-        if err.evidence:
-            app.log.debug("evidence:\n" + err.evidence)
-        app.log.error(str(err))
-        if app.log.log_file is not None:
-            click.echo(f"full log: {app.log.log_file}", err=True)
-    else:
-        click.echo(f"error: {err}", err=True)
+    if _CURRENT:  # (the plain `pipeline check` without the CLI ends the same way: pipeline.plaincheck)
+        return _CURRENT[-1].log.report(err)
+    click.echo(f"error: {err}", err=True)
     return int(err.exit_code)

@@ -140,6 +140,17 @@ class Interrupted(PipelineError):
     exit_code = ExitCode.INTERRUPTED
 
 
+def interrupted() -> Interrupted:
+    """Ctrl-C or SIGTERM (`on_sigterm`), with what the stages guarantee: containers removed;
+    images built stay (they are the build cache)."""
+    return Interrupted("interrupted; every container this run started was removed.")
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """A SIGTERM handler: SIGTERM takes Ctrl-C's path, so every `finally` cleans up."""
+    raise KeyboardInterrupt
+
+
 class DiskError(PipelineError):
     """A write failed for lack of room or of write access; the message names the path."""
 

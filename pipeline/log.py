@@ -28,6 +28,8 @@ StageStatus = Literal["running", "ok", "failed", "skipped", "stopped"]  # stoppe
 # The stage marks, and what a terminal that cannot show them gets instead.
 MARKS: dict[str, str] = {"ok": "✓", "skipped": "↷", "stopped": "■", "failed": "✕", "running": "▶"}
 ASCII_MARKS: dict[str, str] = {"ok": "+", "skipped": ">", "stopped": "=", "failed": "x", "running": "-"}
+# Masked in every line from the start (`Logger.from_env`).
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "REGISTRY_PASSWORD", "PIPELINE_REGISTRY_PASSWORD")
 
 
 def shows_marks(stream: IO[str]) -> bool:
@@ -68,13 +70,17 @@ class Logger:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, verbosity: int = 0, stream: IO[str] | None = None) -> Logger:
+        """The logger of an invocation in `env`: GitHub Actions or not, the secrets of SECRET_ENV masked."""
         summary = env.get("GITHUB_STEP_SUMMARY")
-        return cls(
+        log = cls(
             verbosity=verbosity,
             stream=stream or sys.stderr,
             github=env.get("GITHUB_ACTIONS") == "true",
             step_summary=Path(summary) if summary else None,
         )
+        for name in SECRET_ENV:
+            log.mask(env.get(name))
+        return log
 
     # -- secrets ------------------------------------------------------------
     def mask(self, secret: str | None) -> None:
@@ -147,6 +153,16 @@ class Logger:
             self._emit(f"::error{loc}::{self.redact(msg).replace(chr(10), '%0A')}", raw=True)
         else:
             self._emit(f"error: {msg}")
+
+    def report(self, err: PipelineError) -> int:
+        """How an invocation ends on `err` (the CLI's one way): its paragraph, the evidence in
+        the log file only; returns its exit code."""
+        if err.evidence:
+            self.debug("evidence:\n" + err.evidence)
+        self.error(str(err))
+        if self.log_file is not None:
+            self._emit(f"full log: {self.log_file}", raw=True)
+        return int(err.exit_code)
 
     # -- stages -------------------------------------------------------------
     @contextmanager

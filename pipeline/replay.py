@@ -13,7 +13,12 @@ Only the plain form is replayed: `check --atom R --aiter R --atom-repo PATH
 --aiter-repo PATH [--baseline-aiter R] [--format F]` with local repositories.
 Anything else (a lock, a model, an output file, -v, --config, a step summary)
 runs the full command. Only exit 0 (compatible) and 4 (incompatible) are
-recorded: errors are always re-run. `PIPELINE_REPLAY=0` turns replay off.
+recorded: errors are always re-run. `PIPELINE_REPLAY=0` turns replay off (and
+sends every check to the CLI).
+
+A plain form not recorded yet is answered by `pipeline.plaincheck` (the check
+without click or pydantic, printing what the CLI would) when no project file is
+read; else, or whenever it cannot vouch for the answer, by the full CLI.
 
 This module imports only what the interpreter has already loaded (start-up).
 """
@@ -48,6 +53,7 @@ _ENV_KEYS = (
 )  # fmt: skip
 # the stage line: `✕ check (6.1s) — ...` (log.MARKS, or log.ASCII_MARKS where they cannot show)
 _STAGE_MARKS = ("\n✓ check (", "\n✕ check (", "\n+ check (", "\nx check (")
+COMPLETE_VAR = "_PIPELINE_COMPLETE"  # cli.COMPLETE_VAR (click's shell completion)
 _RECORDED = (0, 4)  # compatible, incompatible: answers; every other exit is re-run
 KEPT_PER_DIR = 16  # records kept in each of the 256 record directories (the newest)
 
@@ -150,9 +156,20 @@ def _project_file_above(cwd: str) -> bool:
 
 def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str] | None:
     """(cache file, key) for this invocation, or None when it must run in full."""
+    found = _question(argv, env, cwd)
+    return None if found is None else found[:2]
+
+
+_Question = tuple[str, str, dict[str, str], str, bool]  # file, key, flags, cache dir, no project file
+
+
+def _question(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Question | None:
+    """`key`'s answer, with the flags, the cache dir and whether no project file is read."""
     flags = parse(argv)
     if flags is None or env.get("PIPELINE_REPLAY", "1") == "0" or env.get("GITHUB_STEP_SUMMARY"):
         return None
+    if env.get(COMPLETE_VAR):
+        return None  # shell completion: the CLI answers, not the check
     if not all(os.path.isdir(flags[k]) for k in ("atom_repo", "aiter_repo")):
         return None  # a URL goes through its mirror: the full CLI decides
     try:
@@ -182,7 +199,7 @@ def key(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> tuple[str, str
     ]  # fmt: skip
     h.update(repr(parts).encode())
     digest = h.hexdigest()
-    return os.path.join(where, "compat", "replay", digest[:2], digest), digest
+    return os.path.join(where, "compat", "replay", digest[:2], digest), digest, flags, where, project is None
 
 
 def replay(path: str, started: float) -> int | None:
@@ -242,11 +259,12 @@ class _Tee:
 
 
 def run(argv: Sequence[str], full: Callable[[], int], env: Mapping[str, str] | None = None) -> int:
-    """Replay `argv` when its answer is recorded, else run `full()` and record what it printed."""
+    """Replay `argv` when its answer is recorded, else answer it (`pipeline.plaincheck`, else
+    `full()`, the CLI) and record what was printed."""
     started = time.monotonic()
     env = os.environ if env is None else env
     cwd = os.getcwd()
-    found = key(argv, env, cwd)
+    found = _question(argv, env, cwd)
     if found is not None:
         code = replay(found[0], started)
         if code is not None:
@@ -257,12 +275,18 @@ def run(argv: Sequence[str], full: Callable[[], int], env: Mapping[str, str] | N
     real = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
     try:
-        code = full()
+        code = None
+        if found[4]:  # no project file: the settings are the environment's (plaincheck vouches for it)
+            from pipeline import plaincheck
+
+            code = plaincheck.run(found[2], env, found[3])
+        if code is None:
+            code = full()
     finally:
         sys.stdout, sys.stderr = real
     again = key(argv, env, cwd)  # a ref that moved during the run: the record would lie
     text_out, text_err = "".join(out.seen), "".join(err.seen)
-    if code in _RECORDED and again == found and text_out and _stage_time(text_err):
+    if code in _RECORDED and again == found[:2] and text_out and _stage_time(text_err):
         _store(found[0], {"schema": SCHEMA, "code": code, "out": text_out, "err": text_err})
     return code
 

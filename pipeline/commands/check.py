@@ -3,6 +3,8 @@
 Reads both repositories from git objects (no checkout, no import, no torch).
 Exit 0 when compatible, 4 (`IncompatibleError`) when an error-severity finding
 exists, after printing the report; usage and source problems keep their codes.
+What it prints comes from `compat.verdict`, which `pipeline.plaincheck` prints
+with too: the plain form is answered there, without click or pydantic, the same.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import click
 
 from pipeline import validate
 from pipeline.app import App, pass_app
-from pipeline.errors import IncompatibleError, UsageError
+from pipeline.errors import UsageError
 from pipeline.fsutil import atomic_write_text
 from pipeline.stages.base import Context
 
 if TYPE_CHECKING:
-    pass
+    from pipeline.stages.check import Inputs
 
 # Lock files, patch series, recipes and mirrors are imported where they are used: a check of two
 # local refs needs none of them (start-up time, issue 12 §5).
@@ -110,6 +112,7 @@ def command(
     --atom-repo/--aiter-repo (a local path is read as it is; a URL through its mirror).
     Exit 0 compatible, 4 incompatible (after the report), 2 usage, 3 source problems.
     """
+    from pipeline.compat import verdict
     from pipeline.sources.repos import repo_path
     from pipeline.stages import check
 
@@ -153,15 +156,8 @@ def command(
     with tempfile.TemporaryDirectory(prefix="pipeline-check-") as reports:
         inputs = inputs.model_copy(update={"reports_dir": Path(reports)})
         ctx = Context(settings=settings, log=log, env=app.env, work_dir=Path(reports))
-        failed: IncompatibleError | None = None
-        with log.stage("check", f"ATOM {inputs.atom_rev[:12]} × aiter {inputs.aiter_rev[:12]}") as rec:
-            try:
-                out = check.run(ctx, inputs)
-                rec.figure = out.figure()
-            except IncompatibleError as e:
-                rec.status, rec.figure, failed = "failed", e.message.splitlines()[0], e
-        name = {"text": "check.txt", "json": "check.json", "sarif": "check.sarif"}[fmt]
-        text = (Path(reports) / name).read_text(encoding="utf-8")
+        failed = verdict.staged(log, inputs.atom_rev, inputs.aiter_rev, lambda: _figure(ctx, inputs))
+        text = (Path(reports) / verdict.REPORT_FILES[fmt]).read_text(encoding="utf-8")
         # the job summary on GitHub Actions ($GITHUB_STEP_SUMMARY), as `build` writes one
         report = (Path(reports) / "check.txt").read_text(encoding="utf-8").splitlines()
         shown = report[:SUMMARY_LINES] + (
@@ -175,3 +171,10 @@ def command(
         click.echo(app.log.redact(text), nl=False)
     if failed is not None:
         raise failed
+
+
+def _figure(ctx: Context, inputs: Inputs) -> str:
+    """The check stage's run, for the stage line (`compat.verdict.staged`)."""
+    from pipeline.stages import check
+
+    return check.run(ctx, inputs).figure()

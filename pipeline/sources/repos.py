@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 def repo_path(settings: Settings, url: str, name: str) -> Path:
     """A local repository as it is (work tree or bare, patched branches included), else its mirror."""
+    path = local_path(url, name)
+    if path is not None:
+        return path
+    from pipeline.sources.mirrors import open_mirror  # (a URL: its mirror; local paths need none of that)
+
+    return Path(open_mirror(settings, url, fetch=False).path)
+
+
+def local_path(url: str, name: str) -> Path | None:
+    """The local repository `url` names, as it is; None for a URL (read through its mirror)."""
     validate.url(url, what=f"{name} repository")
     path = Path(url).expanduser()
     if is_local(url) and path.exists():
@@ -29,9 +39,7 @@ def repo_path(settings: Settings, url: str, name: str) -> Path:
             f"the {name} repository path {url} does not exist.",
             hint=f"Check --{name.lower()}-repo, pipeline.toml or PIPELINE_{name.upper()}_REPO.",
         )
-    from pipeline.sources.mirrors import open_mirror  # (a URL: its mirror; local paths need none of that)
-
-    return Path(open_mirror(settings, url, fetch=False).path)
+    return None
 
 
 def open_repo(settings: Settings, url: str, name: str) -> GitRepo:

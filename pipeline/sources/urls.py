@@ -6,11 +6,14 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.config import Settings
 from pipeline.errors import SourceError, UsageError
 from pipeline.fsutil import path_problem, shorten
+
+if TYPE_CHECKING:  # (a plain check of two local repositories loads no settings: pipeline.plaincheck)
+    from pipeline.config import Settings
 
 _SCP = re.compile(r"^(?:[^@/]+@)?[^/:]+:")  # git@host:path (git's scp-like syntax)
 

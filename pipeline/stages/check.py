@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 NAME = "check"
 STOPS: tuple[type[Exception], ...] = ()
-REPORTS = ("check.txt", "check.json", "check.sarif")
+REPORTS = ("check.txt", "check.json", "check.sarif")  # compat.verdict.REPORT_FILES
 
 
 class Inputs(StageData):
@@ -67,11 +67,9 @@ class Outputs(StageData):
         return Counts(self.errors, self.warnings, off_path=self.off_path, waived=self.waived)
 
     def figure(self) -> str:
-        gated = self.errors + self.waived + self.off_path  # the check's errors before the gate
-        fixed = ""
-        if self.pristine_errors is not None and self.pristine_errors > gated:
-            fixed = f", {self.pristine_errors - gated} fixed by patches"
-        return f"{self.counts().summary()}; {self.checked} calls bind ({self.unchecked} unchecked{fixed})"
+        from pipeline.compat import verdict
+
+        return verdict.figure(self.counts(), self.checked, self.unchecked, self.pristine_errors)
 
 
 def plan(ctx: Context, spec: BuildSpec, up: Upstream) -> Inputs:
@@ -97,11 +95,8 @@ def reads(ctx: Context, inputs: Inputs) -> Iterable[Path]:
 
 
 def run(ctx: Context, inputs: Inputs) -> Outputs:
-    import json
-
-    from pipeline.compat import run_check
+    from pipeline.compat import run_check, verdict
     from pipeline.compat.report import Counts
-    from pipeline.errors import IncompatibleError
     from pipeline.fsutil import atomic_write_json, atomic_write_text
 
     atom, aiter = _repos(ctx, inputs)
@@ -134,18 +129,11 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         for msg in (*gate.warnings, *(n.message for n in gate.notes)):
             ctx.log.warn(msg)
     counts = Counts.of(report, raw)
-    text = report.to_text(counts) + (f"\nreach: {reach.edges_summary()}" if reach is not None else "")
-    data = report.to_json(counts)
-    if reach is not None:
-        data["reach"] = reach.to_json()  # the model, its module, the edges followed and the rules
-    atomic_write_text(inputs.reports_dir / "check.txt", text + "\n")
-    atomic_write_text(inputs.reports_dir / "check.json", json.dumps(data, indent=2) + "\n")
-    atomic_write_text(inputs.reports_dir / "check.sarif", json.dumps(report.to_sarif(), indent=2) + "\n")
-    if ctx.log.github:  # ATOM's files are not in the job's checkout: the annotation links to them
-        for f in report.errors:
-            ctx.log.error(
-                f"{f.path}:{f.line}:{f.col}: {f.message}" + _source_link(inputs, report.atom_sha, f)
-            )
+    texts = {fmt: verdict.render(fmt, report, counts, reach) for fmt in verdict.REPORT_FILES}
+    for fmt, name in verdict.REPORT_FILES.items():
+        atomic_write_text(inputs.reports_dir / name, texts[fmt])
+    # ATOM's files are not in the job's checkout: the annotation links to them
+    verdict.annotate(ctx.log, report, lambda f: _source_link(inputs, report.atom_sha, f))
     out = Outputs(
         atom_sha=report.atom_sha,
         aiter_sha=report.aiter_sha,
@@ -159,14 +147,12 @@ def run(ctx: Context, inputs: Inputs) -> Outputs:
         pristine_errors=pristine_errors,
     )
     if out.errors:
-        patched = " (with the patch series)" if inputs.dated_by else ""
-        model = f" --model {inputs.model or 'MODEL'}"  # pin needs a model (its recipe), always
-        raise IncompatibleError(
-            f"ATOM {report.atom_sha[:10]}{patched} is not compatible with aiter {report.aiter_sha[:10]}: "
-            f"{out.errors} breaking call(s); nothing was built."
-            + (f"\n{text}" if inputs.show_report else ""),
-            hint="Add or fix a patch under patches/atom (`pipeline patch new`), or pin an aiter that "
-            f"this ATOM supports (`pipeline pin{model} --auto`).",
+        raise verdict.incompatible(
+            report,
+            out.errors,
+            patched=bool(inputs.dated_by),
+            model=inputs.model,
+            shown=texts["text"].removesuffix("\n") if inputs.show_report else None,
         )
     return out
 
