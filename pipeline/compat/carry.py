@@ -22,7 +22,6 @@ histories against cold checks, and the benchmark compares on the real mirrors.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,16 +52,19 @@ class Night:
     pin: str
     date: str | None  # the ATOM-date screen's aiter
     tip: str  # aiter's default branch, whose first-parent history was read
-    verdicts: dict[RawCall, Verdict] = field(default_factory=dict)  # by `position_free` call
+    verdicts: dict[tuple[object, ...], Verdict] = field(default_factory=dict)  # by `position_free`
 
     def keep(self, call: RawCall, verdict: Verdict) -> None:
         self.verdicts[position_free(call)] = verdict
 
 
-def position_free(call: RawCall) -> RawCall:
-    """The call without where it stands: a plain verdict does not depend on it (an edit above a
-    call moves it, and its verdict moves with it)."""
-    return dataclasses.replace(call, line=0, col=0, end_line=None, import_line=None, sig_guards=())
+def position_free(call: RawCall) -> tuple[object, ...]:
+    """The call without where it stands (line, column, import line, the guards' lines): a plain
+    verdict does not depend on it (an edit above a call moves it, and its verdict moves with it)."""
+    return (
+        call.path, call.display, call.ref, call.args, call.kwargs, call.star_args, call.star_kwargs,
+        call.guarded,
+    )  # fmt: skip
 
 
 class Carried:
