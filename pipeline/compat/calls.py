@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import bisect
 import dataclasses
+import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from pipeline.compat import guards
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.guards import GuardForm, Scope
-from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
+from pipeline.compat.pysource import def_spans, parse_source
 from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
@@ -96,6 +97,21 @@ class Unchecked:
 
 
 @by_fields
+@dataclass(frozen=True, slots=True)
+class ScanUnit:
+    """One outermost function (a module's function, a class's method) whose body was scanned: what a
+    later version of the file needs to take its results instead of parsing it again (`scan_file_since`)."""
+
+    first: int  # the `def` line
+    last: int  # the body's last line (trailing blank and comment lines included)
+    text: bytes  # digest of its lines, decorators included
+    context: bytes  # digest of all the body's scan reads from outside those lines (`_Scanner._context`)
+    calls: tuple[int, int]  # its calls: FileCalls.calls[a:b]
+    unchecked: tuple[int, int]  # FileCalls.unchecked[a:b]
+    inert: bool  # sets no `self.x` a class environment takes, defines no class: can be left unparsed
+
+
+@by_fields
 @dataclass(slots=True)
 class FileCalls:
     path: str
@@ -103,6 +119,7 @@ class FileCalls:
     unchecked: list[Unchecked] = field(default_factory=list)
     error: str | None = None
     ops: tuple[str, ...] = ()  # ops this ATOM file registers in the `aiter` namespace itself
+    units: tuple[ScanUnit, ...] = ()  # the function bodies scanned (see `scan_file_since`)
 
 
 STAR_ONLY = "arguments passed only through *args/**kwargs"
@@ -305,8 +322,20 @@ def _guarded_names(text: str) -> set[str]:
     return out
 
 
+class _Mismatch(Exception):
+    """A function body left unparsed turns out to be read in another context than before: scan in full."""
+
+
 class _Scanner:
-    def __init__(self, path: str, tree: ast.Module, text: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        tree: ast.Module,
+        text: str,
+        units: dict[int, tuple[int, bytes, int]] | None = None,
+        reuse: dict[int, list[ScanUnit]] | None = None,
+        before: FileCalls | None = None,
+    ) -> None:
         self.path = path
         self.tree = tree
         self.text = text
@@ -322,6 +351,15 @@ class _Scanner:
         self.sig_guards: list[SigGuard] = []  # the signature guards the statements being scanned run under
         # per scope: names holding what `inspect.signature(f)` gives (see `guards.value`)
         self.sig_vars: list[Scope] = []
+        # Outermost functions by `def` line: (last line, digest of their lines, first decorator line).
+        self.units = units or {}
+        self.reached: set[int] = set()
+        self.reuse = reuse or {}  # `def` line -> an earlier version's units of the same text (left unparsed)
+        self.before = before
+        self.units_out: list[ScanUnit] = []
+        self.contributors: set[int] = set()  # `def` lines of methods that set a class environment's `self.x`
+        self.hot_names: set[str] = set()
+        self._digests: dict[int, tuple[object, bytes]] = {}
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -515,8 +553,16 @@ class _Scanner:
                 attrs.update(ce)
         if attrs:
             self._compute_hot({ROOT, *env, *attrs})
+        self.hot_names = {ROOT, *env, *attrs}
         self.sig_vars.append(self._learn_sig_vars(self.tree.body, {}) if self.has_sig else {})
         self._scan_body(self.tree.body, env, {}, {}, False)
+        # A function the scan never reached is not hot, here or in any version where it still is not:
+        # it gave nothing and set no class environment (the context no scan reached it in: b"").
+        n, m = len(self.out.calls), len(self.out.unchecked)
+        for line, (last, text, _) in self.units.items():
+            if line not in self.reached:
+                self.units_out.append(ScanUnit(line, last, text, b"", (n, n), (m, m), True))
+        self.out.units = tuple(self.units_out)
         return self.out
 
     _class_envs: dict[ast.ClassDef, dict[str, NameRef]]
@@ -728,6 +774,7 @@ class _Scanner:
                             if old is not None and old.ref != b.ref and _unkeyed(old.ref) == _unkeyed(b.ref):
                                 b = NameRef(_unkeyed(b.ref), b.guarded, b.line)  # set from two table keys
                             out[t.attr] = b
+                            self.contributors.add(fn.lineno)
         return out
 
     def _constant_dict(self, node: ast.expr) -> list[tuple[str, ast.expr]] | None:
@@ -788,6 +835,94 @@ class _Scanner:
         return cands
 
     def _scan_function(
+        self,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+        outer: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
+    ) -> None:
+        unit = None if self.fn_hot or isinstance(fn, ast.Lambda) else self.units.get(fn.lineno)
+        if unit is None or isinstance(fn, ast.Lambda):
+            self._scan_function_body(fn, outer, cls_env)
+            return
+        if min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) != unit[2]:
+            if fn.lineno in self.reuse:  # a decorator above those its text holds (one over several lines)
+                raise _Mismatch(fn.lineno)
+            self._scan_function_body(fn, outer, cls_env)
+            return
+        try:
+            context = self._context(fn, outer, cls_env)
+        except _Unstable:
+            if fn.lineno in self.reuse:
+                raise _Mismatch(fn.lineno) from None
+            self._scan_function_body(fn, outer, cls_env)
+            return
+        c0, u0 = len(self.out.calls), len(self.out.unchecked)
+        earlier = self.reuse.get(fn.lineno)
+        if earlier is not None:  # left unparsed: the earlier version's results, moved to where it is now
+            got = next((u for u in earlier if u.context == context), None)
+            if got is None or self.before is None:
+                raise _Mismatch(fn.lineno)
+            self._take(got, self.before, fn.lineno - got.first)
+            inert = got.inert
+        else:
+            self._scan_function_body(fn, outer, cls_env)
+            inert = fn.lineno not in self.contributors and not any(
+                isinstance(n, ast.ClassDef) for n in _walk_stmts(fn, into_defs=True)
+            )
+        calls, unchecked = (c0, len(self.out.calls)), (u0, len(self.out.unchecked))
+        self.units_out.append(ScanUnit(fn.lineno, unit[0], unit[1], context, calls, unchecked, inert))
+        self.reached.add(fn.lineno)
+
+    def _context(
+        self,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef,
+        outer: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
+    ) -> bytes:
+        """Digest of everything the scan of a function's lines reads from outside them: the file's
+        guard names and hot names, the names in scope (the module's, the class's `self.x`), the
+        enclosing signature guards and signature variables."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self._digest(self.guard_names))
+        h.update(self._digest(self.hot_names))
+        h.update(b"%d%d" % (self.has_sig, "self." in self.text))
+        h.update(self._digest(outer))
+        h.update(self._digest(cls_env))
+        h.update(self._digest(self.sig_vars[-1] if self.sig_vars else {}))
+        h.update(_stable(tuple(self.sig_guards)).encode())
+        return h.digest()
+
+    def _digest(self, obj: object) -> bytes:
+        """`_stable(obj)` digested, once per object (the module's names: one dict for every function)."""
+        got = self._digests.get(id(obj))
+        if got is not None and got[0] is obj:
+            return got[1]
+        d = hashlib.blake2b(_stable(obj).encode(), digest_size=16).digest()
+        self._digests[id(obj)] = (obj, d)
+        return d
+
+    def _take(self, unit: ScanUnit, before: FileCalls, delta: int) -> None:
+        """An earlier scan's results for a function whose lines moved by `delta`: every line inside it
+        moves with it; a line outside (an import, an enclosing guard) is in the context, unchanged."""
+        lo, hi = unit.first, unit.last
+
+        def moved(n: int) -> int:
+            return n + delta if lo <= n <= hi else n
+
+        for c in before.calls[unit.calls[0] : unit.calls[1]]:
+            if delta:
+                c = dataclasses.replace(
+                    c,
+                    line=moved(c.line),
+                    end_line=None if c.end_line is None else moved(c.end_line),
+                    import_line=None if c.import_line is None else moved(c.import_line),
+                    sig_guards=tuple(dataclasses.replace(g, line=moved(g.line)) for g in c.sig_guards),
+                )
+            self.out.calls.append(c)
+        for u in before.unchecked[unit.unchecked[0] : unit.unchecked[1]]:
+            self.out.unchecked.append(dataclasses.replace(u, line=moved(u.line)) if delta else u)
+
+    def _scan_function_body(
         self,
         fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
         outer: dict[str, NameRef],
@@ -1178,28 +1313,53 @@ def _walk_stmts_in_order(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 def scan_file(data: bytes, path: str) -> FileCalls:
     """Calls of aiter in one ATOM file, and the ops it registers in the `aiter` namespace."""
-    out = _scan_file(data, path)
+    return _with_ops(_scan_file(data, path), data)
+
+
+def scan_file_since(data: bytes, path: str, before: FileCalls) -> FileCalls:
+    """`scan_file(data, path)`, re-scanning only the functions that changed since `before` (a scan of
+    an earlier version of the same path): a night's commits change a few functions of 200 KB files.
+
+    A function whose lines are those of one `before` scanned (`ScanUnit.text`) and that sets no class
+    environment (`ScanUnit.inert`) is left out of the parse: its body becomes one `...` on its last
+    line, so every extent the scan reads stays as it is. Where the scan reaches it, the context
+    it is read in (`_Scanner._context`) must be the one `before` recorded, and its results are
+    `before`'s, with the lines inside it moved; any other context means a scan in full.
+    """
+    if before.units and before.path == path:
+        try:
+            return _with_ops(_scan_file(data, path, before), data)
+        except _Mismatch:
+            pass
+    return scan_file(data, path)
+
+
+def _with_ops(out: FileCalls, data: bytes) -> FileCalls:
     if b"direct_register_custom_op" in data or b"torch_compile_guard" in data or b"_op(" in data:
         text = data.decode("utf-8", "replace")
         out.ops = tuple(sorted({m.group(1) or m.group(2) for m in _REGISTERS_RE.finditer(text)}))
     return out
 
 
-def _scan_file(data: bytes, path: str) -> FileCalls:
+def _scan_file(data: bytes, path: str, before: FileCalls | None = None) -> FileCalls:
     """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
 
     Speed: the module skeleton (all function bodies stripped, line numbers
     kept) is parsed first to learn the names bound to aiter; then only the
     bodies that mention one of them (or `aiter`, or an instance attribute set
     from one) are parsed. A body that mentions none cannot call aiter.
+    With `before`, the bodies it scanned that are unchanged are not parsed either
+    (`scan_file_since`); raises `_Mismatch` when that cannot be done exactly.
     """
     if ROOT.encode() not in data or (not _IMPORTS_AITER.search(data) and b"torch.ops.aiter" not in data):
         return FileCalls(path)  # says `aiter` (rocm_aiter, torch.ops.aiter, ...) but never imports it
     text = data.decode("utf-8", "replace")
     tree: ast.Module | str | None = None
+    units: dict[int, tuple[int, bytes, int]] = {}
+    reuse: dict[int, list[ScanUnit]] = {}
     spans = def_spans(data)
-    skeleton = strip_bodies(data, spans=spans) if spans is not None else None
-    if skeleton is not None:
+    skeleton = _strip(spans[0], spans[1], set(), {}) if spans is not None else None
+    if spans is not None and skeleton is not None:
         sk = parse_source(skeleton, path)
         if isinstance(sk, ast.Module):
             env: dict[str, NameRef] = {}
@@ -1208,14 +1368,158 @@ def _scan_file(data: bytes, path: str) -> FileCalls:
             bound |= {
                 m.group(1) for m in _SELF_ATTR_RE.finditer(data) if any(_says(m.group(2), n) for n in bound)
             }
-            partial = strip_bodies(data, keep=lambda body: _may_call(body, bound), spans=spans)
-            if partial is not None:
-                tree = parse_source(partial, path)
+            lines, defs = spans
+            kept: set[int] = set()
+            stand_ins: dict[int, tuple[int, bytes]] = {}
+            expect: dict[int, int] = {}
+            earlier: dict[bytes, list[ScanUnit]] = {}
+            for u in before.units if before is not None else ():
+                if u.inert:
+                    earlier.setdefault(u.text, []).append(u)
+            for x in _outermost(defs):
+                j, _, b0, k = defs[x]
+                if not _may_call(b"\n".join(lines[b0:k]), bound):
+                    continue
+                kept.add(x)
+                i = _def_line(lines, j)
+                if i is None:
+                    continue
+                d = _decorated_from(lines, i)
+                digest = hashlib.blake2b(b"\n".join(lines[d:k]), digest_size=16).digest()
+                units[i + 1] = (k, digest, d + 1)
+                same = earlier.get(digest)
+                stand_in = _stand_in(lines, i, b0, k) if same else None
+                if same and stand_in is not None:
+                    stand_ins[x] = stand_in
+                    reuse[i + 1] = same
+                    expect[i + 1] = stand_in[0] + 1
+            tree = parse_source(_strip(lines, defs, kept, stand_ins), path)
+            if before is not None and not (isinstance(tree, ast.Module) and _stood_in(tree, expect)):
+                raise _Mismatch(path)  # (a body left out changed how the rest parses: scan in full)
     if not isinstance(tree, ast.Module):
-        tree = parse_source(data, path)
+        if before is not None:
+            raise _Mismatch(path)
+        tree, units = parse_source(data, path), {}
     if isinstance(tree, str):
         return FileCalls(path, error=tree)
-    return _Scanner(path, tree, text).scan()
+    return _Scanner(path, tree, text, units, reuse, before).scan()
+
+
+def _outermost(defs: list[tuple[int, int, int, int]]) -> list[int]:
+    """The functions not nested in another's body (as `strip_bodies` decides them)."""
+    out: list[int] = []
+    covered = -1
+    for x, (j, _, _, k) in enumerate(defs):
+        if j < covered:
+            continue
+        out.append(x)
+        covered = k
+    return out
+
+
+def _strip(
+    lines: list[bytes],
+    defs: list[tuple[int, int, int, int]],
+    kept: set[int],
+    stand_ins: dict[int, tuple[int, bytes]],
+) -> bytes:
+    """The source with the outermost function bodies not `kept` replaced by `...` on the header line
+    (`pysource.strip_bodies`), and those with a stand-in by one `...` on the line given: line numbers,
+    and every statement's extent, unchanged."""
+    out = list(lines)
+    for x in _outermost(defs):
+        j, end_col, b0, k = defs[x]
+        if x in kept and x not in stand_ins:
+            continue
+        for y in range(b0, k):
+            out[y] = b""
+        if x in stand_ins:
+            at, indent = stand_ins[x]
+            out[at] = indent + b"..."
+        else:
+            out[j] = lines[j][: end_col + 1] + b" ..."
+    return b"\n".join(out)
+
+
+def _def_line(lines: list[bytes], j: int) -> int | None:
+    """The `def` line of a header ending on line j (checked against the parse: `_Scanner.units`)."""
+    for x in range(j, max(-1, j - 200), -1):
+        if _DEF_LINE_RE.match(lines[x]):
+            return x
+    return None
+
+
+def _decorated_from(lines: list[bytes], i: int) -> int:
+    """The first line of the one-line decorators right above the `def` on line i (checked against the
+    parse: `_Scanner._scan_function`)."""
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    d = i
+    while d > 0 and lines[d - 1].startswith(indent + b"@"):
+        d -= 1
+    return d
+
+
+_DEF_LINE_RE = re.compile(rb"[ \t]*(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(")
+
+
+def _stand_in(lines: list[bytes], i: int, b0: int, k: int) -> tuple[int, bytes] | None:
+    """Where a body's `...` goes so that the function ends where it does: the last line of its last
+    statement (the last line neither blank nor a comment), indented as it is; None when that line
+    cannot be told from the text (a comment-like line after it could end a string)."""
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    for y in range(k - 1, b0 - 1, -1):
+        stripped = lines[y].strip()
+        if not stripped:
+            continue
+        if stripped.startswith(b"#"):
+            if any(c in lines[y] for c in (b'"', b"'", b"\\")):
+                return None
+            continue
+        lead = lines[y][: len(lines[y]) - len(lines[y].lstrip())]
+        if not lead.startswith(indent) or len(lead) <= len(indent) or stripped.endswith(b"\\"):
+            return None
+        return y, lead
+    return None
+
+
+def _stood_in(tree: ast.Module, expect: dict[int, int]) -> bool:
+    """Is each body left out the whole body of the function on its `def` line: one `...` on the line
+    `expect`ed ({def line: stand-in line})?"""
+    found = 0
+    for node in _walk_stmts(tree, into_defs=True):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.lineno in expect:
+            body = node.body
+            if not (
+                len(body) == 1
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and body[0].value.value is Ellipsis
+                and body[0].lineno == body[0].end_lineno == expect[node.lineno]
+            ):
+                return False
+            found += 1
+    return found == len(expect)
+
+
+def _stable(x: object) -> str:
+    """A text that is equal for equal values, across processes (ASTs dumped with their positions)."""
+    if isinstance(x, ast.AST):
+        return ast.dump(x, include_attributes=True)
+    if isinstance(x, dict):
+        return "{" + ",".join(sorted(f"{_stable(k)}:{_stable(v)}" for k, v in x.items())) + "}"
+    if isinstance(x, set | frozenset):
+        return "{" + ",".join(sorted(_stable(v) for v in x)) + "}"
+    if isinstance(x, list | tuple):
+        return "(" + ",".join(_stable(v) for v in x) + ")"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return type(x).__name__ + _stable(tuple(getattr(x, f.name) for f in dataclasses.fields(x)))
+    if x is None or isinstance(x, str | int | float | bytes):
+        return repr(x)
+    raise _Unstable(type(x).__name__)
+
+
+class _Unstable(Exception):
+    """A value with no text equal across processes: the function it is the context of is not reused."""
 
 
 # ATOM registering its own ops in the `aiter` namespace: `direct_register_custom_op("name", ...)`, or a
