@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline.compat import calls  # noqa: E402  (run as a script: the repository is put on the path)
+from pipeline.compat import calls  # (run as a script: the repository is put on the path)
 
 
 def git(repo: str, *args: str) -> bytes:
