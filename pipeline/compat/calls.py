@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import contextlib
 import dataclasses
 import hashlib
 import re
@@ -106,6 +107,7 @@ class ScanUnit:
     last: int  # the body's last line (trailing blank and comment lines included)
     text: bytes  # digest of its lines, decorators included
     context: bytes  # digest of all the body's scan reads from outside those lines (`_Scanner._context`)
+    names: bytes  # digest of the module bindings among those (`_Scanner.names_read`): known before a parse
     calls: tuple[int, int]  # its calls: FileCalls.calls[a:b]
     unchecked: tuple[int, int]  # FileCalls.unchecked[a:b]
     inert: bool  # sets no `self.x` a class environment takes, defines no class: can be left unparsed
@@ -171,13 +173,18 @@ _NOT_WRAPPERS = {"view", "to", "type", "astype", "get", "append", "add", "index"
 
 
 def lines_naming(text: str, names: set[str]) -> list[int]:
-    """The lines (1-based, ascending) where one of `names` occurs as a whole word.
+    """The lines (1-based, ascending) where one of `names` occurs as a whole word."""
+    return sorted(names_by_line(text, names))
+
+
+def names_by_line(text: str, names: set[str]) -> dict[int, list[str]]:
+    """{line (1-based): the `names` occurring on it as whole words}.
 
     `str.find` per name rather than one regex of all of them: compiling an
     alternation of a file's hundred names costs more than the search (re compiles in Python).
     """
     starts: list[int] | None = None
-    hits: set[int] = set()
+    hits: dict[int, list[str]] = {}
     n = len(text)
     for name in names:
         if not name.isidentifier():
@@ -190,9 +197,9 @@ def lines_naming(text: str, names: set[str]) -> list[int]:
             if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
                 if starts is None:
                     starts = [0, *(m.end() for m in _NEWLINE_RE.finditer(text))]
-                hits.add(bisect.bisect_right(starts, at))
+                hits.setdefault(bisect.bisect_right(starts, at), []).append(name)
             at = text.find(name, end)
-    return sorted(hits)
+    return hits
 
 
 _NEWLINE_RE = re.compile("\n")
@@ -323,7 +330,12 @@ def _guarded_names(text: str) -> set[str]:
 
 
 class _Mismatch(Exception):
-    """A function body left unparsed turns out to be read in another context than before: scan in full."""
+    """Function bodies left unparsed are read in another context than before (their `def` lines: to be
+    parsed), or the text does not allow leaving any out (no lines: scan in full)."""
+
+    def __init__(self, lines: set[int] | None = None) -> None:
+        super().__init__(sorted(lines or ()))
+        self.lines = lines or set()
 
 
 class _Scanner:
@@ -358,8 +370,11 @@ class _Scanner:
         self.before = before
         self.units_out: list[ScanUnit] = []
         self.contributors: set[int] = set()  # `def` lines of methods that set a class environment's `self.x`
-        self.hot_names: set[str] = set()
-        self._digests: dict[int, tuple[object, bytes]] = {}
+        self.line_names: dict[int, list[str]] = {}  # the hot lines' names
+        self.named: set[str] = set()  # the names hot lines were looked for
+        self.known_lines: tuple[set[str], dict[int, list[str]]] | None = None  # (names, their lines)
+        self.mismatched: set[int] = set()  # functions left unparsed whose context changed
+        self._entries: dict[str, tuple[NameRef, bytes]] = {}
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -382,7 +397,15 @@ class _Scanner:
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
-        self.hot_lines = lines_naming(self.text, names)
+        known = self.known_lines
+        if known is not None and known[0] <= names:  # (the module's names: looked for before the parse)
+            self.line_names = {k: list(v) for k, v in known[1].items()}
+            for line, more in names_by_line(self.text, names - known[0]).items():
+                self.line_names.setdefault(line, []).extend(more)
+        else:
+            self.line_names = names_by_line(self.text, names)
+        self.hot_lines = sorted(self.line_names)
+        self.named = names
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
         lo = getattr(fn, "lineno", 1)
@@ -553,7 +576,6 @@ class _Scanner:
                 attrs.update(ce)
         if attrs:
             self._compute_hot({ROOT, *env, *attrs})
-        self.hot_names = {ROOT, *env, *attrs}
         self.sig_vars.append(self._learn_sig_vars(self.tree.body, {}) if self.has_sig else {})
         self._scan_body(self.tree.body, env, {}, {}, False)
         # A function the scan never reached is not hot, here or in any version where it still is not:
@@ -561,7 +583,9 @@ class _Scanner:
         n, m = len(self.out.calls), len(self.out.unchecked)
         for line, (last, text, _) in self.units.items():
             if line not in self.reached:
-                self.units_out.append(ScanUnit(line, last, text, b"", (n, n), (m, m), True))
+                self.units_out.append(ScanUnit(line, last, text, b"", b"", (n, n), (m, m), True))
+        if self.mismatched:
+            raise _Mismatch(self.mismatched)
         self.out.units = tuple(self.units_out)
         return self.out
 
@@ -844,24 +868,23 @@ class _Scanner:
         if unit is None or isinstance(fn, ast.Lambda):
             self._scan_function_body(fn, outer, cls_env)
             return
-        if min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) != unit[2]:
-            if fn.lineno in self.reuse:  # a decorator above those its text holds (one over several lines)
-                raise _Mismatch(fn.lineno)
-            self._scan_function_body(fn, outer, cls_env)
+        context = said = None
+        if min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) == unit[2]:
+            with contextlib.suppress(_Unstable):
+                context, said = self._context(outer, cls_env, unit)
+        earlier = self.reuse.get(fn.lineno)
+        got = None
+        if earlier is not None and context is not None and self.before is not None:
+            got = next((u for u in earlier if u.context == context), None)
+        if earlier is not None and got is None:
+            self.mismatched.add(fn.lineno)  # (to be parsed: the caller scans again)
             return
-        try:
-            context = self._context(fn, outer, cls_env)
-        except _Unstable:
-            if fn.lineno in self.reuse:
-                raise _Mismatch(fn.lineno) from None
+        if context is None or said is None:  # (a decorator above the ones its text holds; an unstable value)
+            self.reached.add(fn.lineno)  # (scanned, and not a unit: never left unparsed)
             self._scan_function_body(fn, outer, cls_env)
             return
         c0, u0 = len(self.out.calls), len(self.out.unchecked)
-        earlier = self.reuse.get(fn.lineno)
-        if earlier is not None:  # left unparsed: the earlier version's results, moved to where it is now
-            got = next((u for u in earlier if u.context == context), None)
-            if got is None or self.before is None:
-                raise _Mismatch(fn.lineno)
+        if got is not None and self.before is not None:  # left unparsed: the earlier results, moved
             self._take(got, self.before, fn.lineno - got.first)
             inert = got.inert
         else:
@@ -870,36 +893,52 @@ class _Scanner:
                 isinstance(n, ast.ClassDef) for n in _walk_stmts(fn, into_defs=True)
             )
         calls, unchecked = (c0, len(self.out.calls)), (u0, len(self.out.unchecked))
-        self.units_out.append(ScanUnit(fn.lineno, unit[0], unit[1], context, calls, unchecked, inert))
+        self.units_out.append(ScanUnit(fn.lineno, unit[0], unit[1], context, said, calls, unchecked, inert))
         self.reached.add(fn.lineno)
 
     def _context(
-        self,
-        fn: ast.FunctionDef | ast.AsyncFunctionDef,
-        outer: dict[str, NameRef],
-        cls_env: dict[str, NameRef],
-    ) -> bytes:
-        """Digest of everything the scan of a function's lines reads from outside them: the file's
-        guard names and hot names, the names in scope (the module's, the class's `self.x`), the
-        enclosing signature guards and signature variables."""
+        self, outer: dict[str, NameRef], cls_env: dict[str, NameRef], unit: tuple[int, bytes, int]
+    ) -> tuple[bytes, bytes]:
+        """Digest of everything the scan of a function's lines reads from outside them: the bindings
+        of the module's names it says and of the class's `self.x` it says, the guard names among
+        them, the signature variables it says, the enclosing signature guards. (Every read of a
+        scope is by a name in the function's text; a name said is a superset of a name read.)"""
+        lo, hi = unit[2], unit[0]
+        text = "\n".join(self.lines[lo - 1 : hi])
+        names, said = self.names_read(outer, lo, hi)
+        attrs = sorted(n for n in cls_env if n in text)
+        refs = [outer[n] for n in names] + [cls_env[n] for n in attrs]
+        parts = {p for r in refs for p in (*r.ref[0].split("."), *r.ref[1])}
+        scope = self.sig_vars[-1] if self.sig_vars else {}
         h = hashlib.blake2b(digest_size=16)
-        h.update(self._digest(self.guard_names))
-        h.update(self._digest(self.hot_names))
-        h.update(b"%d%d" % (self.has_sig, "self." in self.text))
-        h.update(self._digest(outer))
-        h.update(self._digest(cls_env))
-        h.update(self._digest(self.sig_vars[-1] if self.sig_vars else {}))
+        h.update(_stable((self.has_sig, "self." in self.text)).encode())
+        h.update(_stable(sorted(g for g in self.guard_names if g in parts or g in text)).encode())
+        h.update(said)
+        h.update(_stable([(n, cls_env[n]) for n in attrs]).encode())
+        h.update(_stable({n: v for n, v in scope.items() if n in text}).encode())
         h.update(_stable(tuple(self.sig_guards)).encode())
-        return h.digest()
+        return h.digest(), said
 
-    def _digest(self, obj: object) -> bytes:
-        """`_stable(obj)` digested, once per object (the module's names: one dict for every function)."""
-        got = self._digests.get(id(obj))
-        if got is not None and got[0] is obj:
+    def names_read(self, outer: dict[str, NameRef], lo: int, hi: int) -> tuple[list[str], bytes]:
+        """The module's names lines lo..hi say (as words), and the digest of their bindings."""
+        used: set[str] = set()
+        hot = self.hot_lines
+        for line in hot[bisect.bisect_left(hot, lo) : bisect.bisect_right(hot, hi)]:
+            used.update(self.line_names[line])
+        names = sorted(n for n in outer if n in used or n not in self.named)
+        h = hashlib.blake2b(digest_size=16)
+        for n in names:
+            h.update(self._entry(n, outer[n]))
+        return names, h.digest()
+
+    def _entry(self, name: str, ref: NameRef) -> bytes:
+        """`_stable((name, ref))` of a module binding, once per run (every function reads the same)."""
+        got = self._entries.get(name)
+        if got is not None and got[0] is ref:
             return got[1]
-        d = hashlib.blake2b(_stable(obj).encode(), digest_size=16).digest()
-        self._digests[id(obj)] = (obj, d)
-        return d
+        b = _stable((name, ref)).encode()
+        self._entries[name] = (ref, b)
+        return b
 
     def _take(self, unit: ScanUnit, before: FileCalls, delta: int) -> None:
         """An earlier scan's results for a function whose lines moved by `delta`: every line inside it
@@ -1326,11 +1365,14 @@ def scan_file_since(data: bytes, path: str, before: FileCalls) -> FileCalls:
     it is read in (`_Scanner._context`) must be the one `before` recorded, and its results are
     `before`'s, with the lines inside it moved; any other context means a scan in full.
     """
-    if before.units and before.path == path:
+    exclude: set[int] = set()
+    for _ in range(3) if before.units and before.path == path else ():
         try:
-            return _with_ops(_scan_file(data, path, before), data)
-        except _Mismatch:
-            pass
+            return _with_ops(_scan_file(data, path, before, exclude), data)
+        except _Mismatch as e:
+            if not e.lines:
+                break
+            exclude |= e.lines  # (parsed the next time: a context changed, an import, a guard)
     return scan_file(data, path)
 
 
@@ -1341,15 +1383,18 @@ def _with_ops(out: FileCalls, data: bytes) -> FileCalls:
     return out
 
 
-def _scan_file(data: bytes, path: str, before: FileCalls | None = None) -> FileCalls:
+def _scan_file(
+    data: bytes, path: str, before: FileCalls | None = None, exclude: set[int] | None = None
+) -> FileCalls:
     """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
 
     Speed: the module skeleton (all function bodies stripped, line numbers
     kept) is parsed first to learn the names bound to aiter; then only the
     bodies that mention one of them (or `aiter`, or an instance attribute set
     from one) are parsed. A body that mentions none cannot call aiter.
-    With `before`, the bodies it scanned that are unchanged are not parsed either
-    (`scan_file_since`); raises `_Mismatch` when that cannot be done exactly.
+    With `before`, the bodies it scanned that are unchanged are not parsed either, but those
+    on the `def` lines `exclude`d (`scan_file_since`); raises `_Mismatch` when that cannot be done
+    exactly.
     """
     if ROOT.encode() not in data or (not _IMPORTS_AITER.search(data) and b"torch.ops.aiter" not in data):
         return FileCalls(path)  # says `aiter` (rocm_aiter, torch.ops.aiter, ...) but never imports it
@@ -1357,13 +1402,15 @@ def _scan_file(data: bytes, path: str, before: FileCalls | None = None) -> FileC
     tree: ast.Module | str | None = None
     units: dict[int, tuple[int, bytes, int]] = {}
     reuse: dict[int, list[ScanUnit]] = {}
+    skel: _Scanner | None = None
     spans = def_spans(data)
     skeleton = _strip(spans[0], spans[1], set(), {}) if spans is not None else None
     if spans is not None and skeleton is not None:
         sk = parse_source(skeleton, path)
         if isinstance(sk, ast.Module):
             env: dict[str, NameRef] = {}
-            _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
+            skel = _Scanner(path, sk, text)
+            skel.collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             bound = {n.encode() for n in (ROOT, *env)}
             bound |= {
                 m.group(1) for m in _SELF_ATTR_RE.finditer(data) if any(_says(m.group(2), n) for n in bound)
@@ -1376,33 +1423,45 @@ def _scan_file(data: bytes, path: str, before: FileCalls | None = None) -> FileC
             for u in before.units if before is not None else ():
                 if u.inert:
                     earlier.setdefault(u.text, []).append(u)
+            # (a lone carriage return ends a line for Python, not for these lines: no units then)
+            lined = b"\r" not in data or data.count(b"\r") == data.count(b"\r\n")
+            if before is not None and not lined:
+                raise _Mismatch()
             for x in _outermost(defs):
                 j, _, b0, k = defs[x]
                 if not _may_call(b"\n".join(lines[b0:k]), bound):
                     continue
                 kept.add(x)
-                i = _def_line(lines, j)
+                i = _def_line(lines, j) if lined else None
                 if i is None:
                     continue
                 d = _decorated_from(lines, i)
                 digest = hashlib.blake2b(b"\n".join(lines[d:k]), digest_size=16).digest()
                 units[i + 1] = (k, digest, d + 1)
                 same = earlier.get(digest)
+                if same and i + 1 not in (exclude or ()):
+                    if not skel.named:
+                        skel._compute_hot({ROOT, *env})
+                    said = skel.names_read(env, d + 1, k)[1]  # (a binding it reads changed: parse it)
+                    same = [u for u in same if u.names in (said, b"")]
                 stand_in = _stand_in(lines, i, b0, k) if same else None
-                if same and stand_in is not None:
+                if same and stand_in is not None and i + 1 not in (exclude or ()):
                     stand_ins[x] = stand_in
                     reuse[i + 1] = same
                     expect[i + 1] = stand_in[0] + 1
             tree = parse_source(_strip(lines, defs, kept, stand_ins), path)
             if before is not None and not (isinstance(tree, ast.Module) and _stood_in(tree, expect)):
-                raise _Mismatch(path)  # (a body left out changed how the rest parses: scan in full)
+                raise _Mismatch()  # (a body left out changed how the rest parses: scan in full)
     if not isinstance(tree, ast.Module):
         if before is not None:
-            raise _Mismatch(path)
+            raise _Mismatch()
         tree, units = parse_source(data, path), {}
     if isinstance(tree, str):
         return FileCalls(path, error=tree)
-    return _Scanner(path, tree, text, units, reuse, before).scan()
+    scanner = _Scanner(path, tree, text, units, reuse, before)
+    if skel is not None and skel.named:
+        scanner.known_lines = (skel.named, skel.line_names)
+    return scanner.scan()
 
 
 def _outermost(defs: list[tuple[int, int, int, int]]) -> list[int]:

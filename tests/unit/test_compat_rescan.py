@@ -170,13 +170,23 @@ def test_a_moved_method_and_function_are_taken_from_where_they_were() -> None:
     assert names == []
 
 
-def test_an_edited_import_scans_the_whole_file() -> None:
-    new = edit(BASE, "from aiter import fused_moe, rms_norm", "from aiter import fused_moe, rms_norm, gelu")
-    before = scan_file(BASE.encode(), PATH)
-    with pytest.raises(calls._Mismatch):
-        calls._scan_file(new.encode(), PATH, before)
-    _, _, names = rescan(BASE, new)
+def test_an_import_moved_down_scans_every_function_reading_a_module_name() -> None:
+    new = edit(BASE, "import inspect\n", "import inspect\nimport os\n")
+    _, _, names = rescan(BASE, new)  # (the import lines moved: every binding read changed)
     assert set(names) >= {"norm", "forward", "route", "experts", "register"}
+
+
+def test_an_edited_import_scans_the_functions_reading_its_names() -> None:
+    new = edit(BASE, "from aiter import fused_moe, rms_norm", "from aiter.fused import fused_moe, rms_norm")
+    full, _, names = rescan(BASE, new)
+    assert sorted(names) == ["experts", "norm"]
+    assert {"aiter.fused.fused_moe", "aiter.fused.rms_norm"} <= {c.qualname for c in full.calls}
+
+
+def test_an_import_of_a_name_no_function_says_scans_none() -> None:
+    new = edit(BASE, "from aiter import fused_moe, rms_norm", "from aiter import fused_moe, rms_norm, gelu")
+    _, _, names = rescan(BASE, new)
+    assert names == []
 
 
 def test_a_method_setting_an_instance_attribute_changes_the_calls_of_its_siblings() -> None:
