@@ -360,6 +360,7 @@ class _Scanner:
         self.lines = text.split("\n")
         self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
         self.has_sig = "signature" in text  # no guard of this kind can be in a file that never says it
+        self.says_self = "self." in text
         self.sig_guards: list[SigGuard] = []  # the signature guards the statements being scanned run under
         # per scope: names holding what `inspect.signature(f)` gives (see `guards.value`)
         self.sig_vars: list[Scope] = []
@@ -593,7 +594,7 @@ class _Scanner:
 
     def _has_self_binding(self) -> bool:
         self._class_envs = {}
-        return "self." in self.text
+        return self.says_self
 
     def _scan_body(
         self,
@@ -911,7 +912,7 @@ class _Scanner:
         parts = {p for r in refs for p in (*r.ref[0].split("."), *r.ref[1])}
         scope = self.sig_vars[-1] if self.sig_vars else {}
         h = hashlib.blake2b(digest_size=16)
-        h.update(_stable((self.has_sig, "self." in self.text)).encode())
+        h.update(_stable((self.has_sig, self.says_self)).encode())
         h.update(_stable(sorted(g for g in self.guard_names if g in parts or g in text)).encode())
         h.update(said)
         h.update(_stable([(n, cls_env[n]) for n in attrs]).encode())
