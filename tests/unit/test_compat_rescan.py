@@ -252,3 +252,47 @@ def test_every_one_line_deletion_and_duplication_scans_as_in_full(which: str) ->
         else:
             before = scan_file(data, PATH)
             assert scan_file_since(BASE.encode(), PATH, before) == base, v
+
+
+def test_crlf_and_lone_carriage_returns_scan_as_in_full() -> None:
+    crlf = BASE.replace("\n", "\r\n")
+    new = edit(
+        crlf, "        if _topk is not None:\r\n", "        x = 1\r\n        if _topk is not None:\r\n"
+    )
+    _, _, names = rescan(crlf, new)
+    assert names == ["route"]
+    lone = edit(
+        BASE, "def unrelated(a, b):\n", "def unrelated(a, b):\r    a = a\n"
+    )  # (a line end, for Python)
+    rescan(BASE, lone)
+    cr = scan_file(lone.encode(), PATH)
+    assert not cr.units  # (its lines are not Python's: nothing is taken from it)
+    assert scan_file_since(BASE.encode(), PATH, cr) == scan_file(BASE.encode(), PATH)
+
+
+def test_a_decorator_over_several_lines_and_twin_functions_scan_as_in_full() -> None:
+    twin = "    def twin(self, x):\n        return rms_norm(x, x)\n\n"
+    old = edit(BASE, "    def route(", twin + "    def route(")
+    old = edit(old, "def register():", "class Other:\n" + twin + "\ndef register():")
+    new = edit(
+        old, "    @torch.no_grad()\n", "    @torch.autocast(\n        'cuda',\n    )\n    @torch.no_grad()\n"
+    )
+    _, _, names = rescan(old, new)
+    assert names == ["forward"]  # (its decorators start above the lines its text holds: parsed again)
+    moved = edit(old, "class Other:\n" + twin, "class Other:\n    pass\n\n" + twin)
+    _, _, names = rescan(old, moved)
+    assert names == []
+
+
+def test_a_method_defining_a_class_is_parsed_every_time() -> None:
+    nested = (
+        "    def make(self):\n"
+        "        class Inner:\n"
+        "            def run(self, x):\n"
+        "                return rms_norm(x, x)\n\n"
+        "        return Inner\n\n"
+    )
+    old = edit(BASE, "    def route(", nested + "    def route(")
+    new = edit(old, "        if _topk is not None:\n", "        y = 2\n        if _topk is not None:\n")
+    _, _, names = rescan(old, new)
+    assert sorted(names) == ["make", "route", "run"]  # (run: Inner's method, scanned within make)
