@@ -183,8 +183,7 @@ def names_by_line(text: str, names: set[str]) -> dict[int, list[str]]:
     `str.find` per name rather than one regex of all of them: compiling an
     alternation of a file's hundred names costs more than the search (re compiles in Python).
     """
-    starts: list[int] | None = None
-    hits: dict[int, list[str]] = {}
+    found: list[tuple[int, str]] = []
     n = len(text)
     for name in names:
         if not name.isidentifier():
@@ -195,14 +194,16 @@ def names_by_line(text: str, names: set[str]) -> dict[int, list[str]]:
             before = text[at - 1] if at else " "
             after = text[end] if end < n else " "
             if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
-                if starts is None:
-                    starts = [0, *(m.end() for m in _NEWLINE_RE.finditer(text))]
-                hits.setdefault(bisect.bisect_right(starts, at), []).append(name)
+                found.append((at, name))
             at = text.find(name, end)
+    found.sort()
+    hits: dict[int, list[str]] = {}
+    line, pos = 1, 0
+    for at, name in found:  # (newlines counted between hits: no table of every line's start)
+        line += text.count("\n", pos, at)
+        pos = at
+        hits.setdefault(line, []).append(name)
     return hits
-
-
-_NEWLINE_RE = re.compile("\n")
 
 
 def _handler_catches_import(h: ast.ExceptHandler) -> bool:
@@ -376,6 +377,7 @@ class _Scanner:
         self.known_lines: tuple[set[str], dict[int, list[str]]] | None = None  # (names, their lines)
         self.mismatched: set[int] = set()  # functions left unparsed whose context changed
         self._entries: dict[str, tuple[NameRef, bytes]] = {}
+        self._unknown: tuple[dict[str, NameRef], set[str], list[str]] | None = None  # outer's unlooked-for
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -912,10 +914,11 @@ class _Scanner:
         parts = {p for r in refs for p in (*r.ref[0].split("."), *r.ref[1])}
         scope = self.sig_vars[-1] if self.sig_vars else {}
         h = hashlib.blake2b(digest_size=16)
-        h.update(_stable((self.has_sig, self.says_self)).encode())
+        h.update(b"%d%d" % (self.has_sig, self.says_self))
         h.update(_stable(sorted(g for g in self.guard_names if g in parts or g in text)).encode())
         h.update(said)
-        h.update(_stable([(n, cls_env[n]) for n in attrs]).encode())
+        for n in attrs:
+            h.update(self._entry(n, cls_env[n], "self."))
         h.update(_stable({n: v for n, v in scope.items() if n in text}).encode())
         h.update(_stable(tuple(self.sig_guards)).encode())
         return h.digest(), said
@@ -926,19 +929,22 @@ class _Scanner:
         hot = self.hot_lines
         for line in hot[bisect.bisect_left(hot, lo) : bisect.bisect_right(hot, hi)]:
             used.update(self.line_names[line])
-        names = sorted(n for n in outer if n in used or n not in self.named)
+        if self._unknown is None or self._unknown[0] is not outer or self._unknown[1] is not self.named:
+            self._unknown = (outer, self.named, [n for n in outer if n not in self.named])  # (none, usually)
+        unknown = self._unknown[2]
+        names = sorted({n for n in used if n in outer}.union(unknown))
         h = hashlib.blake2b(digest_size=16)
         for n in names:
             h.update(self._entry(n, outer[n]))
         return names, h.digest()
 
-    def _entry(self, name: str, ref: NameRef) -> bytes:
-        """`_stable((name, ref))` of a module binding, once per run (every function reads the same)."""
-        got = self._entries.get(name)
+    def _entry(self, name: str, ref: NameRef, scope: str = "") -> bytes:
+        """`_stable((name, ref))` of a binding, once per run (every function reads the module's)."""
+        got = self._entries.get(scope + name)
         if got is not None and got[0] is ref:
             return got[1]
-        b = _stable((name, ref)).encode()
-        self._entries[name] = (ref, b)
+        b = _stable((scope + name, ref)).encode()
+        self._entries[scope + name] = (ref, b)
         return b
 
     def _take(self, unit: ScanUnit, before: FileCalls, delta: int) -> None:
@@ -1281,6 +1287,7 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
+_WORDS_RE = re.compile(rb"\w+")  # (bytes: ASCII word characters, those of `_WORD_BYTES`)
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _CALL_TAIL_RE = re.compile(rb"(?:\s*\.\s*\w+)*\s*\(")  # after a name: `(`, or `.m(`, `.a.m(` ...
 _SPACE = frozenset(b" \t\r\n\f\v")
@@ -1413,8 +1420,10 @@ def _scan_file(
             skel = _Scanner(path, sk, text)
             skel.collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             bound = {n.encode() for n in (ROOT, *env)}
-            bound |= {
-                m.group(1) for m in _SELF_ATTR_RE.finditer(data) if any(_says(m.group(2), n) for n in bound)
+            bound |= {  # (`self.x = <a bound name ...>`: its words, each a `_says` of it)
+                m.group(1)
+                for m in _SELF_ATTR_RE.finditer(data)
+                if not bound.isdisjoint(_WORDS_RE.findall(m.group(2)))
             }
             lines, defs = spans
             kept: set[int] = set()
@@ -1544,10 +1553,14 @@ def _stand_in(lines: list[bytes], i: int, b0: int, k: int) -> tuple[int, bytes] 
 
 def _stood_in(tree: ast.Module, expect: dict[int, int]) -> bool:
     """Is each body left out the whole body of the function on its `def` line: one `...` on the line
-    `expect`ed ({def line: stand-in line})?"""
+    `expect`ed ({def line: stand-in line})? (Outermost functions: not looked for inside functions.)"""
     found = 0
-    for node in _walk_stmts(tree, into_defs=True):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.lineno in expect:
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if node.lineno not in expect:
+                continue
             body = node.body
             if not (
                 len(body) == 1
@@ -1558,6 +1571,13 @@ def _stood_in(tree: ast.Module, expect: dict[int, int]) -> bool:
             ):
                 return False
             found += 1
+            continue
+        for fname in ("body", "orelse", "finalbody"):
+            stack.extend(getattr(node, fname, None) or ())
+        for h in getattr(node, "handlers", None) or ():
+            stack.extend(h.body)
+        for c in getattr(node, "cases", None) or ():
+            stack.extend(c.body)
     return found == len(expect)
 
 
