@@ -296,3 +296,27 @@ def test_a_method_defining_a_class_is_parsed_every_time() -> None:
     new = edit(old, "        if _topk is not None:\n", "        y = 2\n        if _topk is not None:\n")
     _, _, names = rescan(old, new)
     assert sorted(names) == ["make", "route", "run"]  # (run: Inner's method, scanned within make)
+
+
+def test_from_one_edited_version_to_another_scans_as_in_full() -> None:
+    """Pairs of variants (a line deleted here, another doubled there): neither is the base."""
+    lines = BASE.split("\n")
+    variants = [BASE.replace("\n\n\ndef ", "\n\n\ndef _pad():\n    return aiter.pad()\n\n\ndef ", 1)]
+    for i in range(0, len(lines), 3):
+        variants.append("\n".join(lines[:i] + lines[i + 1 :]))
+        variants.append("\n".join(lines[: i + 1] + lines[i:]))
+    scans = {v: scan_file(v.encode(), PATH) for v in variants}
+    taken = 0
+    real = calls._Scanner._take
+
+    def count(self: calls._Scanner, *a: object) -> None:
+        nonlocal taken
+        taken += 1
+        real(self, *a)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calls._Scanner, "_take", count)
+        for a in variants[::2]:
+            for b in variants[1::5]:
+                assert scan_file_since(b.encode(), PATH, scans[a]) == scans[b], (a, b)
+    assert taken > 100  # (most pairs share most functions: they were taken, not parsed)
