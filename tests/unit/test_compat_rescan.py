@@ -234,6 +234,11 @@ def test_a_module_level_guard_that_exits_moves_with_the_lines_above_it() -> None
     assert any(g.line == at for c in scan_file(old.encode(), PATH).calls for g in c.sig_guards)
     new = edit(old, "import inspect\n", "import inspect\nimport os\n")
     rescan(old, new)
+    # The guard's test edited in place: every call below it runs under another guard.
+    other = edit(old, '"x" not in inspect', '"y" not in inspect')
+    full, _, _ = rescan(old, other)
+    (form,) = {g.text for c in full.calls if c.qualname == "aiter.fused_moe" for g in c.sig_guards}
+    assert "'y' not in" in form
 
 
 @pytest.mark.parametrize("which", ["old", "new"])
