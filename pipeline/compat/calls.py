@@ -9,6 +9,10 @@ with the aiter function as its only positional argument keeps its signature),
 `self.f = aiter.f` / `getattr(aiter, "f", None)` kept on an instance, and the
 guards that make a missing function a warning: `hasattr(aiter, "f")`,
 `getattr(aiter, "f", None)`, an import or call inside `try/except ImportError`.
+
+A nightly check scans a changed file from its previous version's scan (`scan_file_since`): each
+outermost function scanned is recorded with the digests of its text and of what its scan read
+from outside it (`ScanUnit`); an unchanged one read in the same context is not parsed again.
 """
 
 from __future__ import annotations
