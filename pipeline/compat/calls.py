@@ -9,13 +9,19 @@ with the aiter function as its only positional argument keeps its signature),
 `self.f = aiter.f` / `getattr(aiter, "f", None)` kept on an instance, and the
 guards that make a missing function a warning: `hasattr(aiter, "f")`,
 `getattr(aiter, "f", None)`, an import or call inside `try/except ImportError`.
+
+A nightly check scans a changed file from its previous version's scan (`scan_file_since`): each
+outermost function scanned is recorded with the digests of its text and of what its scan read
+from outside it (`ScanUnit`); an unchanged one read in the same context is not parsed again.
 """
 
 from __future__ import annotations
 
 import ast
 import bisect
+import contextlib
 import dataclasses
+import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +30,7 @@ from typing import TYPE_CHECKING
 from pipeline.compat import guards
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.guards import GuardForm, Scope
-from pipeline.compat.pysource import def_spans, parse_source, strip_bodies
+from pipeline.compat.pysource import def_spans, parse_source
 from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
@@ -96,6 +102,22 @@ class Unchecked:
 
 
 @by_fields
+@dataclass(frozen=True, slots=True)
+class ScanUnit:
+    """One outermost function (a module's function, a class's method) whose body was scanned: what a
+    later version of the file needs to take its results instead of parsing it again (`scan_file_since`)."""
+
+    first: int  # the `def` line
+    last: int  # the body's last line (trailing blank and comment lines included)
+    text: bytes  # digest of its lines, decorators included
+    context: bytes  # digest of all the body's scan reads from outside those lines (`_Scanner._context`)
+    names: bytes  # digest of the module bindings among those (`_Scanner.names_read`): known before a parse
+    calls: tuple[int, int]  # its calls: FileCalls.calls[a:b]
+    unchecked: tuple[int, int]  # FileCalls.unchecked[a:b]
+    inert: bool  # sets no `self.x` a class environment takes, defines no class: can be left unparsed
+
+
+@by_fields
 @dataclass(slots=True)
 class FileCalls:
     path: str
@@ -103,6 +125,7 @@ class FileCalls:
     unchecked: list[Unchecked] = field(default_factory=list)
     error: str | None = None
     ops: tuple[str, ...] = ()  # ops this ATOM file registers in the `aiter` namespace itself
+    units: tuple[ScanUnit, ...] = ()  # the function bodies scanned (see `scan_file_since`)
 
 
 STAR_ONLY = "arguments passed only through *args/**kwargs"
@@ -154,13 +177,17 @@ _NOT_WRAPPERS = {"view", "to", "type", "astype", "get", "append", "add", "index"
 
 
 def lines_naming(text: str, names: set[str]) -> list[int]:
-    """The lines (1-based, ascending) where one of `names` occurs as a whole word.
+    """The lines (1-based, ascending) where one of `names` occurs as a whole word."""
+    return sorted(names_by_line(text, names))
+
+
+def names_by_line(text: str, names: set[str]) -> dict[int, list[str]]:
+    """{line (1-based): the `names` occurring on it as whole words}.
 
     `str.find` per name rather than one regex of all of them: compiling an
     alternation of a file's hundred names costs more than the search (re compiles in Python).
     """
-    starts: list[int] | None = None
-    hits: set[int] = set()
+    found: list[tuple[int, str]] = []
     n = len(text)
     for name in names:
         if not name.isidentifier():
@@ -171,14 +198,16 @@ def lines_naming(text: str, names: set[str]) -> list[int]:
             before = text[at - 1] if at else " "
             after = text[end] if end < n else " "
             if not (before.isalnum() or before == "_" or after.isalnum() or after == "_"):
-                if starts is None:
-                    starts = [0, *(m.end() for m in _NEWLINE_RE.finditer(text))]
-                hits.add(bisect.bisect_right(starts, at))
+                found.append((at, name))
             at = text.find(name, end)
-    return sorted(hits)
-
-
-_NEWLINE_RE = re.compile("\n")
+    found.sort()
+    hits: dict[int, list[str]] = {}
+    line, pos = 1, 0
+    for at, name in found:  # (newlines counted between hits: no table of every line's start)
+        line += text.count("\n", pos, at)
+        pos = at
+        hits.setdefault(line, []).append(name)
+    return hits
 
 
 def _handler_catches_import(h: ast.ExceptHandler) -> bool:
@@ -305,8 +334,25 @@ def _guarded_names(text: str) -> set[str]:
     return out
 
 
+class _Mismatch(Exception):
+    """Function bodies left unparsed are read in another context than before (their `def` lines: to be
+    parsed), or the text does not allow leaving any out (no lines: scan in full)."""
+
+    def __init__(self, lines: set[int] | None = None) -> None:
+        super().__init__(sorted(lines or ()))
+        self.lines = lines or set()
+
+
 class _Scanner:
-    def __init__(self, path: str, tree: ast.Module, text: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        tree: ast.Module,
+        text: str,
+        units: dict[int, tuple[int, bytes, int]] | None = None,
+        reuse: dict[int, list[ScanUnit]] | None = None,
+        before: FileCalls | None = None,
+    ) -> None:
         self.path = path
         self.tree = tree
         self.text = text
@@ -319,9 +365,23 @@ class _Scanner:
         self.lines = text.split("\n")
         self._line_words: list[frozenset[str] | None] = [None] * len(self.lines)
         self.has_sig = "signature" in text  # no guard of this kind can be in a file that never says it
+        self.says_self = "self." in text
         self.sig_guards: list[SigGuard] = []  # the signature guards the statements being scanned run under
         # per scope: names holding what `inspect.signature(f)` gives (see `guards.value`)
         self.sig_vars: list[Scope] = []
+        # Outermost functions by `def` line: (last line, digest of their lines, first decorator line).
+        self.units = units or {}
+        self.reached: set[int] = set()
+        self.reuse = reuse or {}  # `def` line -> an earlier version's units of the same text (left unparsed)
+        self.before = before
+        self.units_out: list[ScanUnit] = []
+        self.contributors: set[int] = set()  # `def` lines of methods that set a class environment's `self.x`
+        self.line_names: dict[int, list[str]] = {}  # the hot lines' names
+        self.named: set[str] = set()  # the names hot lines were looked for
+        self.known_lines: tuple[set[str], dict[int, list[str]]] | None = None  # (names, their lines)
+        self.mismatched: set[int] = set()  # functions left unparsed whose context changed
+        self._entries: dict[str, tuple[NameRef, bytes]] = {}
+        self._unknown: tuple[dict[str, NameRef], set[str], list[str]] | None = None  # outer's unlooked-for
 
     def _text(self, node: ast.expr, limit: int = 60) -> str:
         """An argument's source text, shortened (sliced from the line when that is exact; else unparsed)."""
@@ -344,7 +404,15 @@ class _Scanner:
 
     def _compute_hot(self, names: set[str]) -> None:
         """Lines mentioning an aiter-bound name: only statements spanning one are analysed."""
-        self.hot_lines = lines_naming(self.text, names)
+        known = self.known_lines
+        if known is not None and known[0] <= names:  # (the module's names: looked for before the parse)
+            self.line_names = {k: list(v) for k, v in known[1].items()}
+            for line, more in names_by_line(self.text, names - known[0]).items():
+                self.line_names.setdefault(line, []).extend(more)
+        else:
+            self.line_names = names_by_line(self.text, names)
+        self.hot_lines = sorted(self.line_names)
+        self.named = names
 
     def _function_hot(self, fn: ast.AST, names: set[str]) -> list[int]:
         lo = getattr(fn, "lineno", 1)
@@ -517,13 +585,22 @@ class _Scanner:
             self._compute_hot({ROOT, *env, *attrs})
         self.sig_vars.append(self._learn_sig_vars(self.tree.body, {}) if self.has_sig else {})
         self._scan_body(self.tree.body, env, {}, {}, False)
+        # A function the scan never reached is not hot, here or in any version where it still is not:
+        # it gave nothing and set no class environment (the context no scan reached it in: b"").
+        n, m = len(self.out.calls), len(self.out.unchecked)
+        for line, (last, text, _) in self.units.items():
+            if line not in self.reached:
+                self.units_out.append(ScanUnit(line, last, text, b"", b"", (n, n), (m, m), True))
+        if self.mismatched:
+            raise _Mismatch(self.mismatched)
+        self.out.units = tuple(self.units_out)
         return self.out
 
     _class_envs: dict[ast.ClassDef, dict[str, NameRef]]
 
     def _has_self_binding(self) -> bool:
         self._class_envs = {}
-        return "self." in self.text
+        return self.says_self
 
     def _scan_body(
         self,
@@ -728,6 +805,7 @@ class _Scanner:
                             if old is not None and old.ref != b.ref and _unkeyed(old.ref) == _unkeyed(b.ref):
                                 b = NameRef(_unkeyed(b.ref), b.guarded, b.line)  # set from two table keys
                             out[t.attr] = b
+                            self.contributors.add(fn.lineno)
         return out
 
     def _constant_dict(self, node: ast.expr) -> list[tuple[str, ast.expr]] | None:
@@ -788,6 +866,113 @@ class _Scanner:
         return cands
 
     def _scan_function(
+        self,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
+        outer: dict[str, NameRef],
+        cls_env: dict[str, NameRef],
+    ) -> None:
+        unit = None if self.fn_hot or isinstance(fn, ast.Lambda) else self.units.get(fn.lineno)
+        if unit is None or isinstance(fn, ast.Lambda):
+            self._scan_function_body(fn, outer, cls_env)
+            return
+        context = said = None
+        if min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) == unit[2]:
+            with contextlib.suppress(_Unstable):
+                context, said = self._context(outer, cls_env, unit)
+        earlier = self.reuse.get(fn.lineno)
+        got = None
+        if earlier is not None and context is not None and self.before is not None:
+            got = next((u for u in earlier if u.context == context), None)
+        if earlier is not None and got is None:
+            self.mismatched.add(fn.lineno)  # (to be parsed: the caller scans again)
+            return
+        if context is None or said is None:  # (a decorator above the ones its text holds; an unstable value)
+            self.reached.add(fn.lineno)  # (scanned, and not a unit: never left unparsed)
+            self._scan_function_body(fn, outer, cls_env)
+            return
+        c0, u0 = len(self.out.calls), len(self.out.unchecked)
+        if got is not None and self.before is not None:  # left unparsed: the earlier results, moved
+            self._take(got, self.before, fn.lineno - got.first)
+            inert = got.inert
+        else:
+            self._scan_function_body(fn, outer, cls_env)
+            inert = fn.lineno not in self.contributors and not any(
+                isinstance(n, ast.ClassDef) for n in _walk_stmts(fn, into_defs=True)
+            )
+        calls, unchecked = (c0, len(self.out.calls)), (u0, len(self.out.unchecked))
+        self.units_out.append(ScanUnit(fn.lineno, unit[0], unit[1], context, said, calls, unchecked, inert))
+        self.reached.add(fn.lineno)
+
+    def _context(
+        self, outer: dict[str, NameRef], cls_env: dict[str, NameRef], unit: tuple[int, bytes, int]
+    ) -> tuple[bytes, bytes]:
+        """Digest of everything the scan of a function's lines reads from outside them: the bindings
+        of the module's names it says and of the class's `self.x` it says, the guard names among
+        them, the signature variables it says, the enclosing signature guards. (Every read of a
+        scope is by a name in the function's text; a name said is a superset of a name read.)"""
+        lo, hi = unit[2], unit[0]
+        text = "\n".join(self.lines[lo - 1 : hi])
+        names, said = self.names_read(outer, lo, hi)
+        attrs = sorted(n for n in cls_env if n in text)
+        refs = [outer[n] for n in names] + [cls_env[n] for n in attrs]
+        parts = {p for r in refs for p in (*r.ref[0].split("."), *r.ref[1])}
+        scope = self.sig_vars[-1] if self.sig_vars else {}
+        h = hashlib.blake2b(digest_size=16)
+        h.update(b"%d%d" % (self.has_sig, self.says_self))
+        h.update(_stable(sorted(g for g in self.guard_names if g in parts or g in text)).encode())
+        h.update(said)
+        for n in attrs:
+            h.update(self._entry(n, cls_env[n], "self."))
+        h.update(_stable({n: v for n, v in scope.items() if n in text}).encode())
+        h.update(_stable(tuple(self.sig_guards)).encode())
+        return h.digest(), said
+
+    def names_read(self, outer: dict[str, NameRef], lo: int, hi: int) -> tuple[list[str], bytes]:
+        """The module's names lines lo..hi say (as words), and the digest of their bindings."""
+        used: set[str] = set()
+        hot = self.hot_lines
+        for line in hot[bisect.bisect_left(hot, lo) : bisect.bisect_right(hot, hi)]:
+            used.update(self.line_names[line])
+        if self._unknown is None or self._unknown[0] is not outer or self._unknown[1] is not self.named:
+            self._unknown = (outer, self.named, [n for n in outer if n not in self.named])  # (none, usually)
+        unknown = self._unknown[2]
+        names = sorted({n for n in used if n in outer}.union(unknown))
+        h = hashlib.blake2b(digest_size=16)
+        for n in names:
+            h.update(self._entry(n, outer[n]))
+        return names, h.digest()
+
+    def _entry(self, name: str, ref: NameRef, scope: str = "") -> bytes:
+        """`_stable((name, ref))` of a binding, once per run (every function reads the module's)."""
+        got = self._entries.get(scope + name)
+        if got is not None and got[0] is ref:
+            return got[1]
+        b = _stable((scope + name, ref)).encode()
+        self._entries[scope + name] = (ref, b)
+        return b
+
+    def _take(self, unit: ScanUnit, before: FileCalls, delta: int) -> None:
+        """An earlier scan's results for a function whose lines moved by `delta`: every line inside it
+        moves with it; a line outside (an import, an enclosing guard) is in the context, unchanged."""
+        lo, hi = unit.first, unit.last
+
+        def moved(n: int) -> int:
+            return n + delta if lo <= n <= hi else n
+
+        for c in before.calls[unit.calls[0] : unit.calls[1]]:
+            if delta:
+                c = dataclasses.replace(
+                    c,
+                    line=moved(c.line),
+                    end_line=None if c.end_line is None else moved(c.end_line),
+                    import_line=None if c.import_line is None else moved(c.import_line),
+                    sig_guards=tuple(dataclasses.replace(g, line=moved(g.line)) for g in c.sig_guards),
+                )
+            self.out.calls.append(c)
+        for u in before.unchecked[unit.unchecked[0] : unit.unchecked[1]]:
+            self.out.unchecked.append(dataclasses.replace(u, line=moved(u.line)) if delta else u)
+
+    def _scan_function_body(
         self,
         fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda,
         outer: dict[str, NameRef],
@@ -1106,6 +1291,7 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
+_WORDS_RE = re.compile(rb"\w+")  # (bytes: ASCII word characters, those of `_WORD_BYTES`)
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _CALL_TAIL_RE = re.compile(rb"(?:\s*\.\s*\w+)*\s*\(")  # after a name: `(`, or `.m(`, `.a.m(` ...
 _SPACE = frozenset(b" \t\r\n\f\v")
@@ -1178,44 +1364,246 @@ def _walk_stmts_in_order(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 def scan_file(data: bytes, path: str) -> FileCalls:
     """Calls of aiter in one ATOM file, and the ops it registers in the `aiter` namespace."""
-    out = _scan_file(data, path)
+    return _with_ops(_scan_file(data, path), data)
+
+
+def scan_file_since(data: bytes, path: str, before: FileCalls) -> FileCalls:
+    """`scan_file(data, path)`, re-scanning only the functions that changed since `before` (a scan of
+    an earlier version of the same path): a night's commits change a few functions of 200 KB files.
+
+    A function whose lines are those of one `before` scanned (`ScanUnit.text`) and that sets no class
+    environment (`ScanUnit.inert`) is left out of the parse: its body becomes one `...` on its last
+    line, so every extent the scan reads stays as it is. Where the scan reaches it, the context
+    it is read in (`_Scanner._context`) must be the one `before` recorded, and its results are
+    `before`'s, with the lines inside it moved; any other context means a scan in full.
+    """
+    exclude: set[int] = set()
+    for _ in range(3) if before.units and before.path == path else ():
+        try:
+            return _with_ops(_scan_file(data, path, before, exclude), data)
+        except _Mismatch as e:
+            if not e.lines:
+                break
+            exclude |= e.lines  # (parsed the next time: a context changed, an import, a guard)
+    return scan_file(data, path)
+
+
+def _with_ops(out: FileCalls, data: bytes) -> FileCalls:
     if b"direct_register_custom_op" in data or b"torch_compile_guard" in data or b"_op(" in data:
         text = data.decode("utf-8", "replace")
         out.ops = tuple(sorted({m.group(1) or m.group(2) for m in _REGISTERS_RE.finditer(text)}))
     return out
 
 
-def _scan_file(data: bytes, path: str) -> FileCalls:
+def _scan_file(
+    data: bytes, path: str, before: FileCalls | None = None, exclude: set[int] | None = None
+) -> FileCalls:
     """Calls of aiter in one ATOM file (a file that never says `aiter` is skipped unparsed).
 
     Speed: the module skeleton (all function bodies stripped, line numbers
     kept) is parsed first to learn the names bound to aiter; then only the
     bodies that mention one of them (or `aiter`, or an instance attribute set
     from one) are parsed. A body that mentions none cannot call aiter.
+    With `before`, the bodies it scanned that are unchanged are not parsed either, but those
+    on the `def` lines `exclude`d (`scan_file_since`); raises `_Mismatch` when that cannot be done
+    exactly.
     """
     if ROOT.encode() not in data or (not _IMPORTS_AITER.search(data) and b"torch.ops.aiter" not in data):
         return FileCalls(path)  # says `aiter` (rocm_aiter, torch.ops.aiter, ...) but never imports it
     text = data.decode("utf-8", "replace")
     tree: ast.Module | str | None = None
+    units: dict[int, tuple[int, bytes, int]] = {}
+    reuse: dict[int, list[ScanUnit]] = {}
+    skel: _Scanner | None = None
     spans = def_spans(data)
-    skeleton = strip_bodies(data, spans=spans) if spans is not None else None
-    if skeleton is not None:
+    skeleton = _strip(spans[0], spans[1], set(), {}) if spans is not None else None
+    if spans is not None and skeleton is not None:
         sk = parse_source(skeleton, path)
         if isinstance(sk, ast.Module):
             env: dict[str, NameRef] = {}
-            _Scanner(path, sk, text).collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
+            skel = _Scanner(path, sk, text)
+            skel.collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             bound = {n.encode() for n in (ROOT, *env)}
-            bound |= {
-                m.group(1) for m in _SELF_ATTR_RE.finditer(data) if any(_says(m.group(2), n) for n in bound)
+            bound |= {  # (`self.x = <a bound name ...>`: its words, each a `_says` of it)
+                m.group(1)
+                for m in _SELF_ATTR_RE.finditer(data)
+                if not bound.isdisjoint(_WORDS_RE.findall(m.group(2)))
             }
-            partial = strip_bodies(data, keep=lambda body: _may_call(body, bound), spans=spans)
-            if partial is not None:
-                tree = parse_source(partial, path)
+            lines, defs = spans
+            kept: set[int] = set()
+            stand_ins: dict[int, tuple[int, bytes]] = {}
+            expect: dict[int, int] = {}
+            earlier: dict[bytes, list[ScanUnit]] = {}
+            for u in before.units if before is not None else ():
+                if u.inert:
+                    earlier.setdefault(u.text, []).append(u)
+            # (a lone carriage return ends a line for Python, not for these lines: no units then)
+            lined = b"\r" not in data or data.count(b"\r") == data.count(b"\r\n")
+            if before is not None and not lined:
+                raise _Mismatch()
+            for x in _outermost(defs):
+                j, _, b0, k = defs[x]
+                if not _may_call(b"\n".join(lines[b0:k]), bound):
+                    continue
+                kept.add(x)
+                i = _def_line(lines, j) if lined else None
+                if i is None:
+                    continue
+                d = _decorated_from(lines, i)
+                digest = hashlib.blake2b(b"\n".join(lines[d:k]), digest_size=16).digest()
+                units[i + 1] = (k, digest, d + 1)
+                same = earlier.get(digest)
+                if same and i + 1 not in (exclude or ()):
+                    if not skel.named:
+                        skel._compute_hot({ROOT, *env})
+                    said = skel.names_read(env, d + 1, k)[1]  # (a binding it reads changed: parse it)
+                    same = [u for u in same if u.names in (said, b"")]
+                stand_in = _stand_in(lines, i, b0, k) if same else None
+                if same and stand_in is not None and i + 1 not in (exclude or ()):
+                    stand_ins[x] = stand_in
+                    reuse[i + 1] = same
+                    expect[i + 1] = stand_in[0] + 1
+            tree = parse_source(_strip(lines, defs, kept, stand_ins), path)
+            if before is not None and not (isinstance(tree, ast.Module) and _stood_in(tree, expect)):
+                raise _Mismatch()  # (a body left out changed how the rest parses: scan in full)
     if not isinstance(tree, ast.Module):
-        tree = parse_source(data, path)
+        if before is not None:
+            raise _Mismatch()
+        tree, units = parse_source(data, path), {}
     if isinstance(tree, str):
         return FileCalls(path, error=tree)
-    return _Scanner(path, tree, text).scan()
+    scanner = _Scanner(path, tree, text, units, reuse, before)
+    if skel is not None and skel.named:
+        scanner.known_lines = (skel.named, skel.line_names)
+    return scanner.scan()
+
+
+def _outermost(defs: list[tuple[int, int, int, int]]) -> list[int]:
+    """The functions not nested in another's body (as `strip_bodies` decides them)."""
+    out: list[int] = []
+    covered = -1
+    for x, (j, _, _, k) in enumerate(defs):
+        if j < covered:
+            continue
+        out.append(x)
+        covered = k
+    return out
+
+
+def _strip(
+    lines: list[bytes],
+    defs: list[tuple[int, int, int, int]],
+    kept: set[int],
+    stand_ins: dict[int, tuple[int, bytes]],
+) -> bytes:
+    """The source with the outermost function bodies not `kept` replaced by `...` on the header line
+    (`pysource.strip_bodies`), and those with a stand-in by one `...` on the line given: line numbers,
+    and every statement's extent, unchanged."""
+    out = list(lines)
+    for x in _outermost(defs):
+        j, end_col, b0, k = defs[x]
+        if x in kept and x not in stand_ins:
+            continue
+        for y in range(b0, k):
+            out[y] = b""
+        if x in stand_ins:
+            at, indent = stand_ins[x]
+            out[at] = indent + b"..."
+        else:
+            out[j] = lines[j][: end_col + 1] + b" ..."
+    return b"\n".join(out)
+
+
+def _def_line(lines: list[bytes], j: int) -> int | None:
+    """The `def` line of a header ending on line j (checked against the parse: `_Scanner.units`)."""
+    for x in range(j, max(-1, j - 200), -1):
+        if _DEF_LINE_RE.match(lines[x]):
+            return x
+    return None
+
+
+def _decorated_from(lines: list[bytes], i: int) -> int:
+    """The first line of the one-line decorators right above the `def` on line i (checked against the
+    parse: `_Scanner._scan_function`)."""
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    d = i
+    while d > 0 and lines[d - 1].startswith(indent + b"@"):
+        d -= 1
+    return d
+
+
+_DEF_LINE_RE = re.compile(rb"[ \t]*(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(")
+
+
+def _stand_in(lines: list[bytes], i: int, b0: int, k: int) -> tuple[int, bytes] | None:
+    """Where a body's `...` goes so that the function ends where it does: the last line of its last
+    statement (the last line neither blank nor a comment), indented as it is; None when that line
+    cannot be told from the text (a comment-like line after it could end a string)."""
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    for y in range(k - 1, b0 - 1, -1):
+        stripped = lines[y].strip()
+        if not stripped:
+            continue
+        if stripped.startswith(b"#"):
+            if any(c in lines[y] for c in (b'"', b"'", b"\\")):
+                return None
+            continue
+        lead = lines[y][: len(lines[y]) - len(lines[y].lstrip())]
+        if not lead.startswith(indent) or len(lead) <= len(indent) or stripped.endswith(b"\\"):
+            return None
+        return y, lead
+    return None
+
+
+def _stood_in(tree: ast.Module, expect: dict[int, int]) -> bool:
+    """Is each body left out the whole body of the function on its `def` line: one `...` on the line
+    `expect`ed ({def line: stand-in line})? (Outermost functions: not looked for inside functions.)"""
+    found = 0
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if node.lineno not in expect:
+                continue
+            body = node.body
+            if not (
+                len(body) == 1
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and body[0].value.value is Ellipsis
+                and body[0].lineno == body[0].end_lineno == expect[node.lineno]
+            ):
+                return False
+            found += 1
+            continue
+        for fname in ("body", "orelse", "finalbody"):
+            stack.extend(getattr(node, fname, None) or ())
+        for h in getattr(node, "handlers", None) or ():
+            stack.extend(h.body)
+        for c in getattr(node, "cases", None) or ():
+            stack.extend(c.body)
+    return found == len(expect)
+
+
+def _stable(x: object) -> str:
+    """A text that is equal for equal values, across processes (ASTs dumped with their positions)."""
+    if isinstance(x, ast.AST):
+        return ast.dump(x, include_attributes=True)
+    if isinstance(x, dict):
+        return "{" + ",".join(sorted(f"{_stable(k)}:{_stable(v)}" for k, v in x.items())) + "}"
+    if isinstance(x, set | frozenset):
+        return "{" + ",".join(sorted(_stable(v) for v in x)) + "}"
+    if isinstance(x, list | tuple):
+        return "(" + ",".join(_stable(v) for v in x) + ")"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return type(x).__name__ + _stable(tuple(getattr(x, f.name) for f in dataclasses.fields(x)))
+    if x is None or isinstance(x, str | int | float | bytes):
+        return repr(x)
+    raise _Unstable(type(x).__name__)
+
+
+class _Unstable(Exception):
+    """A value with no text equal across processes: the function it is the context of is not reused."""
 
 
 # ATOM registering its own ops in the `aiter` namespace: `direct_register_custom_op("name", ...)`, or a

@@ -37,6 +37,7 @@ from pipeline.compat.calls import (
     SigGuard,
     atom_ops,
     scan_file,
+    scan_file_since,
     unchecked_reason,
     worth_scanning,
 )
@@ -125,6 +126,8 @@ def scan_atom_stream(
 
     A cold check parses a hundred files in the run's worker processes; the checker binds
     each file's calls while the workers parse the next ones (two cores: neither waits).
+    A night's few changed files are scanned here from their previous version's scan, when the
+    cache holds one: only the functions that changed are parsed (`scan_file_since`).
     """
     tree = tree or Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
@@ -132,6 +135,13 @@ def scan_atom_stream(
     results = None
     if missing:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
+        if len(missing) < PARALLEL_MIN_FILES:
+            earlier = _earlier_scans(caches, {pairs[i][0] for i in missing})
+            for i in [i for i in missing if pairs[i][0] in earlier]:
+                path, sha = pairs[i]
+                _remember(caches, pairs[i], scan_file_since(blobs[sha], path, earlier[path]))
+            missing = [i for i in missing if pairs[i][0] not in earlier]
+    if missing:
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
         todo = [k for k, (_, d) in enumerate(work) if worth_scanning(d)]
         # A cold tree, or a night's few changed files when they are big (ATOM's model files are
@@ -164,6 +174,21 @@ def _remember(caches: Caches, pair: tuple[str, str], calls: FileCalls) -> FileCa
     caches.atom.data[f"{pair[1]}:{pair[0]}"] = calls
     caches.atom.dirty = True
     return calls
+
+
+def _earlier_scans(caches: Caches, paths: set[str]) -> dict[str, FileCalls]:
+    """{path: the newest cached scan of another version of it} (the previous night's, usually)."""
+    newest: dict[str, str] = {}
+    for key in caches.atom.data:  # (keys only: nothing is unpickled but the scans returned)
+        path = key.partition(":")[2]
+        if path in paths:
+            newest[path] = key  # (insertion order: a later key was stored or used later)
+    out: dict[str, FileCalls] = {}
+    for path, key in newest.items():
+        got = caches.atom.data.get(key)
+        if isinstance(got, FileCalls) and got.units:
+            out[path] = got
+    return out
 
 
 def _add_times(got: dict[str, int], out: str, prefix: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.gitw import GitRepo
 
-SCHEMA = 18  # bump when a summary's shape or its extraction rules change
+SCHEMA = 19  # bump when a summary's shape or its extraction rules change
 # Past this size a summary pickle loses its oldest entries at the next save: a scheduled CI keeps
 # one cache dir for months, and every warm run loads the whole file.
 MAX_CACHE_BYTES = 64 << 20

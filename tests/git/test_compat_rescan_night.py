@@ -1,0 +1,93 @@
+"""A night's changed ATOM file is scanned from the previous night's cached scan, only its changed
+functions parsed, and the check reports (and caches) what a cold check does (issue 28 §7)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.compat import calls, run_check
+from pipeline.compat.pysource import SummaryCache
+from pipeline.gitw import GitRepo
+from tests.fixtures.compat_repos import build_compat_repos
+from tests.fixtures.gitfixture import commit_all, git, write_files
+
+MODEL = "atom/models/big.py"
+
+NIGHT1 = """\
+import aiter
+from aiter.ops.norm import rms_norm
+from aiter.ops.cache import cache_op
+
+
+class Model:
+    def __init__(self):
+        self.norm = rms_norm
+
+    def prefill(self, x, w):
+        y = self.norm(x, w)
+        return aiter.gemm(y, w)
+
+    def cache(self, k, v, slots):
+        cache_op(k, v, slots, "nhd")
+
+    def decode(self, x, w):
+        return rms_norm(x, w, 1e-5)
+
+
+def helper(x, w):
+    return rms_norm(x, w)
+"""
+
+# The night's commits: decode calls rms_norm wrongly now, a function is added above the class.
+NIGHT2 = NIGHT1.replace(
+    "        return rms_norm(x, w, 1e-5)\n", "        return rms_norm(x, w, eps=1e-5, bias=None)\n"
+).replace("\n\nclass Model:", "\n\ndef early(x):\n    return aiter.gemm(x)\n\n\nclass Model:")
+
+
+def _said(r: Any) -> dict[str, Any]:
+    out = r.to_json()
+    out.pop("seconds", None)
+    return out
+
+
+def test_the_next_night_scans_only_the_changed_functions_and_reports_as_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repos = build_compat_repos(tmp_path / "fx")
+    atom, aiter = GitRepo(repos.atom), GitRepo(repos.aiter)
+    git(repos.atom, "checkout", "-q", repos.t["T3"])
+    write_files(repos.atom, {MODEL: NIGHT1})
+    first = commit_all(repos.atom, "a model", "2026-05-01T10:00:00+00:00")
+    write_files(repos.atom, {MODEL: NIGHT2})
+    second = commit_all(repos.atom, "decode changed", "2026-05-02T10:00:00+00:00")
+    cache = tmp_path / "cache"
+    run_check(atom, first, aiter, repos.a["A4"], cache_dir=cache)
+
+    scanned: list[str] = []
+    real = calls._Scanner._scan_function_body
+
+    def spy(self: calls._Scanner, fn: Any, outer: Any, cls_env: Any) -> None:
+        if self.path == MODEL:
+            scanned.append(getattr(fn, "name", "<lambda>"))
+        real(self, fn, outer, cls_env)
+
+    monkeypatch.setattr(calls._Scanner, "_scan_function_body", spy)
+    got = run_check(atom, second, aiter, repos.a["A4"], cache_dir=cache)
+    assert sorted(scanned) == ["__init__", "decode", "early"]  # (__init__ sets self.norm: every time)
+    monkeypatch.undo()
+    cold = run_check(atom, second, aiter, repos.a["A4"], cache_dir=tmp_path / "cold")
+    assert _said(got) == _said(cold)
+    # The unchanged method's finding, at its line of the new text (4 lines down): taken, not re-scanned.
+    line = NIGHT2.split("\n").index('        cache_op(k, v, slots, "nhd")') + 1
+    assert line == NIGHT1.split("\n").index('        cache_op(k, v, slots, "nhd")') + 1 + 4
+    assert [f.line for f in got.findings if f.path == MODEL and "cache_op" in f.message] == [line]
+    # What the night cached for the file is what a cold check caches, field by field.
+    blob = git(repos.atom, "rev-parse", f"{second}:{MODEL}")
+    night = SummaryCache.open("atom", cache).data[f"{blob}:{MODEL}"]
+    fresh = SummaryCache.open("atom", tmp_path / "cold").data[f"{blob}:{MODEL}"]
+    for f in dataclasses.fields(night):
+        assert getattr(night, f.name) == getattr(fresh, f.name), f.name
