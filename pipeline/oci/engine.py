@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 import docker
 import docker.errors
@@ -350,6 +350,29 @@ def format_run_command(
 # --------------------------------------------------------------------------- protocols
 
 
+class RunOptions(TypedDict, total=False):
+    """The keywords of `run` (`EngineAPI` and `Engine`), named as `format_run_command` prints them.
+
+    Each absent, None or empty one is left to the engine; `detach` is True unless given.
+    """
+
+    name: str | None
+    environment: Mapping[str, str] | None
+    devices: Sequence[str] | None
+    group_add: Sequence[str] | None
+    ipc_mode: str | None
+    cap_add: Sequence[str] | None
+    security_opt: Sequence[str] | None
+    network_mode: str | None
+    volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None
+    ports: Mapping[str, int | str | None] | None
+    labels: Mapping[str, str] | None
+    shm_size: str | None
+    pid_mode: str | None
+    read_only: bool
+    detach: bool
+
+
 class ContainerAPI(Protocol):
     """What the stages use of a running container (`ContainerHandle`; fakes in the unit tier)."""
 
@@ -411,22 +434,7 @@ class EngineAPI(Protocol):
         self,
         image: str,
         command: Sequence[str] | str | None = None,
-        *,
-        name: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        devices: Sequence[str] | None = None,
-        group_add: Sequence[str] | None = None,
-        ipc_mode: str | None = None,
-        cap_add: Sequence[str] | None = None,
-        security_opt: Sequence[str] | None = None,
-        network_mode: str | None = None,
-        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
-        ports: Mapping[str, int | str | None] | None = None,
-        labels: Mapping[str, str] | None = None,
-        shm_size: str | None = None,
-        pid_mode: str | None = None,
-        read_only: bool = False,
-        detach: bool = True,
+        **options: Unpack[RunOptions],
     ) -> ContainerAPI: ...
     def containers(self, key: str, value: str | None = None) -> list[ContainerInfo]: ...
     def container(self, ref: str) -> ContainerInfo | None: ...
@@ -900,56 +908,45 @@ class Engine:
         self,
         image: str,
         command: Sequence[str] | str | None = None,
-        *,
-        name: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        devices: Sequence[str] | None = None,
-        group_add: Sequence[str] | None = None,
-        ipc_mode: str | None = None,
-        cap_add: Sequence[str] | None = None,
-        security_opt: Sequence[str] | None = None,
-        network_mode: str | None = None,
-        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
-        ports: Mapping[str, int | str | None] | None = None,
-        labels: Mapping[str, str] | None = None,
-        shm_size: str | None = None,
-        pid_mode: str | None = None,
-        read_only: bool = False,
-        detach: bool = True,
+        **options: Unpack[RunOptions],
     ) -> ContainerHandle:
         """Create and start a container; the handle (use it as a context manager to always remove it).
 
         With ``detach=False`` the call also waits for the container to exit.  If the start fails the
         container is removed before the error is raised.
         """
-        options: dict[str, Any] = {
-            "name": name,
-            "devices": list(devices) if devices else None,
-            "group_add": list(group_add) if group_add else None,
-            "ipc_mode": ipc_mode,
-            "cap_add": list(cap_add) if cap_add else None,
-            "security_opt": list(security_opt) if security_opt else None,
-            "network_mode": network_mode,
-            "volumes": volumes if volumes else None,
-            "ports": dict(ports) if ports else None,
-            "labels": dict(labels) if labels else None,
-            "shm_size": shm_size,
-            "pid_mode": pid_mode,
-            "read_only": read_only or None,
+        unknown = options.keys() - RunOptions.__optional_keys__
+        if unknown:  # as a keyword-only signature would
+            raise TypeError(f"Engine.run() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        environment = options.get("environment")
+        create: dict[str, Any] = {
+            "name": options.get("name"),
+            "devices": _listed(options.get("devices")),
+            "group_add": _listed(options.get("group_add")),
+            "ipc_mode": options.get("ipc_mode"),
+            "cap_add": _listed(options.get("cap_add")),
+            "security_opt": _listed(options.get("security_opt")),
+            "network_mode": options.get("network_mode"),
+            "volumes": options.get("volumes") or None,
+            "ports": _mapped(options.get("ports")),
+            "labels": _mapped(options.get("labels")),
+            "shm_size": options.get("shm_size"),
+            "pid_mode": options.get("pid_mode"),
+            "read_only": options.get("read_only") or None,
         }
-        options = {k: v for k, v in options.items() if v is not None}
+        create = {k: v for k, v in create.items() if v is not None}
         if self.log is not None:
-            self.log.debug(format_run_command(image, command, environment=environment, **options))
+            self.log.debug(format_run_command(image, command, environment=environment, **create))
         secrets = [v for v in (environment or {}).values() if v]
         with _translated(f"create a container from {image}", secrets=secrets):
             container = self.client.containers.create(
-                image, command, environment=dict(environment) if environment else None, **options
+                image, command, environment=dict(environment) if environment else None, **create
             )
         handle = ContainerHandle(self, container)
         try:
             with _translated(f"start container {handle.name} from {image}", secrets=secrets):
                 container.start()
-            if not detach:
+            if not options.get("detach", True):
                 handle.wait()
         except BaseException:
             # a second Ctrl-C/SIGTERM while removing must not leave the container behind
@@ -964,6 +961,14 @@ class Engine:
                 raise KeyboardInterrupt from None
             raise
         return handle
+
+
+def _listed(values: Sequence[str] | None) -> list[str] | None:
+    return list(values) if values else None
+
+
+def _mapped(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return dict(values) if values else None
 
 
 _LAYER_RE = re.compile(r"^---> ([0-9a-f]{12,64})$")
