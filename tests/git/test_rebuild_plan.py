@@ -205,7 +205,7 @@ def unfixable(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
     """The reach fixture plus Delta: its path has the break aiter's head brings (a pin fixes it) and
     a call that binds at no aiter (`op1` takes one argument at every commit: no pin fixes it)."""
     from tests.fixtures import reach_repos as rr
-    from tests.fixtures.gitfixture import commit_all, init_repo, write_files
+    from tests.fixtures.gitfixture import commit_all, dedented, init_repo, write_files
 
     root = tmp_path_factory.mktemp("unfixable")
     op1 = "\ndef op1(a):\n    return a\n"
@@ -229,7 +229,7 @@ def unfixable(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
                 return run(x, x, x) + aiter.op1(x, x)
     """
     atom = init_repo(root / "atom")
-    write_files(atom, rr._files(files))
+    write_files(atom, dedented(files))
     atom_sha = commit_all(atom, "ATOM with four models", "2026-01-15T00:00:00+00:00")
     write_files(aiter, {k: v + op1 for k, v in rr.AITER_NEW.items()})
     aiter_sha = commit_all(aiter, "op: drop c", "2026-02-01T00:00:00+00:00")
