@@ -9,10 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import ExitCode
-from tests.fixtures.build_repos import MODEL, BuildRepos
-from tests.git.test_orchestrate import break_aiter, world
-
-__all__ = ["world"]  # the fixture, shared with test_orchestrate
+from tests.fixtures.build_repos import MODEL, BuildRepos, break_aiter
 
 
 def test_a_check_failure_prints_the_report_then_the_table_then_the_error(

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,54 +19,12 @@ from pipeline.errors import ExitCode
 from pipeline.lock import Lock
 from pipeline.runs import RunDir
 from tests.fixtures.build_repos import (
-    AITER_BUILD_CMD,
-    ATOM_INSTALL_CMD,
     MODEL,
     BuildRepos,
-    make_build_repos,
+    break_aiter,
     run_git,
-    write_series,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-FAKE_DIGEST = "sha256:" + "ab" * 32
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildRepos:
-    repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)
-    write_series(repos, tmp_path / "patches")
-    # a valid recipe for the model (the docker tier's test recipe, renamed)
-    recipe = (REPO / "tests" / "servers" / "recipe-test.yaml").read_text()
-    repos.recipe.write_text(recipe.replace("name: Smoke-Test-Tiny", f"name: {MODEL}"))
-    env = {
-        "PIPELINE_ATOM_REPO": str(repos.atom),
-        "PIPELINE_AITER_REPO": str(repos.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(repos.root / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_TEMPLATES_DIR": str(REPO / "dockerfiles"),
-        "PIPELINE_BASE_IMAGE": f"example.invalid/base:1@{FAKE_DIGEST}",
-        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
-        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
-    return repos
-
-
-def only_run(tmp_path: Path) -> Path:
-    runs = sorted((tmp_path / "runs").iterdir())
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def states(run: Path) -> dict[str, str]:
-    return {p.stem: json.loads(p.read_text())["status"] for p in (run / "stages").glob("*.json")}
+from tests.fixtures.project import FAKE_DIGEST, REPO, only_run, states
 
 
 def test_chain_until_render_then_resume_skips_everything(
@@ -108,19 +65,6 @@ def test_patch_change_reruns_from_patch_not_pin(world: BuildRepos, tmp_path: Pat
     assert after["pin"] == before["pin"]  # not re-run: the same record, the same duration
     assert after["patch"]["inputs_digest"] != before["patch"]["inputs_digest"]
     assert after["check"]["inputs_digest"] != before["check"]["inputs_digest"]
-
-
-def break_aiter(repos: BuildRepos) -> str:
-    """An upstream aiter commit, after ATOM's, that inserts a parameter before block_size."""
-    op = repos.aiter / "aiter" / "ops" / "fused_qknorm_idxrqknorm.py"
-    op.write_text(
-        "def fused_qknorm_idxrqknorm(\n"
-        "    q, k, kv_cache_k, kv_cache_v, index_cache, kv_scale, block_size, q_out\n"
-        "):\n"
-        '    return "newer-api"\n'
-    )
-    run_git(repos.aiter, "commit", "-q", "-am", "add kv_scale", date="2026-07-01T12:00:00Z")
-    return run_git(repos.aiter, "rev-parse", "HEAD")
 
 
 def test_unfixed_break_stops_before_render_and_names_the_cause(

@@ -11,6 +11,7 @@ from pipeline.cli import main
 from pipeline.errors import ExitCode, IncompatibleError, UsageError
 from pipeline.lock import Lock
 from pipeline.rebuild import Plan
+from tests.fixtures.project import REPO, project_env, use_project
 from tests.fixtures.reach_repos import ReachRepos, build_reach_repos, recipe_yaml
 
 
@@ -29,26 +30,18 @@ def _env(fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     (recipes / "Gamma.yaml").write_text(recipe_yaml("Gamma", "GammaForCausalLM"))
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "series").write_text("")
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        "PIPELINE_ATOM_REPO": str(fx.atom),
-        "PIPELINE_AITER_REPO": str(fx.aiter),
-        "PIPELINE_ATOM_REF": fx.atom_sha,
-        "PIPELINE_AITER_REF": fx.aiter_sha,
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(recipes),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_TEMPLATES_DIR": str(root / "dockerfiles"),
-        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
-        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
-        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    env = project_env(
+        tmp_path,
+        fx.atom,
+        fx.aiter,
+        recipes=recipes,
+        PIPELINE_ATOM_REF=fx.atom_sha,
+        PIPELINE_AITER_REF=fx.aiter_sha,
+        PIPELINE_TEMPLATES_DIR=str(REPO / "dockerfiles"),
+        PIPELINE_AITER_BUILD_CMD=AITER_BUILD_CMD,
+        PIPELINE_ATOM_INSTALL_CMD=ATOM_INSTALL_CMD,
+    )
+    use_project(monkeypatch, tmp_path, env)
 
 
 def test_one_plan_one_pair_for_every_model(
