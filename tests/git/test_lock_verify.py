@@ -27,13 +27,12 @@ from pipeline.oci.engine import ImageInfo
 from pipeline.stages.base import Context
 from pipeline.stages.verify import verify_here
 from tests.fixtures.build_repos import MODEL, BuildRepos
-from tests.fixtures.project import only_run, states
+from tests.fixtures.project import only_run, run_until, states
 
 
 def _final_lock(tmp_path: Path) -> Path:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
     lock = tmp_path / "given.toml"
-    shutil.copy(only_run(tmp_path) / "lock.toml", lock)
+    shutil.copy(run_until("patch", tmp_path) / "lock.toml", lock)
     return lock
 
 
@@ -113,8 +112,7 @@ def test_a_run_lock_edited_between_stages_stops_render(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("check", tmp_path)
     lock = run / "lock.toml"
     lock.write_text(EDITS["patch-sha256"][1](lock.read_text(), world))
     capsys.readouterr()

@@ -17,7 +17,7 @@ from pipeline.cli import main
 from pipeline.errors import ExitCode
 from pipeline.lock import Lock
 from tests.fixtures.build_repos import CK_PATH, MODEL, BuildRepos, break_aiter
-from tests.fixtures.project import only_run, states
+from tests.fixtures.project import only_run, run_until, states
 
 
 def _settings(run: Path) -> dict[str, dict[str, object]]:
@@ -63,8 +63,7 @@ def test_a_resumed_run_keeps_its_pin_unless_repin(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("patch", tmp_path)
     pinned = Lock.load(run / "lock.toml").aiter.sha
     # upstream aiter moves on, and locks/<model>.toml is re-pinned to the new pair
     moved = break_aiter(world)
@@ -90,8 +89,7 @@ def test_a_stage_that_runs_again_says_which_input_changed(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("check", tmp_path)
     before = json.loads((run / "stages" / "patch.json").read_text())["reads"]
     patch = next((tmp_path / "patches").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
@@ -115,8 +113,7 @@ def test_a_run_directory_moved_elsewhere_resumes_with_nothing_done_again(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("render", tmp_path)
     moved = tmp_path / "elsewhere" / run.name
     shutil.copytree(run, moved)
     shutil.rmtree(run)
