@@ -15,7 +15,7 @@ from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
 from tests.fixtures.compat_history import HistoryRepos, build_history_repos
-from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos, cli_on
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +197,7 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
-    return ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    return cli_on(fx, "check", tmp_path, monkeypatch)
 
 
 def test_cli_exit_codes_and_json(

@@ -13,7 +13,7 @@ from pipeline.compat.impact import ImpactReport, ModelSpec, _Bisect, _Range, run
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
 from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
-from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos, cli_on
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +149,7 @@ def test_sarif_primary_locations_are_aiter_and_sites_related(fx: CompatRepos, tm
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
-    return ["impact", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    return cli_on(fx, "impact", tmp_path, monkeypatch)
 
 
 def test_cli_formats_and_exit_codes(
