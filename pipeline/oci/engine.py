@@ -350,6 +350,21 @@ def format_run_command(
 # --------------------------------------------------------------------------- protocols
 
 
+class BuildOptions(TypedDict, total=False):
+    """The keywords of `build` (`EngineAPI` and `Engine`): `dockerfile` (default "Dockerfile") in the
+    context, the image's `tag`, `labels` and `buildargs`, the stage to stop at (`target`), `nocache`,
+    `pull` (the base again), and `on_line`, which is given each output line as it comes."""
+
+    dockerfile: str
+    tag: str | None
+    labels: Mapping[str, str] | None
+    buildargs: Mapping[str, str] | None
+    target: str | None
+    nocache: bool
+    pull: bool
+    on_line: Callable[[str], None] | None
+
+
 class RunOptions(TypedDict, total=False):
     """The keywords of `run` (`EngineAPI` and `Engine`), named as `format_run_command` prints them.
 
@@ -411,15 +426,7 @@ class EngineAPI(Protocol):
     def build(
         self,
         context_dir: str | Path,
-        *,
-        dockerfile: str = "Dockerfile",
-        tag: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        buildargs: Mapping[str, str] | None = None,
-        target: str | None = None,
-        nocache: bool = False,
-        pull: bool = False,
-        on_line: Callable[[str], None] | None = None,
+        **options: Unpack[BuildOptions],
     ) -> BuiltImage: ...
     def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]: ...
     def pull(self, ref: str, auth_config: Mapping[str, str] | None = None) -> ImageInfo: ...
@@ -645,28 +652,25 @@ class Engine:
     def build(
         self,
         context_dir: str | Path,
-        *,
-        dockerfile: str = "Dockerfile",
-        tag: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        buildargs: Mapping[str, str] | None = None,
-        target: str | None = None,
-        nocache: bool = False,
-        pull: bool = False,
-        on_line: Callable[[str], None] | None = None,
+        **options: Unpack[BuildOptions],
     ) -> BuiltImage:
         """Build with the classic builder, streaming each output line to ``on_line``.
 
         Raises BuildError naming the failing ``Step N/M : ...``; its evidence is the full log
         followed by the last lines of that step's output.
         """
+        unknown = options.keys() - BuildOptions.__optional_keys__
+        if unknown:  # as a keyword-only signature would
+            raise TypeError(f"Engine.build() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        dockerfile, tag = options.get("dockerfile", "Dockerfile"), options.get("tag")
+        labels, buildargs = options.get("labels"), options.get("buildargs")
         context = Path(context_dir)
         if not (context / dockerfile).is_file():
             raise BuildError(
                 f"No {dockerfile} in the build context {context}.",
                 hint="Render the build context first (`pipeline render`).",
             )
-        blog = _BuildLog(on_line)
+        blog = _BuildLog(options.get("on_line"))
         image_id: str | None = None
         error: str | None = None
         try:
@@ -677,9 +681,9 @@ class Engine:
                     tag=tag,
                     labels=dict(labels) if labels else None,
                     buildargs=dict(buildargs) if buildargs else None,
-                    target=target,
-                    nocache=nocache,
-                    pull=pull,
+                    target=options.get("target"),
+                    nocache=options.get("nocache", False),
+                    pull=options.get("pull", False),
                     rm=True,
                     forcerm=True,
                     decode=True,
