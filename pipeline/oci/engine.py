@@ -693,9 +693,8 @@ class Engine:
                         blog.feed(str(item["stream"]))
                     if "aux" in item and isinstance(item["aux"], dict) and "ID" in item["aux"]:
                         image_id = str(item["aux"]["ID"])
-                    if "error" in item or "errorDetail" in item:
-                        detail = item.get("errorDetail") or {}
-                        error = str(item.get("error") or detail.get("message") or item)
+                    if (said := _stream_error(item)) is not None:
+                        error = said
                         blog.feed("ERROR: " + error + "\n")
         except BuildError as err:
             blog.flush()
@@ -837,9 +836,8 @@ class Engine:
                 aux = item.get("aux")
                 if isinstance(aux, dict) and aux.get("Digest"):
                     digest = str(aux["Digest"])
-                if "error" in item or "errorDetail" in item:
-                    detail = item.get("errorDetail") or {}
-                    error = str(item.get("error") or detail.get("message") or item)
+                if (said := _stream_error(item)) is not None:
+                    error = said
                     lines.append("ERROR: " + error)
         evidence = _scrub("\n".join(lines), secrets)
         if error is not None:
@@ -859,9 +857,8 @@ class Engine:
             ):
                 if item.get("status"):
                     lines.append(str(item["status"]))
-                if "error" in item or "errorDetail" in item:
-                    detail = item.get("errorDetail") or {}
-                    error = str(item.get("error") or detail.get("message") or item)
+                if (said := _stream_error(item)) is not None:
+                    error = said
                     lines.append("ERROR: " + error)
         evidence = _scrub("\n".join(lines), secrets)
         if error is not None:
@@ -965,6 +962,14 @@ class Engine:
                 raise KeyboardInterrupt from None
             raise
         return handle
+
+
+def _stream_error(item: Mapping[str, Any]) -> str | None:
+    """The error an item of the engine's build, push or pull stream reports, if it reports one."""
+    if "error" in item or "errorDetail" in item:
+        detail = item.get("errorDetail") or {}
+        return str(item.get("error") or detail.get("message") or item)
+    return None
 
 
 def _listed(values: Sequence[str] | None) -> list[str] | None:
