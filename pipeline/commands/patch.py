@@ -53,9 +53,17 @@ def _repo_options(f: F) -> F:
     return f
 
 
+def _worktree_option(help: str) -> Callable[[F], F]:
+    """`--repo`: the ATOM work tree that import, export and new work in."""
+    return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), required=True, help=help)
+
+
+def _patches_dir(app: App, patches_dir: Path | None) -> Path:
+    return patches_dir or Path(app.settings().paths.patches_dir)
+
+
 def _series(app: App, patches_dir: Path | None) -> PatchSeries:
-    directory = patches_dir or Path(app.settings().paths.patches_dir)
-    return PatchSeries.load(directory)
+    return PatchSeries.load(_patches_dir(app, patches_dir))
 
 
 def _lock_path(app: App, lock_file: Path | None, model: str | None) -> Path:
@@ -71,6 +79,11 @@ def _lock_path(app: App, lock_file: Path | None, model: str | None) -> Path:
         f"which lock? {len(found)} lock files in {locks_dir}.",
         hint="Pass --model MODEL or --lock FILE.",
     )
+
+
+def _locked_atom(app: App, lock_file: Path | None, model: str | None) -> str:
+    """The ATOM commit of the lock (`--lock` / `--model`): the default base of import, export and new."""
+    return Lock.load(_lock_path(app, lock_file, model)).atom.sha
 
 
 def _repos(app: App, lock: Lock, atom_repo: Path | None, aiter_repo: Path | None) -> tuple[GitRepo, GitRepo]:
@@ -261,7 +274,7 @@ def apply_cmd(
     ctx = app.context()
     inputs = patch.Inputs(
         lock=lock,
-        patches_dir=patches_dir or Path(ctx.settings.paths.patches_dir),
+        patches_dir=_patches_dir(app, patches_dir),
         out=None if no_lock_update else lock_path,
         atom_repo=atom_repo,
         aiter_repo=aiter_repo,
@@ -288,12 +301,7 @@ def apply_cmd(
 @command.command(name="import")
 @_dir_option
 @_lock_options
-@click.option(
-    "--repo",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="An ATOM work tree (clean) to create the branch in.",
-)
+@_worktree_option("An ATOM work tree (clean) to create the branch in.")
 @click.option("--base", help="Commit to start from (default: the locked ATOM commit).")
 @click.option("--branch", help="Branch to create (default: patch-queue/<base7>).")
 @click.option("--force", is_flag=True, help="Reset the branch if it exists.")
@@ -313,7 +321,7 @@ def import_cmd(
     from pipeline.patchq import import_series
 
     series = _series(app, patches_dir)
-    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    base = base or _locked_atom(app, lock_file, model)
     name, head = import_series(series, GitRepo(repo), base, branch=branch, force=force)
     app.echo(f"{name} {head}")
 
@@ -321,12 +329,7 @@ def import_cmd(
 @command.command(name="export")
 @_dir_option
 @_lock_options
-@click.option(
-    "--repo",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="The ATOM work tree holding the patch-queue commits.",
-)
+@_worktree_option("The ATOM work tree holding the patch-queue commits.")
 @click.option("--from", "base", help="The base commit (default: the locked ATOM commit).")
 @click.option("--to", "tip", default="HEAD", show_default=True, help="The last commit to export.")
 @pass_app
@@ -343,8 +346,8 @@ def export_cmd(
     from pipeline.gitw import GitRepo
     from pipeline.patchq import export_series
 
-    directory = patches_dir or Path(app.settings().paths.patches_dir)
-    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    directory = _patches_dir(app, patches_dir)
+    base = base or _locked_atom(app, lock_file, model)
     for path in export_series(GitRepo(repo), base, tip, directory):
         app.echo(str(path))
 
@@ -352,12 +355,7 @@ def export_cmd(
 @command.command(name="new")
 @_dir_option
 @_lock_options
-@click.option(
-    "--repo",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="The ATOM work tree holding the commit.",
-)
+@_worktree_option("The ATOM work tree holding the commit.")
 @click.option("--commit", default="HEAD", show_default=True, help="The commit to turn into a patch.")
 @click.option("--from", "base", help="The pinned ATOM commit it sits on (default: the locked one).")
 @click.option("--range", "atom_range", help=f"{RANGE} (default: BASE..).")
@@ -388,8 +386,8 @@ def new_cmd(
     from pipeline.gitw import GitRepo
     from pipeline.patchq import new_patch
 
-    directory = patches_dir or Path(app.settings().paths.patches_dir)
-    base = base or Lock.load(_lock_path(app, lock_file, model)).atom.sha
+    directory = _patches_dir(app, patches_dir)
+    base = base or _locked_atom(app, lock_file, model)
     overrides = {
         k: v
         for k, v in (
@@ -448,7 +446,7 @@ def draft_cmd(
 
     settings = app.settings()
     ctx = app.context()
-    directory = patches_dir or Path(settings.paths.patches_dir)
+    directory = _patches_dir(app, patches_dir)
     series = PatchSeries.load(directory) if (directory / "series").is_file() else PatchSeries(directory)
     recipe: Path | None = None
     if (atom_rev is None) != (aiter_rev is None) or (atom_rev and (atom_repo is None or aiter_repo is None)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -136,25 +136,12 @@ class History:
             self._parents.update(cached[1])
             self._logs[key] = versions_c
             return versions_c
-        out = self.repo.git(
-            "log", "--format=%x01%H%x00%P%x00%ct%x00%an%x00%s", "--raw", "--no-abbrev", "--no-renames",
-            "--first-parent", "-m", rev, "--", path,
-        )  # fmt: skip
         versions: list[FileVersion] = []
         parents: dict[str, str | None] = {}
-        for chunk in out.split("\x01"):
-            if not chunk.strip():
-                continue
-            header, _, rest = chunk.partition("\n")
-            sha, par, ts, author, subject = header.split("\x00", 4)
-            parents[sha] = par.split()[0] if par.split() else None
-            blob: str | None = None
-            for line in rest.splitlines():
-                if line.startswith(":") and "\t" in line:
-                    meta = line.split("\t", 1)[0].split()
-                    blob = None if set(meta[3]) == {"0"} else meta[3]
-            info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
-            versions.append(FileVersion(info, blob))
+        for info, parent, changes in _raw_log_commits(self.repo.git(*self._log_args(rev, path))):
+            parents[info.sha] = parent
+            # the file's blob after the commit (its last raw line: the path is the only one logged)
+            versions.append(FileVersion(info, changes[-1][1] if changes else None))
         self._logs[key] = versions
         self._parents.update(parents)
         if self.facts is not None:
@@ -284,21 +271,30 @@ def _parse_raw_log(out: str) -> tuple[dict[str, list[FileVersion]], dict[str, st
     `git log --raw` in `History._log_args`' format."""
     logs: dict[str, list[FileVersion]] = {}
     parents: dict[str, str | None] = {}
+    for info, parent, changes in _raw_log_commits(out):
+        parents[info.sha] = parent
+        for fpath, blob in changes:
+            if fpath.endswith(".py"):
+                logs.setdefault(fpath, []).append(FileVersion(info, blob))
+    return logs, parents
+
+
+def _raw_log_commits(out: str) -> Iterator[tuple[CommitInfo, str | None, list[tuple[str, str | None]]]]:
+    """Each commit of a `git log --raw` in `History._log_args`' format, newest first: the commit, its
+    first parent, and the (path, blob after it) of each raw line (blob None: the path is deleted)."""
     for chunk in out.split("\x01"):
         if not chunk.strip():
             continue
         header, _, rest = chunk.partition("\n")
         sha, par, ts, author, subject = header.split("\x00", 4)
-        parents[sha] = par.split()[0] if par.split() else None
-        info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
+        changes: list[tuple[str, str | None]] = []
         for line in rest.splitlines():
             if line.startswith(":") and "\t" in line:
                 meta, _, fpath = line.partition("\t")
-                if not fpath.endswith(".py"):
-                    continue
                 blob = meta.split()[3]
-                logs.setdefault(fpath, []).append(FileVersion(info, None if set(blob) == {"0"} else blob))
-    return logs, parents
+                changes.append((fpath, None if set(blob) == {"0"} else blob))
+        info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
+        yield info, (par.split()[0] if par.split() else None), changes
 
 
 _OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")

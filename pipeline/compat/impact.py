@@ -27,7 +27,7 @@ from pipeline.compat.checker import (
     run_check,
     target_of,
 )
-from pipeline.compat.report import SARIF_SCHEMA, CauseInfo, CheckReport, Finding
+from pipeline.compat.report import CauseInfo, CheckReport, Finding, sarif_location, sarif_log, sarif_rule
 from pipeline.errors import PipelineError
 from pipeline.gitw import GitRepo
 
@@ -242,14 +242,7 @@ class ImpactReport:
                     "ruleIndex": 0,
                     "level": "error" if self.gates(d) else "warning",
                     "message": {"text": "\n".join([head, *parts])},
-                    "locations": [
-                        {
-                            "physicalLocation": {
-                                "artifactLocation": {"uri": d.path, "uriBaseId": "%SRCROOT%"},
-                                "region": {"startLine": max(d.line, 1)},
-                            }
-                        }
-                    ],
+                    "locations": [sarif_location(d.path, d.line)],
                     "relatedLocations": related,
                     "partialFingerprints": {"primaryLocationLineHash": f"{d.path}:{d.name}:{RULE_ID}"},
                     "properties": {
@@ -259,39 +252,22 @@ class ImpactReport:
                     },
                 }
             )
-        rule = {
-            "id": RULE_ID,
-            "name": "BreaksAtomCall",
-            "shortDescription": {"text": RULE_TEXT},
-            "fullDescription": {"text": RULE_TEXT},
-            "defaultConfiguration": {"level": "error"},
-            "helpUri": self.atom_web,
-            "properties": {"tags": ["compatibility", "aiter", "atom"], "precision": "high"},
-        }
-        return {
-            "$schema": SARIF_SCHEMA,
-            "version": "2.1.0",
-            "runs": [
-                {
-                    "tool": {
-                        "driver": {
-                            "name": "atom-image-pipeline impact",
-                            "informationUri": self.atom_web,
-                            "rules": [rule],
-                        }
-                    },
-                    "versionControlProvenance": [
-                        {"repositoryUri": self.aiter_web, "revisionId": self.aiter_head}
-                    ],
-                    "properties": {
-                        "aiterBase": self.aiter_base,
-                        "atom": {a.label: a.sha for a in self.atoms},
-                        "models": list(self.models),
-                    },
-                    "results": results,
-                }
-            ],
-        }
+        rule = sarif_rule(
+            RULE_ID, "BreaksAtomCall", RULE_TEXT, self.atom_web, ["compatibility", "aiter", "atom"]
+        )
+        return sarif_log(
+            tool="atom-image-pipeline impact",
+            info_uri=self.atom_web,
+            rules=[rule],
+            repository=self.aiter_web,
+            revision=self.aiter_head,
+            properties={
+                "aiterBase": self.aiter_base,
+                "atom": {a.label: a.sha for a in self.atoms},
+                "models": list(self.models),
+            },
+            results=results,
+        )
 
 
 def run_impact(

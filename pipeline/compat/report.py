@@ -9,6 +9,54 @@ if TYPE_CHECKING:  # the counts and renderings need no git (a stage's figure, re
     from pipeline.gitw import CommitInfo
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def sarif_rule(rule_id: str, name: str, text: str, help_uri: str, tags: list[str]) -> dict[str, Any]:
+    """A SARIF rule as code scanning shows it: an error by default, of high precision."""
+    return {
+        "id": rule_id,
+        "name": name,
+        "shortDescription": {"text": text},
+        "fullDescription": {"text": text},
+        "defaultConfiguration": {"level": "error"},
+        "helpUri": help_uri,
+        "properties": {"tags": tags, "precision": "high"},
+    }
+
+
+def sarif_location(uri: str, line: int, col: int | None = None) -> dict[str, Any]:
+    """A result's location: a path relative to the checked-out repository (%SRCROOT%)."""
+    region = {"startLine": max(line, 1), **({"startColumn": max(col, 1)} if col is not None else {})}
+    return {
+        "physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}, "region": region}
+    }
+
+
+def sarif_log(
+    *,
+    tool: str,
+    info_uri: str,
+    rules: list[dict[str, Any]],
+    repository: str,
+    revision: str,
+    properties: dict[str, Any],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A SARIF 2.1.0 log of one run of `tool` over `revision` of `repository`."""
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": {"name": tool, "informationUri": info_uri, "rules": rules}},
+                "versionControlProvenance": [{"repositoryUri": repository, "revisionId": revision}],
+                "properties": properties,
+                "results": results,
+            }
+        ],
+    }
+
+
 TOOL_NAME = "atom-image-pipeline compat"
 
 KINDS: dict[str, str] = {
@@ -257,15 +305,13 @@ class CheckReport:
     def to_sarif(self) -> dict[str, Any]:
         """SARIF 2.1.0, as GitHub code scanning accepts it (relative URIs, rules, levels)."""
         rules = [
-            {
-                "id": kind,
-                "name": "".join(w.capitalize() for w in kind.split("-")),
-                "shortDescription": {"text": desc},
-                "fullDescription": {"text": desc},
-                "defaultConfiguration": {"level": "error"},
-                "helpUri": "https://github.com/ROCm/aiter",
-                "properties": {"tags": ["compatibility", "aiter"], "precision": "high"},
-            }
+            sarif_rule(
+                kind,
+                "".join(w.capitalize() for w in kind.split("-")),
+                desc,
+                "https://github.com/ROCm/aiter",
+                ["compatibility", "aiter"],
+            )
             for kind, desc in KINDS.items()
         ]
         rule_index = {r["id"]: i for i, r in enumerate(rules)}
@@ -279,14 +325,7 @@ class CheckReport:
                 "ruleIndex": rule_index.get(f.kind, 0),
                 "level": f.severity if f.severity in ("error", "note") else "warning",
                 "message": {"text": text},
-                "locations": [
-                    {
-                        "physicalLocation": {
-                            "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
-                            "region": {"startLine": max(f.line, 1), "startColumn": max(f.col, 1)},
-                        }
-                    }
-                ],
+                "locations": [sarif_location(f.path, f.line, f.col)],
                 "partialFingerprints": {"primaryLocationLineHash": f"{f.function}:{f.kind}:{f.path}"},
                 "properties": {"function": f.function, **({"reach": f.reach} if f.reach else {})},
             }
@@ -302,37 +341,19 @@ class CheckReport:
                     "ruleIndex": rule_index["unparseable-file"],
                     "level": "warning",
                     "message": {"text": f"Not parseable: {u.error}"},
-                    "locations": [
-                        {
-                            "physicalLocation": {
-                                "artifactLocation": {"uri": u.path, "uriBaseId": "%SRCROOT%"},
-                                "region": {"startLine": 1},
-                            }
-                        }
-                    ],
+                    "locations": [sarif_location(u.path, 1)],
                 }
             )
-        return {
-            "$schema": SARIF_SCHEMA,
-            "version": "2.1.0",
-            "runs": [
-                {
-                    "tool": {
-                        "driver": {
-                            "name": TOOL_NAME,
-                            "informationUri": "https://github.com/ROCm/ATOM",
-                            "rules": rules,
-                        }
-                    },
-                    "versionControlProvenance": [
-                        {"repositoryUri": "https://github.com/ROCm/ATOM", "revisionId": self.atom_sha}
-                    ],
-                    "properties": {
-                        "aiter": self.aiter_sha,
-                        "callsChecked": self.calls_checked,
-                        "callsUnchecked": self.calls_unchecked,
-                    },
-                    "results": results,
-                }
-            ],
-        }
+        return sarif_log(
+            tool=TOOL_NAME,
+            info_uri="https://github.com/ROCm/ATOM",
+            rules=rules,
+            repository="https://github.com/ROCm/ATOM",
+            revision=self.atom_sha,
+            properties={
+                "aiter": self.aiter_sha,
+                "callsChecked": self.calls_checked,
+                "callsUnchecked": self.calls_unchecked,
+            },
+            results=results,
+        )

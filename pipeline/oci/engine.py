@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 import docker
 import docker.errors
@@ -350,6 +350,44 @@ def format_run_command(
 # --------------------------------------------------------------------------- protocols
 
 
+class BuildOptions(TypedDict, total=False):
+    """The keywords of `build` (`EngineAPI` and `Engine`): `dockerfile` (default "Dockerfile") in the
+    context, the image's `tag`, `labels` and `buildargs`, the stage to stop at (`target`), `nocache`,
+    `pull` (the base again), and `on_line`, which is given each output line as it comes."""
+
+    dockerfile: str
+    tag: str | None
+    labels: Mapping[str, str] | None
+    buildargs: Mapping[str, str] | None
+    target: str | None
+    nocache: bool
+    pull: bool
+    on_line: Callable[[str], None] | None
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords of `run` (`EngineAPI` and `Engine`), named as `format_run_command` prints them.
+
+    Each absent, None or empty one is left to the engine; `detach` is True unless given.
+    """
+
+    name: str | None
+    environment: Mapping[str, str] | None
+    devices: Sequence[str] | None
+    group_add: Sequence[str] | None
+    ipc_mode: str | None
+    cap_add: Sequence[str] | None
+    security_opt: Sequence[str] | None
+    network_mode: str | None
+    volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None
+    ports: Mapping[str, int | str | None] | None
+    labels: Mapping[str, str] | None
+    shm_size: str | None
+    pid_mode: str | None
+    read_only: bool
+    detach: bool
+
+
 class ContainerAPI(Protocol):
     """What the stages use of a running container (`ContainerHandle`; fakes in the unit tier)."""
 
@@ -388,15 +426,7 @@ class EngineAPI(Protocol):
     def build(
         self,
         context_dir: str | Path,
-        *,
-        dockerfile: str = "Dockerfile",
-        tag: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        buildargs: Mapping[str, str] | None = None,
-        target: str | None = None,
-        nocache: bool = False,
-        pull: bool = False,
-        on_line: Callable[[str], None] | None = None,
+        **options: Unpack[BuildOptions],
     ) -> BuiltImage: ...
     def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]: ...
     def pull(self, ref: str, auth_config: Mapping[str, str] | None = None) -> ImageInfo: ...
@@ -411,22 +441,7 @@ class EngineAPI(Protocol):
         self,
         image: str,
         command: Sequence[str] | str | None = None,
-        *,
-        name: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        devices: Sequence[str] | None = None,
-        group_add: Sequence[str] | None = None,
-        ipc_mode: str | None = None,
-        cap_add: Sequence[str] | None = None,
-        security_opt: Sequence[str] | None = None,
-        network_mode: str | None = None,
-        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
-        ports: Mapping[str, int | str | None] | None = None,
-        labels: Mapping[str, str] | None = None,
-        shm_size: str | None = None,
-        pid_mode: str | None = None,
-        read_only: bool = False,
-        detach: bool = True,
+        **options: Unpack[RunOptions],
     ) -> ContainerAPI: ...
     def containers(self, key: str, value: str | None = None) -> list[ContainerInfo]: ...
     def container(self, ref: str) -> ContainerInfo | None: ...
@@ -637,28 +652,25 @@ class Engine:
     def build(
         self,
         context_dir: str | Path,
-        *,
-        dockerfile: str = "Dockerfile",
-        tag: str | None = None,
-        labels: Mapping[str, str] | None = None,
-        buildargs: Mapping[str, str] | None = None,
-        target: str | None = None,
-        nocache: bool = False,
-        pull: bool = False,
-        on_line: Callable[[str], None] | None = None,
+        **options: Unpack[BuildOptions],
     ) -> BuiltImage:
         """Build with the classic builder, streaming each output line to ``on_line``.
 
         Raises BuildError naming the failing ``Step N/M : ...``; its evidence is the full log
         followed by the last lines of that step's output.
         """
+        unknown = options.keys() - BuildOptions.__optional_keys__
+        if unknown:  # as a keyword-only signature would
+            raise TypeError(f"Engine.build() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        dockerfile, tag = options.get("dockerfile", "Dockerfile"), options.get("tag")
+        labels, buildargs = options.get("labels"), options.get("buildargs")
         context = Path(context_dir)
         if not (context / dockerfile).is_file():
             raise BuildError(
                 f"No {dockerfile} in the build context {context}.",
                 hint="Render the build context first (`pipeline render`).",
             )
-        blog = _BuildLog(on_line)
+        blog = _BuildLog(options.get("on_line"))
         image_id: str | None = None
         error: str | None = None
         try:
@@ -669,9 +681,9 @@ class Engine:
                     tag=tag,
                     labels=dict(labels) if labels else None,
                     buildargs=dict(buildargs) if buildargs else None,
-                    target=target,
-                    nocache=nocache,
-                    pull=pull,
+                    target=options.get("target"),
+                    nocache=options.get("nocache", False),
+                    pull=options.get("pull", False),
                     rm=True,
                     forcerm=True,
                     decode=True,
@@ -681,9 +693,8 @@ class Engine:
                         blog.feed(str(item["stream"]))
                     if "aux" in item and isinstance(item["aux"], dict) and "ID" in item["aux"]:
                         image_id = str(item["aux"]["ID"])
-                    if "error" in item or "errorDetail" in item:
-                        detail = item.get("errorDetail") or {}
-                        error = str(item.get("error") or detail.get("message") or item)
+                    if (said := _stream_error(item)) is not None:
+                        error = said
                         blog.feed("ERROR: " + error + "\n")
         except BuildError as err:
             blog.flush()
@@ -825,9 +836,8 @@ class Engine:
                 aux = item.get("aux")
                 if isinstance(aux, dict) and aux.get("Digest"):
                     digest = str(aux["Digest"])
-                if "error" in item or "errorDetail" in item:
-                    detail = item.get("errorDetail") or {}
-                    error = str(item.get("error") or detail.get("message") or item)
+                if (said := _stream_error(item)) is not None:
+                    error = said
                     lines.append("ERROR: " + error)
         evidence = _scrub("\n".join(lines), secrets)
         if error is not None:
@@ -847,9 +857,8 @@ class Engine:
             ):
                 if item.get("status"):
                     lines.append(str(item["status"]))
-                if "error" in item or "errorDetail" in item:
-                    detail = item.get("errorDetail") or {}
-                    error = str(item.get("error") or detail.get("message") or item)
+                if (said := _stream_error(item)) is not None:
+                    error = said
                     lines.append("ERROR: " + error)
         evidence = _scrub("\n".join(lines), secrets)
         if error is not None:
@@ -900,56 +909,45 @@ class Engine:
         self,
         image: str,
         command: Sequence[str] | str | None = None,
-        *,
-        name: str | None = None,
-        environment: Mapping[str, str] | None = None,
-        devices: Sequence[str] | None = None,
-        group_add: Sequence[str] | None = None,
-        ipc_mode: str | None = None,
-        cap_add: Sequence[str] | None = None,
-        security_opt: Sequence[str] | None = None,
-        network_mode: str | None = None,
-        volumes: Mapping[str, Mapping[str, str]] | Sequence[str] | None = None,
-        ports: Mapping[str, int | str | None] | None = None,
-        labels: Mapping[str, str] | None = None,
-        shm_size: str | None = None,
-        pid_mode: str | None = None,
-        read_only: bool = False,
-        detach: bool = True,
+        **options: Unpack[RunOptions],
     ) -> ContainerHandle:
         """Create and start a container; the handle (use it as a context manager to always remove it).
 
         With ``detach=False`` the call also waits for the container to exit.  If the start fails the
         container is removed before the error is raised.
         """
-        options: dict[str, Any] = {
-            "name": name,
-            "devices": list(devices) if devices else None,
-            "group_add": list(group_add) if group_add else None,
-            "ipc_mode": ipc_mode,
-            "cap_add": list(cap_add) if cap_add else None,
-            "security_opt": list(security_opt) if security_opt else None,
-            "network_mode": network_mode,
-            "volumes": volumes if volumes else None,
-            "ports": dict(ports) if ports else None,
-            "labels": dict(labels) if labels else None,
-            "shm_size": shm_size,
-            "pid_mode": pid_mode,
-            "read_only": read_only or None,
+        unknown = options.keys() - RunOptions.__optional_keys__
+        if unknown:  # as a keyword-only signature would
+            raise TypeError(f"Engine.run() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        environment = options.get("environment")
+        create: dict[str, Any] = {
+            "name": options.get("name"),
+            "devices": _listed(options.get("devices")),
+            "group_add": _listed(options.get("group_add")),
+            "ipc_mode": options.get("ipc_mode"),
+            "cap_add": _listed(options.get("cap_add")),
+            "security_opt": _listed(options.get("security_opt")),
+            "network_mode": options.get("network_mode"),
+            "volumes": options.get("volumes") or None,
+            "ports": _mapped(options.get("ports")),
+            "labels": _mapped(options.get("labels")),
+            "shm_size": options.get("shm_size"),
+            "pid_mode": options.get("pid_mode"),
+            "read_only": options.get("read_only") or None,
         }
-        options = {k: v for k, v in options.items() if v is not None}
+        create = {k: v for k, v in create.items() if v is not None}
         if self.log is not None:
-            self.log.debug(format_run_command(image, command, environment=environment, **options))
+            self.log.debug(format_run_command(image, command, environment=environment, **create))
         secrets = [v for v in (environment or {}).values() if v]
         with _translated(f"create a container from {image}", secrets=secrets):
             container = self.client.containers.create(
-                image, command, environment=dict(environment) if environment else None, **options
+                image, command, environment=dict(environment) if environment else None, **create
             )
         handle = ContainerHandle(self, container)
         try:
             with _translated(f"start container {handle.name} from {image}", secrets=secrets):
                 container.start()
-            if not detach:
+            if not options.get("detach", True):
                 handle.wait()
         except BaseException:
             # a second Ctrl-C/SIGTERM while removing must not leave the container behind
@@ -964,6 +962,22 @@ class Engine:
                 raise KeyboardInterrupt from None
             raise
         return handle
+
+
+def _stream_error(item: Mapping[str, Any]) -> str | None:
+    """The error an item of the engine's build, push or pull stream reports, if it reports one."""
+    if "error" in item or "errorDetail" in item:
+        detail = item.get("errorDetail") or {}
+        return str(item.get("error") or detail.get("message") or item)
+    return None
+
+
+def _listed(values: Sequence[str] | None) -> list[str] | None:
+    return list(values) if values else None
+
+
+def _mapped(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return dict(values) if values else None
 
 
 _LAYER_RE = re.compile(r"^---> ([0-9a-f]{12,64})$")

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from pipeline import labels
 from pipeline.config import Settings
@@ -434,33 +434,40 @@ class ReleasePlan:
         return self.binding.image
 
 
-def release_plan(
-    engine: EngineAPI,
-    *,
-    image: str,
-    verdict_path: Path,
-    lock: Path | None,
-    recipe_path: Path | None,
-    settings: Settings,
-    registry: str | None,
-    repository: str | None,
-    log: Logger,
-) -> ReleasePlan:
+class ReleaseRequest(TypedDict):
+    """What `release_plan` and `tag_verified` are asked: the image, the verdict, lock and recipe it
+    must be bound to, and where it goes (`registry`/`repository`, else the settings')."""
+
+    image: str
+    verdict_path: Path
+    lock: Path | None
+    recipe_path: Path | None
+    settings: Settings
+    registry: str | None
+    repository: NotRequired[str | None]
+    log: Logger
+
+
+def release_plan(engine: EngineAPI, **request: Unpack[ReleaseRequest]) -> ReleasePlan:
     """The binding checked (verdict, image, recipe, lock) and the tags planned; nothing pushed."""
-    verdict = read_tag_verdict(verdict_path)
+    unknown = request.keys() - ReleaseRequest.__required_keys__ - ReleaseRequest.__optional_keys__
+    if unknown:  # as a keyword-only signature would
+        raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    image, settings, log = request["image"], request["settings"], request["log"]
+    verdict = read_tag_verdict(request["verdict_path"])
     info = engine.image(image)
     binding = check_binding(
         verdict,
         info,
         image=image,
-        lock_path=lock,
-        recipe_path=recipe_path,
+        lock_path=request["lock"],
+        recipe_path=request["recipe_path"],
         locks_dir=Path(settings.paths.locks_dir),
     )
     img = binding.image
     digest = bound_digest(verdict, image)
     log.detail(f"verdict {verdict.path} is bound to {image} ({_short(img.id)}, {digest}), recipe and lock")
-    target = target_repository(settings, registry, repository)
+    target = target_repository(settings, request["registry"], request.get("repository"))
     fields = tag_fields(binding.lock, verdict.verdict, verdict.verdict.inputs_digest)
     immutable, moving = plan_tags(settings, fields)
     log.detail(f"immutable tag {immutable}; moving tags {', '.join(moving) or '(none)'}")
@@ -470,26 +477,20 @@ def release_plan(
 def tag_verified(
     engine: EngineAPI,
     *,
-    image: str,
-    verdict_path: Path,
-    lock: Path | None,
-    recipe_path: Path | None,
-    settings: Settings,
-    registry: str | None,
-    log: Logger,
     env: Mapping[str, str],
-    repository: str | None = None,
     client: RegistryClient | None = None,
     lock_timeout: float = 120.0,
     run_cosign: Callable[[Sequence[str], Mapping[str, str]], subprocess.CompletedProcess[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     allow_older: bool = False,
     build_attestations: Path | None = None,
+    **request: Unpack[ReleaseRequest],
 ) -> TagResult:
     """Verify the binding, push the immutable tag, read its digest back, record, move the moving tags.
 
     Moving tags only move forward (`pipeline.release.moving_tags`); `allow_older` moves them back, loudly.
     """
+    image, settings, log = request["image"], request["settings"], request["log"]
     started = _now()
     cosign = settings.tag.cosign
     if cosign and cosign_available() is None:
@@ -498,17 +499,7 @@ def tag_verified(
             "nothing was pushed.",
             hint="Install cosign, or run without --cosign.",
         )
-    planned = release_plan(
-        engine,
-        image=image,
-        verdict_path=verdict_path,
-        lock=lock,
-        recipe_path=recipe_path,
-        settings=settings,
-        registry=registry,
-        repository=repository,
-        log=log,
-    )
+    planned = release_plan(engine, **request)
     verdict, binding, img, target = planned.verdict, planned.binding, planned.image, planned.target
     verdict_path = verdict.path
     immutable, moving = planned.immutable, planned.moving

@@ -51,6 +51,7 @@ import pytest
 from pipeline import labels as image_labels
 from pipeline.errors import BuildError, InfraError
 from pipeline.oci.engine import BuiltImage, ContainerHandle, Engine, ImageInfo, created_layers
+from tests.fixtures.procs import stop
 
 BASE_IMAGE = os.environ.get("ATOM_PIPELINE_TEST_BASE_IMAGE", "atom-pipeline-test/bookworm-python3:1")
 TEST_LABEL = "org.atom-image-pipeline.test"
@@ -330,12 +331,7 @@ def _start_registry(
     try:
         yield reg
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=10)
         shutil.rmtree(storage, ignore_errors=True)
 
 

@@ -141,15 +141,21 @@ def lock_for(repos: BuildRepos, base_ref: str, **kw: object) -> Lock:
 
 
 def build(
-    engine: Engine, ctx: Path, s: Settings, run_dir: Path, cleanup: DockerCleanup, **kw: object
+    engine: Engine,
+    ctx: Path,
+    s: Settings,
+    run_dir: Path,
+    cleanup: DockerCleanup,
+    log: Logger | None = None,
+    **kw: object,
 ) -> BuildOutcome:
-    log = Logger(stream=io.StringIO())
+    """build_image of `ctx` into `run_dir`, its image labelled for `cleanup` (`log`: a quiet one)."""
     env = kw.pop("env", os.environ)
     return build_image(
         engine,
         ctx,
         tag=None,
-        log=log,
+        log=log if log is not None else Logger(stream=io.StringIO()),
         run_dir=run_dir,
         extra_labels=cleanup.labels,
         settings=s,
@@ -192,16 +198,7 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
 
     # 1. cold build
     run1 = tmp_path / "run1"
-    first = build_image(
-        engine,
-        ctx1.dir,
-        tag=None,
-        log=log,
-        run_dir=run1,
-        extra_labels=docker_cleanup.labels,
-        settings=s,
-        env=os.environ,
-    )
+    first = build(engine, ctx1.dir, s, run1, docker_cleanup, log)
     assert not first.skipped and first.aiter_cached is False
     assert first.builder.startswith("buildkit")
     assert first.log_path == run1 / BUILD_LOG and "[aiter 5/5] RUN" in first.log_path.read_text()
@@ -241,16 +238,7 @@ def test_build_labels_run_patch_only_rebuild_and_skip(
     repos2 = repos.repatch("-v2")
     ctx2 = render(repos2, s, tmp_path / "ctx2", lock_for(repos2, pinned_base))
     assert ctx2.inputs_digest != ctx1.inputs_digest
-    second = build_image(
-        engine,
-        ctx2.dir,
-        tag=None,
-        log=log,
-        run_dir=tmp_path / "run2",
-        extra_labels=docker_cleanup.labels,
-        settings=s,
-        env=os.environ,
-    )
+    second = build(engine, ctx2.dir, s, tmp_path / "run2", docker_cleanup, log)
     assert not second.skipped and second.aiter_cached is True and second.image_id != first.image_id
     assert json.loads(times.read_text())["steps"][aiter_step] == aiter_s  # from cache: the real time kept
     shown = log.stream.getvalue().split("image self-check passed", 1)[1]  # the second build's lines
@@ -311,16 +299,7 @@ def test_hostile_ref_is_a_label_value_never_a_command(
     s = settings(pinned_base, docker_cleanup.case_id, tmp_path)
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_url=evil))
     log = Logger(stream=io.StringIO())
-    out = build_image(
-        engine,
-        ctx.dir,
-        tag=None,
-        log=log,
-        run_dir=tmp_path,
-        extra_labels=docker_cleanup.labels,
-        settings=s,
-        env=os.environ,
-    )
+    out = build(engine, ctx.dir, s, tmp_path, docker_cleanup, log)
     info = engine.image(out.image_id)
     assert info is not None and info.labels["org.atom-image-pipeline.atom.url"] == evil
     code = "import os; print([p for p in ('/pwned', '/pwned2', '/pwned3') if os.path.exists(p)])"
@@ -335,16 +314,7 @@ def test_failing_build_shows_step_and_tail_and_tags_nothing(
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base))
     log = Logger(stream=io.StringIO())
     with pytest.raises(BuildError) as e:
-        build_image(
-            engine,
-            ctx.dir,
-            tag=None,
-            log=log,
-            run_dir=tmp_path / "run",
-            extra_labels=docker_cleanup.labels,
-            settings=s,
-            env=os.environ,
-        )
+        build(engine, ctx.dir, s, tmp_path / "run", docker_cleanup, log)
     text = str(e.value)
     assert f"RUN {failing}" in text and "aiter-kernel-compile-failed-here" in text
     assert "Nothing was tagged" in text and str(tmp_path / "run" / BUILD_LOG) in text
@@ -455,16 +425,7 @@ def test_image_in_target_registry_is_not_rebuilt(
     s = settings(pinned_base, case, tmp_path)
     ctx = render(repos, s, tmp_path / "ctx", lock_for(repos, pinned_base, atom_ref=f"registry-{case}"))
     log = Logger(stream=io.StringIO())
-    built = build_image(
-        engine,
-        ctx.dir,
-        tag=None,
-        log=log,
-        run_dir=tmp_path,
-        extra_labels=docker_cleanup.labels,
-        settings=s,
-        env=os.environ,
-    )
+    built = build(engine, ctx.dir, s, tmp_path, docker_cleanup, log)
     remote_repo = registry.repo(s.image.repository)
     remote_tag = ctx.image_ref.rsplit(":", 1)[1]
     engine.tag(built.image_id, remote_repo, remote_tag)

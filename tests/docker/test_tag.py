@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from pipeline.log import Logger
 from pipeline.oci.engine import Engine
 from pipeline.oci.registry import Credentials, RegistryClient
 from pipeline.release.tag import tag_verified
-from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, MODEL, World, make_world
+from tests.fixtures.tag_world import AITER_SHA, ATOM_SHA, CREATED, MODEL, World, make_world
 
 from .conftest import REGISTRY_BIN, DockerCleanup, Registry
 
@@ -51,29 +52,60 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
-def _build(
-    engine: Engine,
-    base_image: str,
-    cleanup: DockerCleanup,
-    world: World,
-    tmp_path: Path,
-    registry: Registry,
-    repo: str,
-) -> str:
-    """Build an image FROM the local base with the world's labels, push it as the candidate (what
-    `pipeline build` does) and write a passed verdict for it by that digest."""
-    ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
-    ctx.mkdir()
-    (ctx / "marker").write_text(uuid.uuid4().hex)
-    (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY marker /marker\n")
-    ref = cleanup.tag(f"tagged-{uuid.uuid4().hex[:6]}")
-    built = engine.build(ctx, tag=ref, labels={**world.labels, **cleanup.labels})
-    candidate = f"candidate-{uuid.uuid4().hex[:12]}"
-    engine.tag(built.id, registry.repo(repo), candidate)
-    cleanup.image(f"{registry.repo(repo)}:{candidate}")
-    digest = engine.push(registry.repo(repo), candidate, auth_config=registry.auth_config)
-    world.write_verdict(image={"ref": f"{registry.repo(repo)}@{digest}", "id": built.id, "digest": digest})
-    return ref
+@dataclass
+class Releases:
+    """Candidates to release: each built FROM the local base with its world's labels, pushed as the
+    candidate (what `pipeline build` does), with a passed verdict written for it by that digest."""
+
+    engine: Engine
+    base_image: str
+    cleanup: DockerCleanup
+    tmp_path: Path
+
+    def repo(self, name: str) -> str:
+        """This test's own repository in the registry."""
+        return f"{REPO_PREFIX}/{name}-{self.cleanup.case_id}"
+
+    def candidate(
+        self,
+        registry: Registry,
+        repo: str,
+        world_dir: str = "w",
+        *,
+        created: str = CREATED,
+        finished: str | None = None,
+    ) -> tuple[World, str]:
+        """A new world (its image `created`, its verdict `finished` then) and the local name of its image."""
+        world = make_world(self.tmp_path / world_dir, image_id="", created=created)
+        if finished is not None:
+            world.write_verdict(finished=finished)
+        ctx = self.tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
+        ctx.mkdir()
+        (ctx / "marker").write_text(uuid.uuid4().hex)
+        (ctx / "Dockerfile").write_text(f"FROM {self.base_image}\nCOPY marker /marker\n")
+        ref = self.cleanup.tag(f"tagged-{uuid.uuid4().hex[:6]}")
+        built = self.engine.build(ctx, tag=ref, labels={**world.labels, **self.cleanup.labels})
+        candidate = f"candidate-{uuid.uuid4().hex[:12]}"
+        self.engine.tag(built.id, registry.repo(repo), candidate)
+        self.cleanup.image(f"{registry.repo(repo)}:{candidate}")
+        digest = self.engine.push(registry.repo(repo), candidate, auth_config=registry.auth_config)
+        world.write_verdict(
+            image={"ref": f"{registry.repo(repo)}@{digest}", "id": built.id, "digest": digest}
+        )
+        return world, ref
+
+    def next_day(self, registry: Registry, repo: str) -> tuple[World, str]:
+        """A second candidate, made and smoke-tested a day after the first (`candidate()`'s defaults)."""
+        return self.candidate(
+            registry, repo, "b", created="2026-06-30T08:00:00Z", finished="2026-06-30T08:00:00+00:00"
+        )
+
+
+@pytest.fixture
+def releases(
+    engine: Engine, base_image: str, docker_cleanup: DockerCleanup, tmp_path: Path, cli_env: Path
+) -> Releases:
+    return Releases(engine, base_image, docker_cleanup, tmp_path)
 
 
 def _tag_args(world: World, image: str, registry: Registry, repo: str, *extra: str) -> list[str]:
@@ -94,7 +126,7 @@ def _tag_args(world: World, image: str, registry: Registry, repo: str, *extra: s
 
 
 def _release_tags(client: RegistryClient, repo: str) -> list[str]:
-    """The repository's tags but the candidates `_build` pushed."""
+    """The repository's tags but the candidates `Releases.candidate` pushed."""
     return [t for t in client.tags(repo) if not t.startswith("candidate-")]
 
 
@@ -106,16 +138,13 @@ def _immutable(world: World) -> str:
 
 def test_tag_pushes_by_digest_and_pulls_back(
     engine: Engine,
-    base_image: str,
+    releases: Releases,
     docker_cleanup: DockerCleanup,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    world = make_world(tmp_path / "w", image_id="")
-    repo = f"{REPO_PREFIX}/tag-{docker_cleanup.case_id}"
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
+    repo = releases.repo("tag")
+    world, image = releases.candidate(registry, repo)
     code = main(_tag_args(world, image, registry, repo, "--push-latest", "--json"))
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -160,16 +189,13 @@ def test_tag_pushes_by_digest_and_pulls_back(
 def test_refusals_push_nothing(
     engine: Engine,
     base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    world = make_world(tmp_path / "w", image_id="")
-    repo = f"{REPO_PREFIX}/refuse-{docker_cleanup.case_id}"
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
+    repo = releases.repo("refuse")
+    world, image = releases.candidate(registry, repo)
     good = world.verdict()
     client = RegistryClient(registry.host)
 
@@ -252,21 +278,17 @@ def restarted() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     monkeypatch: pytest.MonkeyPatch,
     restarted: list[subprocess.Popen[bytes]],
 ) -> None:
-    repo = f"{REPO_PREFIX}/stop-{docker_cleanup.case_id}"
+    repo = releases.repo("stop")
     verified = f"{MODEL}-verified"
     client = RegistryClient(registry.host)
 
     # first release: the moving tag points at image A
-    world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
+    world_a, image_a = releases.candidate(registry, repo, "a")
 
     def run(world: World, image: str) -> Any:
         return _tag_run(engine, world, image, registry, repo, push_latest=False)
@@ -275,9 +297,7 @@ def test_registry_stopped_before_moving_tags_leaves_them_untouched(
     assert client.manifest_digest(repo, verified) == first.digest
 
     # second release (another image, a later day): stop the registry after the immutable push
-    world_b = make_world(tmp_path / "b", image_id="")
-    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
+    world_b, image_b = releases.candidate(registry, repo, "b", finished="2026-06-30T08:00:00+00:00")
     real_put = RegistryClient.put_manifest
     events: list[str] = []
 
@@ -328,9 +348,7 @@ def _assert_secret_nowhere(secret: str, texts: list[str], roots: list[Path]) -> 
 
 
 def test_auth_registry_credentials_never_shown(
-    engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     auth_registry: Registry,
     tmp_path: Path,
     cli_env: Path,
@@ -339,9 +357,8 @@ def test_auth_registry_credentials_never_shown(
 ) -> None:
     assert auth_registry.username is not None and auth_registry.password is not None
     user, password = auth_registry.username, auth_registry.password
-    world = make_world(tmp_path / "w", image_id="")
-    repo = f"{REPO_PREFIX}/auth-{docker_cleanup.case_id}"
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, auth_registry, repo)
+    repo = releases.repo("auth")
+    world, image = releases.candidate(auth_registry, repo)
     texts: list[str] = []
 
     # no credentials: refused, clearly
@@ -387,11 +404,9 @@ def test_auth_registry_credentials_never_shown(
 
 def test_cosign_attests_the_pushed_digest(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
     tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -409,9 +424,8 @@ def test_cosign_attests_the_pushed_digest(
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    world = make_world(tmp_path / "w", image_id="")
-    repo = f"{REPO_PREFIX}/cosign-{docker_cleanup.case_id}"
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
+    repo = releases.repo("cosign")
+    world, image = releases.candidate(registry, repo)
     assert main(_tag_args(world, image, registry, repo, "--cosign", "--json")) == 0
     result = json.loads(capsys.readouterr().out)
     call = json.loads(calls.read_text())
@@ -451,21 +465,16 @@ def _tag_run(
 
 
 def test_an_older_release_never_moves_the_moving_tags_back(
-    engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    repo = f"{REPO_PREFIX}/order-{docker_cleanup.case_id}"
+    repo = releases.repo("order")
     client = RegistryClient(registry.host)
-    newer = make_world(tmp_path / "new", image_id="", created="2026-06-30T10:00:00Z")
-    image_new = _build(engine, base_image, docker_cleanup, newer, tmp_path, registry, repo)
-    older = make_world(tmp_path / "old", image_id="", created="2026-06-20T10:00:00Z")
-    older.write_verdict(finished="2026-06-28T08:00:00+00:00")
-    image_old = _build(engine, base_image, docker_cleanup, older, tmp_path, registry, repo)
+    newer, image_new = releases.candidate(registry, repo, "new", created="2026-06-30T10:00:00Z")
+    older, image_old = releases.candidate(
+        registry, repo, "old", created="2026-06-20T10:00:00Z", finished="2026-06-28T08:00:00+00:00"
+    )
 
     assert main(_tag_args(newer, image_new, registry, repo, "--push-latest", "--json")) == 0
     digest_new = json.loads(capsys.readouterr().out)["digest"]
@@ -494,11 +503,8 @@ def test_an_older_release_never_moves_the_moving_tags_back(
 
 def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     monkeypatch: pytest.MonkeyPatch,
     restarted: list[subprocess.Popen[bytes]],
 ) -> None:
@@ -506,14 +512,11 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
     latest→A and a tool that restored nothing). Now: state read back, the move finished."""
     import threading
 
-    repo = f"{REPO_PREFIX}/split-{docker_cleanup.case_id}"
+    repo = releases.repo("split")
     client = RegistryClient(registry.host)
-    world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
+    world_a, image_a = releases.candidate(registry, repo, "a")
     first = _tag_run(engine, world_a, image_a, registry, repo)
-    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
-    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
+    world_b, image_b = releases.next_day(registry, repo)
     real_put = RegistryClient.put_manifest
     events: list[str] = []
 
@@ -546,18 +549,14 @@ def test_registry_killed_during_a_moving_put_ends_in_one_consistent_state(
 
 def test_a_manifest_answering_http_500_is_said_and_repaired_by_pushing_the_candidate_again(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
 ) -> None:
     """A push killed halfway left an empty revision link: the smoke-tested digest, the tags and
     `verified` answer 500. Tag says so (exit 11, nothing pushed) and names the repair: the
     candidate pushed again from the engine rewrites the link; then the same tag finishes."""
-    repo = f"{REPO_PREFIX}/broken-{docker_cleanup.case_id}"
-    world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, registry, repo)
+    repo = releases.repo("broken")
+    world, image = releases.candidate(registry, repo)
     first = _tag_run(engine, world, image, registry, repo)
     link = (
         registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/revisions/sha256"
@@ -613,27 +612,21 @@ def _moving_state(world: World) -> dict[str, Any]:
 
 def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The rollback rebuilt RegistryUnavailable with type(err) and crashed: exit 1, record `pending`."""
-    repo = f"{REPO_PREFIX}/put500-{docker_cleanup.case_id}"
+    repo = releases.repo("put500")
     verified = f"{MODEL}-verified"
     client = RegistryClient(registry.host)
-    world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
+    world_a, image_a = releases.candidate(registry, repo, "a")
     first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
     # a file where distribution keeps the tag's directory: every PUT and HEAD of `latest` is HTTP 500
     tags_dir = registry.root / "storage/docker/registry/v2/repositories" / repo / "_manifests/tags"
     (tags_dir / "latest").write_text("")
     assert _head_status(registry, repo, "latest") == 500
-    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
-    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
+    world_b, image_b = releases.next_day(registry, repo)
     start = time.monotonic()
     code = main(_tag_args(world_b, image_b, registry, repo, "--push-latest"))
     err = capsys.readouterr().err
@@ -650,11 +643,8 @@ def test_a_persistent_http_500_on_one_moving_put_rolls_back_with_exit_11(
 
 def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repaired_by_the_command_it_names(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     auth_registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A first --push-latest; the real registry answers 401 to the PUT of `latest` (the credentials
@@ -663,11 +653,10 @@ def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repair
     assert auth_registry.username is not None and auth_registry.password is not None
     user, password = auth_registry.username, auth_registry.password
     env = {"PIPELINE_REGISTRY_USER": user, "PIPELINE_REGISTRY_PASSWORD": password}
-    repo = f"{REPO_PREFIX}/split-{docker_cleanup.case_id}"
+    repo = releases.repo("split")
     verified = f"{MODEL}-verified"
     client = RegistryClient(auth_registry.host, credentials=(user, password))
-    world = make_world(tmp_path / "w", image_id="")
-    image = _build(engine, base_image, docker_cleanup, world, tmp_path, auth_registry, repo)
+    world, image = releases.candidate(auth_registry, repo)
     real_put = RegistryClient.put_manifest
 
     def wrong_password_for_latest(self: RegistryClient, repo_: str, tag: str, *a: Any, **kw: Any) -> str:
@@ -712,26 +701,20 @@ def test_a_refused_put_after_a_new_moving_tag_is_a_split_said_plainly_and_repair
 
 def test_a_registry_stall_during_the_push_is_given_up_after_push_timeout_s(
     engine: Engine,
-    base_image: str,
-    docker_cleanup: DockerCleanup,
+    releases: Releases,
     registry: Registry,
-    tmp_path: Path,
-    cli_env: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The registry stops answering (SIGSTOP) as the immutable push starts: `pipeline tag` used to
     wait as long as the stall lasted. Now it gives up after [tag] push_timeout_s, reads the state
     back, exits 11 and leaves the moving tag where it was; the same command finishes later."""
-    repo = f"{REPO_PREFIX}/stall-{docker_cleanup.case_id}"
+    repo = releases.repo("stall")
     verified = f"{MODEL}-verified"
     client = RegistryClient(registry.host)
-    world_a = make_world(tmp_path / "a", image_id="")
-    image_a = _build(engine, base_image, docker_cleanup, world_a, tmp_path, registry, repo)
+    world_a, image_a = releases.candidate(registry, repo, "a")
     first = _tag_run(engine, world_a, image_a, registry, repo, push_latest=False)
-    world_b = make_world(tmp_path / "b", image_id="", created="2026-06-30T08:00:00Z")
-    world_b.write_verdict(finished="2026-06-30T08:00:00+00:00")
-    image_b = _build(engine, base_image, docker_cleanup, world_b, tmp_path, registry, repo)
+    world_b, image_b = releases.next_day(registry, repo)
     real_push = RegistryClient.put_manifest
     stalled: list[int] = []
 

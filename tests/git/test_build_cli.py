@@ -9,10 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import ExitCode
-from tests.fixtures.build_repos import MODEL, BuildRepos
-from tests.git.test_orchestrate import break_aiter, world
-
-__all__ = ["world"]  # the fixture, shared with test_orchestrate
+from tests.fixtures.build_repos import MODEL, BuildRepos, break_aiter
 
 
 def test_a_check_failure_prints_the_report_then_the_table_then_the_error(
@@ -40,12 +37,10 @@ def test_a_bare_checks_advice_names_a_pin_command_that_parses(
     import re
 
     from pipeline.commands.pin import command as pin_command
-    from tests.fixtures.compat_repos import build_compat_repos
+    from tests.fixtures.compat_repos import build_compat_repos, cli_on
 
     fx = build_compat_repos(tmp_path / "fx")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
-    args = ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    args = cli_on(fx, "check", tmp_path, monkeypatch)
     assert main([*args, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == ExitCode.INCOMPATIBLE
     advice = re.findall(r"`pipeline pin([^`]*)`", capsys.readouterr().err)
     assert advice
@@ -120,15 +115,13 @@ def test_the_run_header_names_the_configuration_file(
 def test_a_plain_check_on_actions_writes_the_job_summary_and_annotations_that_link(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.fixtures.compat_repos import build_compat_repos
+    from tests.fixtures.compat_repos import build_compat_repos, cli_on
 
     fx = build_compat_repos(tmp_path / "fx")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    args = cli_on(fx, "check", tmp_path, monkeypatch)
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    args = ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
     assert main([*args, "--atom", fx.t["T1"], "--aiter", fx.a["A2"]]) == ExitCode.INCOMPATIBLE
     err = capsys.readouterr().err
     text = summary.read_text()

@@ -13,9 +13,8 @@ from pipeline.compat import CheckReport, Finding, run_check
 from pipeline.compat.pysource import SCHEMA
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
 from tests.fixtures.compat_history import HistoryRepos, build_history_repos
-from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos, cli_on, fixture_lock
 
 
 @pytest.fixture(scope="module")
@@ -198,9 +197,7 @@ def test_cache_warm_run_gives_the_same_report(fx: CompatRepos, tmp_path: Path) -
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
-    return ["check", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    return cli_on(fx, "check", tmp_path, monkeypatch)
 
 
 def test_cli_exit_codes_and_json(
@@ -244,18 +241,8 @@ def test_cli_sarif_to_file_and_usage_errors(
 def test_cli_lock_file(
     cli_env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
-
-    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
-        c = repo.commit_info(sha)
-        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
-
     def lock_for(t: str, a: str) -> Path:
-        lock = Lock(
-            model="m",
-            sources=Sources(atom=pin(atom, fx.atom, fx.t[t]), aiter=pin(aiter, fx.aiter, fx.a[a])),
-            base_image=BaseImagePin(ref="rocm/pytorch:x"),
-        )
+        lock = fixture_lock(fx, t, a)
         path = tmp_path / f"{t}-{a}.toml"
         path.write_text(lock.to_toml())
         return path

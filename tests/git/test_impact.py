@@ -12,8 +12,7 @@ from pipeline.cli import main
 from pipeline.compat.impact import ImpactReport, ModelSpec, _Bisect, _Range, run_impact
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
-from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos, cli_on, fixture_lock
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +148,7 @@ def test_sarif_primary_locations_are_aiter_and_sites_related(fx: CompatRepos, tm
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fx: CompatRepos) -> list[str]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
-    return ["impact", "--atom-repo", str(fx.atom), "--aiter-repo", str(fx.aiter)]
+    return cli_on(fx, "impact", tmp_path, monkeypatch)
 
 
 def test_cli_formats_and_exit_codes(
@@ -179,19 +176,9 @@ def test_cli_formats_and_exit_codes(
 def test_cli_default_atoms_are_main_and_every_lock(
     cli_env: list[str], fx: CompatRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
-
-    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
-        c = repo.commit_info(sha)
-        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
-
+    atom = GitRepo(fx.atom)
     (tmp_path / "locks").mkdir()
-    lock = Lock(
-        model="m",
-        sources=Sources(atom=pin(atom, fx.atom, fx.t["T1"]), aiter=pin(aiter, fx.aiter, fx.a["A1c"])),
-        base_image=BaseImagePin(ref="rocm/pytorch:x"),
-    )
-    (tmp_path / "locks" / "m.toml").write_text(lock.to_toml())
+    (tmp_path / "locks" / "m.toml").write_text(fixture_lock(fx, "T1", "A1c").to_toml())
     code = main([*cli_env, "--aiter-base", fx.a["A1c"], "--aiter-head", fx.a["A2"], "--format", "json"])
     d = json.loads(capsys.readouterr().out)
     assert [(a["ref"], a["sha"]) for a in d["atom"]] == [

@@ -27,13 +27,12 @@ from pipeline.oci.engine import ImageInfo
 from pipeline.stages.base import Context
 from pipeline.stages.verify import verify_here
 from tests.fixtures.build_repos import MODEL, BuildRepos
-from tests.git.test_orchestrate import only_run, states, world  # noqa: F401 (the fixture)
+from tests.fixtures.project import only_run, run_until, states
 
 
 def _final_lock(tmp_path: Path) -> Path:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
     lock = tmp_path / "given.toml"
-    shutil.copy(only_run(tmp_path) / "lock.toml", lock)
+    shutil.copy(run_until("patch", tmp_path) / "lock.toml", lock)
     return lock
 
 
@@ -63,7 +62,7 @@ EDITS = {
 @pytest.mark.parametrize("case", sorted(EDITS))
 def test_an_edited_lock_is_refused_by_check_render_and_build(
     case: str,
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -92,7 +91,7 @@ def test_an_edited_lock_is_refused_by_check_render_and_build(
 
 
 def test_the_repair_command_makes_the_lock_consistent_again(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -109,12 +108,11 @@ def test_the_repair_command_makes_the_lock_consistent_again(
 
 
 def test_a_run_lock_edited_between_stages_stops_render(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("check", tmp_path)
     lock = run / "lock.toml"
     lock.write_text(EDITS["patch-sha256"][1](lock.read_text(), world))
     capsys.readouterr()
@@ -134,7 +132,7 @@ def _ctx(cache: Path) -> tuple[Context, io.StringIO]:
 @pytest.mark.parametrize("case", ["patch-sha256", "atom-sha"])
 def test_smoke_and_tag_verify_the_run_lock_where_the_mirrors_are_and_say_so_where_they_are_not(
     case: str,
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
 ) -> None:
     """`verify_here` (smoke and tag of a run): the one `verify_lock` on a host with the mirrors; on a
@@ -173,7 +171,7 @@ class _Engine:
 
 
 def test_the_smoke_and_tag_stages_refuse_a_lock_edited_after_the_build_before_anything_starts(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

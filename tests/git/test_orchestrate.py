@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,61 +19,18 @@ from pipeline.errors import ExitCode
 from pipeline.lock import Lock
 from pipeline.runs import RunDir
 from tests.fixtures.build_repos import (
-    AITER_BUILD_CMD,
-    ATOM_INSTALL_CMD,
     MODEL,
     BuildRepos,
-    make_build_repos,
+    break_aiter,
     run_git,
-    write_series,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-FAKE_DIGEST = "sha256:" + "ab" * 32
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildRepos:
-    repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)
-    write_series(repos, tmp_path / "patches")
-    # a valid recipe for the model (the docker tier's test recipe, renamed)
-    recipe = (REPO / "tests" / "servers" / "recipe-test.yaml").read_text()
-    repos.recipe.write_text(recipe.replace("name: Smoke-Test-Tiny", f"name: {MODEL}"))
-    env = {
-        "PIPELINE_ATOM_REPO": str(repos.atom),
-        "PIPELINE_AITER_REPO": str(repos.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(repos.root / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_TEMPLATES_DIR": str(REPO / "dockerfiles"),
-        "PIPELINE_BASE_IMAGE": f"example.invalid/base:1@{FAKE_DIGEST}",
-        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
-        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
-    return repos
-
-
-def only_run(tmp_path: Path) -> Path:
-    runs = sorted((tmp_path / "runs").iterdir())
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def states(run: Path) -> dict[str, str]:
-    return {p.stem: json.loads(p.read_text())["status"] for p in (run / "stages").glob("*.json")}
+from tests.fixtures.project import FAKE_DIGEST, REPO, only_run, run_until, states
 
 
 def test_chain_until_render_then_resume_skips_everything(
     world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("render", tmp_path)
     assert states(run) == {"pin": "ok", "patch": "ok", "check": "ok", "render": "ok"}
     spec = json.loads((run / "run.json").read_text())
     assert spec["model"] == MODEL and spec["stages"] == ["pin", "patch", "check", "render"]
@@ -98,8 +54,7 @@ def test_chain_until_render_then_resume_skips_everything(
 
 
 def test_patch_change_reruns_from_patch_not_pin(world: BuildRepos, tmp_path: Path) -> None:
-    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("check", tmp_path)
     before = {s: json.loads((run / "stages" / f"{s}.json").read_text()) for s in ("pin", "patch", "check")}
     patch = next((tmp_path / "patches").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
@@ -108,19 +63,6 @@ def test_patch_change_reruns_from_patch_not_pin(world: BuildRepos, tmp_path: Pat
     assert after["pin"] == before["pin"]  # not re-run: the same record, the same duration
     assert after["patch"]["inputs_digest"] != before["patch"]["inputs_digest"]
     assert after["check"]["inputs_digest"] != before["check"]["inputs_digest"]
-
-
-def break_aiter(repos: BuildRepos) -> str:
-    """An upstream aiter commit, after ATOM's, that inserts a parameter before block_size."""
-    op = repos.aiter / "aiter" / "ops" / "fused_qknorm_idxrqknorm.py"
-    op.write_text(
-        "def fused_qknorm_idxrqknorm(\n"
-        "    q, k, kv_cache_k, kv_cache_v, index_cache, kv_scale, block_size, q_out\n"
-        "):\n"
-        '    return "newer-api"\n'
-    )
-    run_git(repos.aiter, "commit", "-q", "-am", "add kv_scale", date="2026-07-01T12:00:00Z")
-    return run_git(repos.aiter, "rev-parse", "HEAD")
 
 
 def test_unfixed_break_stops_before_render_and_names_the_cause(
@@ -227,8 +169,7 @@ def test_one_waiver_for_two_call_sites_is_counted_twice_everywhere(
 def test_check_with_a_lock_applies_the_models_recipe_waivers(
     world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0  # the lock records the patch
-    lock = str(only_run(tmp_path) / "lock.toml")
+    lock = str(run_until("patch", tmp_path) / "lock.toml")  # the lock records the patch
     assert main(["check", "--lock", lock]) == 0
     # a newer aiter breaks the patched call; check that pair (the lock's ATOM, the new aiter)
     breaking = break_aiter(world)
@@ -268,8 +209,7 @@ def test_a_patch_past_its_range_is_reported_obsolete(world: BuildRepos, tmp_path
     start = f"X-Atom-Range: {world.atom_sha[:12]}.."
     # upstream merged the fix at this very ATOM commit: the range now ends here
     patch.write_text(patch.read_text().replace(start, start + world.atom_sha[:12]))
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("patch", tmp_path)
     assert 'status = "not-needed"' in (run / "lock.toml").read_text()
     (note,) = obsolete_patches(load_settings(env=dict(os.environ), cwd=tmp_path), run)
     assert "0001-minimax-m3-split-kv-cache.patch is obsolete" in note and "past its range" in note
@@ -294,8 +234,7 @@ def test_changing_one_input_file_reruns_its_stage_and_those_after_it_and_nothing
     templates = tmp_path / "templates"
     shutil.copytree(REPO / "dockerfiles", templates)
     monkeypatch.setenv("PIPELINE_TEMPLATES_DIR", str(templates))
-    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("render", tmp_path)
     before = records(run)
     dockerfile = (run / "context" / "Dockerfile").read_text()
     if edit == "patch":
@@ -326,8 +265,7 @@ def test_source_date_epoch_sets_created_in_build_as_in_render(
     world: BuildRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("render", tmp_path)
     built = json.loads((run / "context" / "render.json").read_text())
     assert built["labels"]["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
     args = [
@@ -368,8 +306,7 @@ def test_a_plain_pin_keeps_the_digest_given_by_hand(
 def test_build_with_a_lock_shows_the_locks_sources(
     world: BuildRepos, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
-    lock = only_run(tmp_path) / "lock.toml"
+    lock = run_until("patch", tmp_path) / "lock.toml"
     shutil.move(str(only_run(tmp_path)), str(tmp_path / "first"))
     lock = tmp_path / "first" / "lock.toml"
     capsys.readouterr()

@@ -11,10 +11,10 @@ import pytest
 from pipeline.cli import main
 from pipeline.errors import ExitCode
 from pipeline.gitw import GitRepo
-from pipeline.lock import BaseImagePin, Lock, SourcePin, Sources
+from pipeline.lock import Lock
 from pipeline.patchq.draft import PLACEHOLDER, is_draft, placeholders_in
 from pipeline.patchq.model import PatchSeries
-from tests.fixtures.compat_repos import CompatRepos, build_compat_repos
+from tests.fixtures.compat_repos import CompatRepos, build_compat_repos, fixture_lock
 
 
 @pytest.fixture(scope="module")
@@ -101,20 +101,9 @@ def test_apply_refuses_a_draft_with_a_placeholder_until_it_is_filled(
 ) -> None:
     assert draft(env, fx, "A4") == 0
     capsys.readouterr()
-    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
-
-    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
-        c = repo.commit_info(sha)
-        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
-
+    atom = GitRepo(fx.atom)
     lock = tmp_path / "m.toml"
-    lock.write_text(
-        Lock(
-            model="m",
-            sources=Sources(atom=pin(atom, fx.atom, fx.t["T1"]), aiter=pin(aiter, fx.aiter, fx.a["A4"])),
-            base_image=BaseImagePin(ref="rocm/pytorch:x"),
-        ).to_toml()
-    )
+    lock.write_text(fixture_lock(fx, "T1", "A4").to_toml())
     refs = atom.git("for-each-ref")
     apply = ["patch", "apply", *env, "--lock", str(lock), "--workdir", str(tmp_path / "w")]
     assert main(apply) == ExitCode.PATCH
@@ -157,20 +146,11 @@ def test_the_rebuild_summary_says_whether_a_draft_exists_for_a_blocked_pair(
         env={"PIPELINE_CACHE_DIR": str(tmp_path / "cache"), "PIPELINE_PATCHES_DIR": str(tmp_path / "p")},
         cwd=tmp_path,
     )
-    atom, aiter = GitRepo(fx.atom), GitRepo(fx.aiter)
     for url in (fx.atom, fx.aiter):
         open_mirror(settings, str(url), fetch=True)  # what `pin` leaves behind
 
-    def pin(repo: GitRepo, url: Path, sha: str) -> SourcePin:
-        c = repo.commit_info(sha)
-        return SourcePin(url=str(url), ref=sha, sha=c.sha, date=c.iso_date, subject=c.subject)
-
     def lock(a: str) -> Lock:
-        return Lock(
-            model="m",
-            sources=Sources(atom=pin(atom, fx.atom, fx.t["T1"]), aiter=pin(aiter, fx.aiter, fx.a[a])),
-            base_image=BaseImagePin(ref="rocm/pytorch:x"),
-        )
+        return fixture_lock(fx, "T1", a)
 
     assert draft_note(settings, lock("A4")).startswith("no draft fix in the series: `pipeline patch draft")
     assert draft(env, fx, "A4") == 0

@@ -15,6 +15,7 @@ from pipeline.errors import ConfigError, ExitCode
 from pipeline.gitw import GitRepo
 from pipeline.recipes.recipe import parse_recipe
 from tests.fixtures.gitfixture import commit_all, write_files
+from tests.fixtures.project import project_env, use_project
 from tests.fixtures.reach_repos import ReachRepos, build_reach_repos, recipe_yaml
 
 BROKEN = "atom/model_ops/broken.py"
@@ -187,20 +188,8 @@ def _pipeline_env(
     (tmp_path / "patches" / "series").write_text("")
     for name, arch in models.items():
         (tmp_path / "recipes" / f"{name}.yaml").write_text(recipe_yaml(name, arch))
-    env = {
-        "PIPELINE_ATOM_REPO": str(fx.atom),
-        "PIPELINE_AITER_REPO": str(fx.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(tmp_path / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
-        "PIPELINE_FETCH_RETRIES": "0",
-        **extra,
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    env = project_env(tmp_path, fx.atom, fx.aiter, recipes=tmp_path / "recipes", **extra)
+    use_project(monkeypatch, tmp_path, env)
 
 
 def test_check_model_gates_on_the_models_path(

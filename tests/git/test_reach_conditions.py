@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from pipeline.compat.reach import ModelFacts, compute_reach, gate_model
 from pipeline.errors import ExitCode, SourceError
 from pipeline.gitw import GitRepo
 from pipeline.recipes.recipe import parse_recipe
-from tests.fixtures.gitfixture import commit_all, write_files
+from tests.fixtures.gitfixture import commit_all, dedented, write_files
 from tests.fixtures.reach_repos import BROKEN_CALL, ReachRepos, build_reach_repos, recipe_yaml
 
 TRITON = "atom/model_ops/triton_moe.py"
@@ -62,7 +61,7 @@ DELTA = {
 
 def _with_delta(src: Path, dst: Path) -> str:
     shutil.copytree(src, dst)
-    files = {k: textwrap.dedent(v).lstrip("\n") for k, v in DELTA.items()}
+    files = dedented(DELTA)
     runner = (dst / "atom/model_engine/model_runner.py").read_text()
     files["atom/model_engine/model_runner.py"] = runner.replace(
         '    "AlphaForCausalLM":',

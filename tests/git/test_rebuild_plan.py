@@ -11,6 +11,7 @@ from pipeline.cli import main
 from pipeline.errors import ExitCode, IncompatibleError, UsageError
 from pipeline.lock import Lock
 from pipeline.rebuild import Plan
+from tests.fixtures.project import REPO, project_env, use_project
 from tests.fixtures.reach_repos import ReachRepos, build_reach_repos, recipe_yaml
 
 
@@ -29,26 +30,18 @@ def _env(fx: ReachRepos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     (recipes / "Gamma.yaml").write_text(recipe_yaml("Gamma", "GammaForCausalLM"))
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "series").write_text("")
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        "PIPELINE_ATOM_REPO": str(fx.atom),
-        "PIPELINE_AITER_REPO": str(fx.aiter),
-        "PIPELINE_ATOM_REF": fx.atom_sha,
-        "PIPELINE_AITER_REF": fx.aiter_sha,
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(recipes),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_TEMPLATES_DIR": str(root / "dockerfiles"),
-        "PIPELINE_BASE_IMAGE": "example.invalid/base:1@sha256:" + "ab" * 32,
-        "PIPELINE_AITER_BUILD_CMD": AITER_BUILD_CMD,
-        "PIPELINE_ATOM_INSTALL_CMD": ATOM_INSTALL_CMD,
-        "PIPELINE_FETCH_RETRIES": "0",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    env = project_env(
+        tmp_path,
+        fx.atom,
+        fx.aiter,
+        recipes=recipes,
+        PIPELINE_ATOM_REF=fx.atom_sha,
+        PIPELINE_AITER_REF=fx.aiter_sha,
+        PIPELINE_TEMPLATES_DIR=str(REPO / "dockerfiles"),
+        PIPELINE_AITER_BUILD_CMD=AITER_BUILD_CMD,
+        PIPELINE_ATOM_INSTALL_CMD=ATOM_INSTALL_CMD,
+    )
+    use_project(monkeypatch, tmp_path, env)
 
 
 def test_one_plan_one_pair_for_every_model(
@@ -205,7 +198,7 @@ def unfixable(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
     """The reach fixture plus Delta: its path has the break aiter's head brings (a pin fixes it) and
     a call that binds at no aiter (`op1` takes one argument at every commit: no pin fixes it)."""
     from tests.fixtures import reach_repos as rr
-    from tests.fixtures.gitfixture import commit_all, init_repo, write_files
+    from tests.fixtures.gitfixture import commit_all, dedented, init_repo, write_files
 
     root = tmp_path_factory.mktemp("unfixable")
     op1 = "\ndef op1(a):\n    return a\n"
@@ -229,7 +222,7 @@ def unfixable(tmp_path_factory: pytest.TempPathFactory) -> ReachRepos:
                 return run(x, x, x) + aiter.op1(x, x)
     """
     atom = init_repo(root / "atom")
-    write_files(atom, rr._files(files))
+    write_files(atom, dedented(files))
     atom_sha = commit_all(atom, "ATOM with four models", "2026-01-15T00:00:00+00:00")
     write_files(aiter, {k: v + op1 for k, v in rr.AITER_NEW.items()})
     aiter_sha = commit_all(aiter, "op: drop c", "2026-02-01T00:00:00+00:00")

@@ -60,15 +60,19 @@ def render(
     submodules: str = "mirror",
     atom_tree: str | None = None,
     recipe: Path | None = None,
+    atom: Path | None = None,
+    with_settings: Settings | None = None,
 ) -> RenderedContext:
+    """render_context of the fixture lock into `out`: the patched ATOM tree of `atom` (default: the
+    fixture's ATOM), with `settings(out.parent, submodules)` unless `with_settings` is given."""
     return render_context(
         lock=lock or repos.lock(base_ref=BASE, base_digest=DIGEST),
-        atom=GitRepo(repos.atom),
+        atom=GitRepo(atom or repos.atom),
         atom_tree_sha=atom_tree or repos.patched_sha,
         aiter=GitRepo(repos.aiter),
         submodule_repos={CK_PATH: GitRepo(repos.ck) if ck else None},
         recipe_path=recipe or repos.recipe,
-        settings=settings(out.parent, submodules),
+        settings=with_settings or settings(out.parent, submodules),
         out_dir=out,
         templates_dir=TEMPLATES,
     )
@@ -145,17 +149,7 @@ def test_without_a_wheelhouse_offline_is_refused_online_uses_the_index(
     s = s.model_copy(update={"paths": s.paths.model_copy(update={"wheels_dir": str(empty)})})
 
     def go(st: Settings, out: Path) -> RenderedContext:
-        return render_context(
-            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
-            atom=GitRepo(repos.atom),
-            atom_tree_sha=repos.patched_sha,
-            aiter=GitRepo(repos.aiter),
-            submodule_repos={CK_PATH: GitRepo(repos.ck)},
-            recipe_path=repos.recipe,
-            settings=st,
-            out_dir=out,
-            templates_dir=TEMPLATES,
-        )
+        return render(repos, out, with_settings=st)
 
     offline = s.model_copy(update={"image": s.image.model_copy(update={"offline_build": True})})
     with pytest.raises(RenderError, match=r"scripts/setup\.sh image-wheelhouse") as e:
@@ -248,17 +242,7 @@ def test_patched_commit_must_descend_from_lock(repos: BuildRepos, tmp_path: Path
     tree = GitRepo(clone).git("rev-parse", f"{repos.patched_sha}^{{tree}}")
     orphan = run_git(clone, "commit-tree", tree, "-m", "same tree, unrelated history")
     with pytest.raises(RenderError, match="does not descend"):
-        render_context(
-            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
-            atom=GitRepo(clone),
-            atom_tree_sha=orphan,
-            aiter=GitRepo(repos.aiter),
-            submodule_repos={CK_PATH: GitRepo(repos.ck)},
-            recipe_path=repos.recipe,
-            settings=settings(tmp_path),
-            out_dir=tmp_path / "ctx",
-            templates_dir=TEMPLATES,
-        )
+        render(repos, tmp_path / "ctx", atom=clone, atom_tree=orphan)
     with pytest.raises(RenderError, match="not in the mirror"):
         render(repos, tmp_path / "ctx", atom_tree=repos.aiter_sha)
 
@@ -288,17 +272,7 @@ def test_tree_with_export_attributes_is_refused(repos: BuildRepos, tmp_path: Pat
     run_git(clone, "commit", "-q", "-m", "drop a file from archives")
     head = run_git(clone, "rev-parse", "HEAD")
     with pytest.raises(RenderError, match="export-ignore"):
-        render_context(
-            lock=repos.lock(base_ref=BASE, base_digest=DIGEST),
-            atom=GitRepo(clone),
-            atom_tree_sha=head,
-            aiter=GitRepo(repos.aiter),
-            submodule_repos={CK_PATH: GitRepo(repos.ck)},
-            recipe_path=repos.recipe,
-            settings=settings(tmp_path),
-            out_dir=tmp_path / "ctx",
-            templates_dir=TEMPLATES,
-        )
+        render(repos, tmp_path / "ctx", atom=clone, atom_tree=head)
     assert not (tmp_path / "ctx").exists()
 
 

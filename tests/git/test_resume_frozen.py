@@ -16,8 +16,8 @@ import pytest
 from pipeline.cli import main
 from pipeline.errors import ExitCode
 from pipeline.lock import Lock
-from tests.fixtures.build_repos import CK_PATH, MODEL, BuildRepos
-from tests.git.test_orchestrate import break_aiter, only_run, states, world  # noqa: F401 (the fixture)
+from tests.fixtures.build_repos import CK_PATH, MODEL, BuildRepos, break_aiter
+from tests.fixtures.project import only_run, run_until, states
 
 
 def _settings(run: Path) -> dict[str, dict[str, object]]:
@@ -26,7 +26,7 @@ def _settings(run: Path) -> dict[str, dict[str, object]]:
 
 
 def test_a_resumed_run_keeps_its_settings_and_refuses_a_contradicting_flag(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -59,12 +59,11 @@ def test_a_resumed_run_keeps_its_settings_and_refuses_a_contradicting_flag(
 
 
 def test_a_resumed_run_keeps_its_pin_unless_repin(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "patch"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("patch", tmp_path)
     pinned = Lock.load(run / "lock.toml").aiter.sha
     # upstream aiter moves on, and locks/<model>.toml is re-pinned to the new pair
     moved = break_aiter(world)
@@ -86,12 +85,11 @@ def test_a_resumed_run_keeps_its_pin_unless_repin(
 
 
 def test_a_stage_that_runs_again_says_which_input_changed(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "check"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("check", tmp_path)
     before = json.loads((run / "stages" / "patch.json").read_text())["reads"]
     patch = next((tmp_path / "patches").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("Fixture patch: insert kv_cache_v.", "Fixture patch, v2."))
@@ -105,18 +103,17 @@ def test_a_stage_that_runs_again_says_which_input_changed(
     assert "↷ pin" in err
 
 
-def test_repin_goes_with_resume(world: BuildRepos, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_repin_goes_with_resume(world: BuildRepos, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "--model", MODEL, "--repin"]) == ExitCode.USAGE
     assert "--repin re-pins a run: it goes with --resume DIR" in capsys.readouterr().err
 
 
 def test_a_run_directory_moved_elsewhere_resumes_with_nothing_done_again(
-    world: BuildRepos,  # noqa: F811
+    world: BuildRepos,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["build", "--model", MODEL, "--until", "render"]) == 0
-    run = only_run(tmp_path)
+    run = run_until("render", tmp_path)
     moved = tmp_path / "elsewhere" / run.name
     shutil.copytree(run, moved)
     shutil.rmtree(run)

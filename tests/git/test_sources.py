@@ -11,23 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import retry, sources
+from pipeline import sources
 from pipeline.config import Settings, load_settings
 from pipeline.errors import InfraError, SourceError
 from pipeline.gitw import GitRepo
 from pipeline.log import Logger
 from pipeline.sources import mirror_path, open_mirror, resolve_ref
-from tests.fixtures.upstream_repos import FixtureRepo, Upstreams, free_port, git_daemon, make_upstreams
+from tests.fixtures.upstream_repos import FixtureRepo, Upstreams, free_port, git_daemon
 
-
-@pytest.fixture(autouse=True)
-def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.01)
-
-
-@pytest.fixture
-def ups(tmp_path: Path) -> Upstreams:
-    return make_upstreams(tmp_path)
+pytestmark = pytest.mark.usefixtures("fast_backoff")  # (tests/git/conftest.py)
 
 
 def make_settings(tmp_path: Path, **overrides: object) -> Settings:

@@ -7,39 +7,13 @@ branch kept under refs/heads/ was deleted by the next `pin`, and the next
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 
 from pipeline.cli import main
 from pipeline.errors import ExitCode
-from tests.fixtures.build_repos import MODEL, BuildRepos, make_build_repos, run_git, write_series
-
-REPO = Path(__file__).resolve().parents[2]
-FAKE_DIGEST = "sha256:" + "ab" * 32
-
-
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildRepos:
-    repos = make_build_repos(tmp_path / "upstreams", nonce=uuid.uuid4().hex)
-    write_series(repos, tmp_path / "patches")
-    recipe = (REPO / "tests" / "servers" / "recipe-test.yaml").read_text()
-    repos.recipe.write_text(recipe.replace("name: Smoke-Test-Tiny", f"name: {MODEL}"))
-    for key, value in {
-        "PIPELINE_ATOM_REPO": str(repos.atom),
-        "PIPELINE_AITER_REPO": str(repos.aiter),
-        "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
-        "PIPELINE_RUNS_DIR": str(tmp_path / "runs"),
-        "PIPELINE_LOCKS_DIR": str(tmp_path / "locks"),
-        "PIPELINE_RECIPES_DIR": str(repos.root / "recipes"),
-        "PIPELINE_PATCHES_DIR": str(tmp_path / "patches"),
-        "PIPELINE_BASE_IMAGE": f"example.invalid/base:1@{FAKE_DIGEST}",
-        "PIPELINE_FETCH_RETRIES": "0",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    return repos
+from tests.fixtures.build_repos import MODEL, BuildRepos, run_git
 
 
 def atom_mirror(tmp_path: Path) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pipeline import retry
 from pipeline.config import Settings, load_settings
 from pipeline.errors import SourceError, UsageError
 from pipeline.gitw import CommitInfo, GitRepo
@@ -20,14 +20,7 @@ from tests.fixtures.upstream_repos import CK_PATH, Upstreams, free_port, git_dae
 DIGEST = "sha256:" + "e" * 64
 
 
-@pytest.fixture(autouse=True)
-def _fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retry, "BACKOFF_SECONDS", 0.01)
-
-
-@pytest.fixture
-def ups(tmp_path: Path) -> Upstreams:
-    return make_upstreams(tmp_path)
+pytestmark = pytest.mark.usefixtures("fast_backoff")  # (tests/git/conftest.py)
 
 
 def make_settings(tmp_path: Path, atom: str, aiter: str, **overrides: object) -> Settings:
@@ -51,6 +44,22 @@ def make_log() -> tuple[Logger, io.StringIO]:
 
 def no_registry(ref: str) -> str | None:
     return None
+
+
+def pin_unresolved(
+    s: Settings, log: Logger, *, atom_ref: str = "main", base_image: str = "b", **kw: Any
+) -> Lock:
+    """The lock `pin` makes for model M at aiter main, with no registry to give the base image a digest."""
+    return pin(
+        s,
+        model="M",
+        atom_ref=atom_ref,
+        aiter_ref="main",
+        base_image=base_image,
+        log=log,
+        digest_resolver=no_registry,
+        **kw,
+    ).lock
 
 
 def test_pin_builds_the_lock_with_submodules(tmp_path: Path, ups: Upstreams) -> None:
@@ -99,15 +108,7 @@ def test_everything_over_git_daemon_with_relative_submodule_url(tmp_path: Path, 
     with git_daemon(ups.root) as d:
         s = make_settings(tmp_path, d.url("ATOM"), d.url("aiter"))
         log, _ = make_log()
-        lock = pin(
-            s,
-            model="M",
-            atom_ref="HEAD",
-            aiter_ref="main",
-            base_image="b",
-            log=log,
-            digest_resolver=no_registry,
-        ).lock
+        lock = pin_unresolved(s, log, atom_ref="HEAD")
         (sub,) = lock.aiter.submodules
         assert sub.url == d.url("ck")
         ck = submodule_mirror(s, sub.url)
@@ -120,9 +121,7 @@ def test_unreachable_submodule_is_recorded_with_a_warning(tmp_path: Path) -> Non
     ups = make_upstreams(tmp_path, submodule_url=dead)
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, buf = make_log()
-    lock = pin(
-        s, model="M", atom_ref="main", aiter_ref="main", base_image="b", log=log, digest_resolver=no_registry
-    ).lock
+    lock = pin_unresolved(s, log)
     (sub,) = lock.aiter.submodules
     assert sub.url == dead and sub.sha == ups.shas["ck_2"]
     assert "could not be mirrored" in buf.getvalue()
@@ -132,9 +131,7 @@ def test_unreachable_submodule_is_recorded_with_a_warning(tmp_path: Path) -> Non
 def test_mirror_submodules_off(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url, mirror_submodules=False)
     log, _ = make_log()
-    lock = pin(
-        s, model="M", atom_ref="main", aiter_ref="main", base_image="b", log=log, digest_resolver=no_registry
-    ).lock
+    lock = pin_unresolved(s, log)
     assert lock.aiter.submodules[0].sha == ups.shas["ck_2"]
     assert submodule_mirror(s, lock.aiter.submodules[0].url) is None
 
@@ -142,30 +139,13 @@ def test_mirror_submodules_off(tmp_path: Path, ups: Upstreams) -> None:
 def test_base_image_kept_as_given_when_no_registry_answers(tmp_path: Path, ups: Upstreams) -> None:
     s = make_settings(tmp_path, ups.atom.url, ups.aiter.url)
     log, buf = make_log()
-    lock = pin(
-        s,
-        model="M",
-        atom_ref="main",
-        aiter_ref="main",
-        base_image="base:1",
-        log=log,
-        digest_resolver=no_registry,
-    ).lock
+    lock = pin_unresolved(s, log, base_image="base:1")
     assert lock.base_image.digest == "" and lock.base_image.pinned == "base:1"
     assert "kept as given" in buf.getvalue()
     # an earlier digest for the same reference is kept when the registry is down
     prev = lock.model_copy(update={"base_image": lock.base_image.model_copy(update={"digest": DIGEST})})
     log2, buf2 = make_log()
-    again = pin(
-        s,
-        model="M",
-        atom_ref="main",
-        aiter_ref="main",
-        base_image="base:1",
-        log=log2,
-        previous=prev,
-        digest_resolver=no_registry,
-    ).lock
+    again = pin_unresolved(s, log2, base_image="base:1", previous=prev)
     assert again.base_image.digest == DIGEST
     assert "existing lock" in buf2.getvalue()
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fixtures.procs import stop
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -163,9 +165,4 @@ def start_sshd(root: Path) -> Iterator[Sshd]:
         for pid in sshd.session_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout=10)

@@ -271,31 +271,31 @@ def test_interrupt_removes_the_container_and_records_an_error(tmp_path: Path) ->
     assert v.status == "error" and not v.passed and "interrupted" in v.reason
 
 
-def test_cli_without_hardware_exits_9_and_says_what_is_missing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _cli_engine(monkeypatch: pytest.MonkeyPatch, container: Callable[[], FakeContainer]) -> None:
+    """The CLI's engine: each Engine.connect gives a FakeEngine running a `container()`."""
     import pipeline.oci.engine
 
     monkeypatch.setattr(
-        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
+        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(container()))
     )
+
+
+def _smoke_argv(run_dir: Path, *extra: str, image: str = "atom:test") -> list[str]:
+    """`pipeline smoke` of `image` with the test recipe, its run in `run_dir`."""
+    return ["smoke", "--image", image, "--recipe", str(RECIPE_PATH), "--run-dir", str(run_dir), *extra]
+
+
+def test_cli_without_hardware_exits_9_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _cli_engine(monkeypatch, lambda: FakeContainer([]))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     sysfs = make_sysfs(tmp_path / "sys", gpus=2)
     code = main(
-        [
-            "smoke",
-            "--image",
-            "atom:test",
-            "--recipe",
-            str(RECIPE_PATH),
-            "--run-dir",
-            str(tmp_path / "r"),
-            "--kfd-topology",
-            str(nodes_dir(sysfs)),
-            "--hf-cache",
-            str(tmp_path / "hf"),
-        ]
+        _smoke_argv(
+            tmp_path / "r", "--kfd-topology", str(nodes_dir(sysfs)), "--hf-cache", str(tmp_path / "hf")
+        )
     )
     err = capsys.readouterr().err
     assert code == ExitCode.NO_HARDWARE, err
@@ -306,32 +306,11 @@ def test_cli_without_hardware_exits_9_and_says_what_is_missing(
 def test_cli_failed_gate_exits_8_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.oci.engine
-
     log = ["Traceback (most recent call last):", SEED]
-    monkeypatch.setattr(
-        pipeline.oci.engine.Engine,
-        "connect",
-        classmethod(
-            lambda cls, *a, **k: FakeEngine(FakeContainer(log, exit_code_after_log=1, ready_after=99))
-        ),
-    )
+    _cli_engine(monkeypatch, lambda: FakeContainer(log, exit_code_after_log=1, ready_after=99))
     monkeypatch.setenv("HF_TOKEN", "hf_cli_secret")
     sysfs = make_sysfs(tmp_path / "sys")
-    code = main(
-        [
-            "smoke",
-            "--image",
-            "atom:test",
-            "--recipe",
-            str(RECIPE_PATH),
-            "--run-dir",
-            str(tmp_path / "r"),
-            "--kfd-topology",
-            str(nodes_dir(sysfs)),
-            "--json",
-        ]
-    )
+    code = main(_smoke_argv(tmp_path / "r", "--kfd-topology", str(nodes_dir(sysfs)), "--json"))
     out, err = capsys.readouterr()
     assert code == ExitCode.SMOKE_FAILED
     assert SEED in err and json.loads(out)["reason"] == SEED
@@ -341,12 +320,8 @@ def test_cli_failed_gate_exits_8_with_the_reason(
 def test_cli_unknown_image_and_usage_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.oci.engine
-
-    monkeypatch.setattr(
-        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
-    )
-    assert main(["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path)]) == 2
+    _cli_engine(monkeypatch, lambda: FakeContainer([]))
+    assert main(_smoke_argv(tmp_path, image="nope:1")) == 2
     assert "The local Docker engine has no image 'nope:1'" in capsys.readouterr().err
     assert main(["smoke", "--image", "x"]) == ExitCode.USAGE
     assert "exactly one of --model NAME or --recipe FILE" in capsys.readouterr().err
@@ -418,12 +393,8 @@ def test_the_server_gets_no_secret_the_configuration_does_not_allow(tmp_path: Pa
 def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.oci.engine
-
-    monkeypatch.setattr(
-        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(FakeContainer([])))
-    )
-    argv = ["smoke", "--image", "nope:1", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path), "--json"]
+    _cli_engine(monkeypatch, lambda: FakeContainer([]))
+    argv = _smoke_argv(tmp_path, "--json", image="nope:1")
     assert main(argv) == ExitCode.USAGE
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "error" and data["exit_code"] == 2 and "no image 'nope:1'" in data["error"]
@@ -433,15 +404,11 @@ def test_json_answers_on_stdout_when_smoke_stops_before_a_verdict(
 def test_cli_binds_the_given_lock_and_refuses_one_of_another_pair(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pipeline.oci.engine
-
     container = FakeContainer([])
-    monkeypatch.setattr(
-        pipeline.oci.engine.Engine, "connect", classmethod(lambda cls, *a, **k: FakeEngine(container))
-    )
+    _cli_engine(monkeypatch, lambda: container)
     other = tmp_path / "other.toml"
     make_lock(patches=False).save(other)
-    argv = ["smoke", "--image", "atom:test", "--recipe", str(RECIPE_PATH), "--run-dir", str(tmp_path / "r")]
+    argv = _smoke_argv(tmp_path / "r")
     assert main([*argv, "--lock", str(other)]) == ExitCode.LOCK_INCONSISTENT
     err = capsys.readouterr().err
     assert "is not the lock the image" in err and "the lock of another pair" in err

@@ -147,19 +147,35 @@ def _run(
     client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None, credentials=credentials)
     return tag_verified(
         engine,
-        image="atom:test",
-        verdict_path=world.verdict_path,
-        lock=world.lock_path,
-        recipe_path=None,
-        settings=world.settings(registry=REG, **settings),
-        registry=None,
-        log=log or Logger(stream=io.StringIO()),
-        env=env or {},
-        client=client,
-        lock_timeout=1,
-        allow_older=allow_older,
-        build_attestations=build_attestations,
+        **_request(
+            world,
+            fake,
+            settings=world.settings(registry=REG, **settings),
+            log=log or Logger(stream=io.StringIO()),
+            env=env or {},
+            client=client,
+            lock_timeout=1,
+            allow_older=allow_older,
+            build_attestations=build_attestations,
+        ),
     )
+
+
+def _request(world: World, fake: FakeRegistry, **over: Any) -> dict[str, Any]:
+    """tag_verified's keywords: the world's image, verdict and lock to the fake registry, quietly
+    (`over` replaces or adds any)."""
+    return {
+        "image": "atom:test",
+        "verdict_path": world.verdict_path,
+        "lock": world.lock_path,
+        "recipe_path": None,
+        "settings": world.settings(registry=REG),
+        "registry": None,
+        "log": Logger(stream=io.StringIO()),
+        "env": {},
+        "client": RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None),
+        **over,
+    }
 
 
 # ------------------------------------------------------------------ happy path
@@ -647,19 +663,8 @@ def test_two_models_of_one_pair_tag_the_same_image(world: World, fake: FakeRegis
         lock_sha256=lock.digest(), recipe={"name": other, "path": str(recipe), "sha256": sha256_file(recipe)}
     )
     world.verdict_path.write_text(json.dumps(verdict))
-    second = tag_verified(
-        engine,
-        image="atom:test",
-        verdict_path=world.verdict_path,
-        lock=None,  # the verdict's model names locks/<model>.toml
-        recipe_path=None,
-        settings=world.settings(registry=REG),
-        registry=None,
-        log=Logger(stream=io.StringIO()),
-        env={},
-        client=RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None),
-        lock_timeout=1,
-    )
+    # lock=None: the verdict's model names locks/<model>.toml
+    second = tag_verified(engine, **_request(world, fake, lock=None, lock_timeout=1))
     assert second.digest == first.digest
     assert fake.tags[REPO][f"{other}-verified"] == fake.tags[REPO][f"{MODEL}-verified"] == first.digest
 
@@ -739,19 +744,16 @@ def test_cosign_attests_before_moving(
         calls.append((list(cmd), len(_puts(fake)) - len(_puts(fake, EXPECTED_IMMUTABLE))))
         return subprocess.CompletedProcess(list(cmd), 0, "", "")
 
-    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
     result = tag_verified(
         _engine(world, fake),
-        image="atom:test",
-        verdict_path=world.verdict_path,
-        lock=world.lock_path,
-        recipe_path=world.recipe_path,
-        settings=world.settings(registry=REG, cosign=True),
-        registry=None,
-        log=Logger(stream=io.StringIO()),
-        env={"COSIGN_KEY": "-----BEGIN KEY-----"},
-        client=client,
-        run_cosign=fake_cosign,
+        **_request(
+            world,
+            fake,
+            recipe_path=world.recipe_path,
+            settings=world.settings(registry=REG, cosign=True),
+            env={"COSIGN_KEY": "-----BEGIN KEY-----"},
+            run_cosign=fake_cosign,
+        ),
     )
     (cmd, puts_before), *_ = calls
     assert result.attested and puts_before == 0
@@ -764,20 +766,15 @@ def test_cosign_failure_leaves_moving_tags(
     world: World, fake: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("pipeline.release.tag.shutil.which", lambda name: "/usr/bin/cosign")
-    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
     with pytest.raises(TagError, match="cosign attest"):
         tag_verified(
             _engine(world, fake),
-            image="atom:test",
-            verdict_path=world.verdict_path,
-            lock=world.lock_path,
-            recipe_path=None,
-            settings=world.settings(registry=REG, cosign=True),
-            registry=None,
-            log=Logger(stream=io.StringIO()),
-            env={},
-            client=client,
-            run_cosign=lambda cmd, env: subprocess.CompletedProcess(list(cmd), 1, "", "no key"),
+            **_request(
+                world,
+                fake,
+                settings=world.settings(registry=REG, cosign=True),
+                run_cosign=lambda cmd, env: subprocess.CompletedProcess(list(cmd), 1, "", "no key"),
+            ),
         )
     assert f"{MODEL}-verified" not in fake.tags[REPO]
 
@@ -939,19 +936,7 @@ def test_push_retried_on_infra_errors_then_gives_up(
 
     monkeypatch.setattr(RegistryClient, "put_manifest", flaky)
     sleeps: list[float] = []
-    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
-    kwargs: dict[str, Any] = dict(
-        image="atom:test",
-        verdict_path=world.verdict_path,
-        lock=world.lock_path,
-        recipe_path=None,
-        settings=world.settings(registry=REG),
-        registry=None,
-        log=Logger(stream=io.StringIO()),
-        env={},
-        client=client,
-        sleep=sleeps.append,
-    )
+    kwargs = _request(world, fake, sleep=sleeps.append)
     result = tag_verified(engine, **kwargs)
     assert result.pushed and sleeps == [1.0, 2.0]
 
@@ -964,19 +949,8 @@ def test_push_retried_on_infra_errors_then_gives_up(
 
 
 def test_verdict_may_be_given_as_its_run_directory(world: World, fake: FakeRegistry) -> None:
-    client = RegistryClient(REG, session=fake_session(fake), sleep=lambda s: None)
-    result = tag_verified(
-        _engine(world, fake),
-        image="atom:test",
-        verdict_path=world.verdict_path.parent,
-        lock=world.lock_path,
-        recipe_path=None,
-        settings=world.settings(registry=REG),
-        registry=None,
-        log=Logger(stream=io.StringIO()),
-        env={},
-        client=client,
-    )
+    run_dir = world.verdict_path.parent
+    result = tag_verified(_engine(world, fake), **_request(world, fake, verdict_path=run_dir))
     assert result.record_path == world.verdict_path.parent / "record.json"
 
 
