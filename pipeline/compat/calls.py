@@ -21,7 +21,6 @@ import ast
 import bisect
 import contextlib
 import dataclasses
-import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING
 from pipeline.compat import guards
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.guards import GuardForm, Scope
-from pipeline.compat.pysource import def_spans, parse_source
+from pipeline.compat.pysource import blake2b, def_spans, parse_source
 from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
@@ -917,7 +916,7 @@ class _Scanner:
         refs = [outer[n] for n in names] + [cls_env[n] for n in attrs]
         parts = {p for r in refs for p in (*r.ref[0].split("."), *r.ref[1])}
         scope = self.sig_vars[-1] if self.sig_vars else {}
-        h = hashlib.blake2b(digest_size=16)
+        h = blake2b(digest_size=16)
         h.update(b"%d%d" % (self.has_sig, self.says_self))
         h.update(_stable(sorted(g for g in self.guard_names if g in parts or g in text)).encode())
         h.update(said)
@@ -937,7 +936,7 @@ class _Scanner:
             self._unknown = (outer, self.named, [n for n in outer if n not in self.named])  # (none, usually)
         unknown = self._unknown[2]
         names = sorted({n for n in used if n in outer}.union(unknown))
-        h = hashlib.blake2b(digest_size=16)
+        h = blake2b(digest_size=16)
         for n in names:
             h.update(self._entry(n, outer[n]))
         return names, h.digest()
@@ -1450,7 +1449,7 @@ def _scan_file(
                 if i is None:
                     continue
                 d = _decorated_from(lines, i)
-                digest = hashlib.blake2b(b"\n".join(lines[d:k]), digest_size=16).digest()
+                digest = blake2b(b"\n".join(lines[d:k]), digest_size=16).digest()
                 units[i + 1] = (k, digest, d + 1)
                 same = earlier.get(digest)
                 if same and i + 1 not in (exclude or ()):

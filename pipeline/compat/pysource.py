@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import itertools
 import os
 import pickle
@@ -25,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.gitw import GitRepo
+
+try:  # hashlib loads OpenSSL (3 ms of every check's start-up); a file name needs no more than BLAKE2
+    from _blake2 import blake2b as blake2b
+except ImportError:  # pragma: no cover (not CPython)
+    from hashlib import blake2b as blake2b
 
 SCHEMA = 19  # bump when a summary's shape or its extraction rules change
 # Past this size a summary pickle loses its oldest entries at the next save: a scheduled CI keeps
@@ -329,7 +333,9 @@ class ReportStore:
         self.keep = keep
 
     def _file(self, key: str) -> Path | None:
-        return self.dir / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".pickle") if self.dir else None
+        if self.dir is None:
+            return None
+        return self.dir / (blake2b(key.encode(), digest_size=16).hexdigest() + ".pickle")
 
     def get(self, key: str) -> Any:
         f = self._file(key)

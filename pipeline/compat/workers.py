@@ -6,7 +6,6 @@ worker that cannot read a blob leaves it to the checker, which reports the error
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -43,6 +42,8 @@ class Workers:
 
     def _get(self) -> Any:
         if self._pool is None and (os.cpu_count() or 1) > 1:
+            import multiprocessing  # (here: a nightly check rarely starts workers)
+
             try:
                 ctx = multiprocessing.get_context("fork")  # no re-import: the workers start at once
             except ValueError:  # no fork on this platform: all is done in the checker's process
