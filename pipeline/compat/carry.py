@@ -91,7 +91,6 @@ class Carried:
         self._born = born
         self._atom_op = atom_op
         self._valid: list[dict[int, bool]] = [{}, {}]  # per index: id(deps) -> still holds
-        self.carried = 0
 
     def verdict(self, call: RawCall) -> Verdict | None:
         v = self.night.verdicts.get(position_free(call))
@@ -116,7 +115,6 @@ class Carried:
             path, born = v.history
             if path in self.history or self._born(call.path) != born:
                 return None
-        self.carried += 1
         return v
 
     def _holds(self, which: int, deps: frozenset[Dep]) -> bool:

@@ -90,11 +90,9 @@ class History:
                 out = self.repo.git(
                     "diff-tree", "-r", "--no-renames", "--no-abbrev", parent, sha, "--", self._prefix
                 )
-                for line in out.splitlines():
-                    meta, _, path = line.partition("\t")
-                    fields = meta.split()
-                    if len(fields) >= 5 and path and set(fields[3]) != {"0"}:
-                        got[path] = fields[3]
+                for path, blob in _raw_lines(out):
+                    if blob is not None:
+                        got[path] = blob
             if self.facts is not None:
                 self.facts.data[key] = got
                 self.facts.dirty = True
@@ -287,14 +285,19 @@ def _raw_log_commits(out: str) -> Iterator[tuple[CommitInfo, str | None, list[tu
             continue
         header, _, rest = chunk.partition("\n")
         sha, par, ts, author, subject = header.split("\x00", 4)
-        changes: list[tuple[str, str | None]] = []
-        for line in rest.splitlines():
-            if line.startswith(":") and "\t" in line:
-                meta, _, fpath = line.partition("\t")
-                blob = meta.split()[3]
-                changes.append((fpath, None if set(blob) == {"0"} else blob))
+        changes = list(_raw_lines(rest))
         info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
         yield info, (par.split()[0] if par.split() else None), changes
+
+
+def _raw_lines(out: str) -> Iterator[tuple[str, str | None]]:
+    """(path, blob after the change) of each `--raw` line (`git log --raw`, `git diff-tree -r`);
+    blob None: the path is deleted."""
+    for line in out.splitlines():
+        if line.startswith(":") and "\t" in line:
+            meta, _, fpath = line.partition("\t")
+            blob = meta.split()[3]
+            yield fpath, (None if set(blob) == {"0"} else blob)
 
 
 _OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")

@@ -515,9 +515,8 @@ class Checker:
                 unchecked.append((where, UncheckedCall(call.path, call.line, call.qualname, STAR_ONLY)))
                 self._keep(tonight, idx, call, UNCHECKED, STAR_ONLY)
                 return 0
-            b = bind(call, t.sig)
-            if b.ok and not self._doubtful_memo(call, aiter_sha, t.sig, b):
-                self._keep(tonight, idx, call, CLEAN, "", t.sig)  # (what `_check_call` would say: None)
+            if self._unless_plain(call, t.sig, aiter_sha) is None:
+                self._keep(tonight, idx, call, CLEAN, "", t.sig)
                 return 1
             f = self.check_guarded(idx, call, t.sig, aiter_sha, causes)
             if f is not None:
@@ -843,6 +842,12 @@ class Checker:
         self._oldest[key] = got
         return got
 
+    def _unless_plain(self, call: RawCall, sig: Signature, aiter_sha: str) -> Binding | None:
+        """The call's binding at the pin; None when it binds cleanly and no screen doubts the layout
+        it was written for (the plain case: no finding)."""
+        b = bind(call, sig)
+        return None if b.ok and not self._doubtful_memo(call, aiter_sha, sig, b) else b
+
     def _check_call(
         self,
         call: RawCall,
@@ -850,11 +855,11 @@ class Checker:
         aiter_sha: str,
         with_causes: bool,
     ) -> Finding | None:
-        b = bind(call, sig)
+        b = self._unless_plain(call, sig, aiter_sha)
+        if b is None:
+            return None
         defined_at = f"{sig.path}:{sig.line}"
         head = f"`{call.qualname}` call does not match aiter {aiter_sha[:10]}: "
-        if b.ok and not self._doubtful_memo(call, aiter_sha, sig, b):
-            return None
         fit = self.written_for(call, aiter_sha, sig)
         if fit is None:
             return None
