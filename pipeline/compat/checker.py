@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -133,13 +133,19 @@ def scan_atom_stream(
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
     results = None
+    later: Iterable[tuple[int, FileCalls]] = ()  # re-scans, when a child does them
     if missing:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
         if len(missing) < PARALLEL_MIN_FILES:
             earlier = _earlier_scans(caches, {pairs[i][0] for i in missing})
-            for i in [i for i in missing if pairs[i][0] in earlier]:
-                path, sha = pairs[i]
-                _remember(caches, pairs[i], scan_file_since(blobs[sha], path, earlier[path]))
+            again = [i for i in missing if pairs[i][0] in earlier]
+            jobs = [(i, pairs[i][0], blobs[pairs[i][1]], earlier[pairs[i][0]]) for i in again]
+            child = caches.workers.rescan(jobs)
+            if child is not None:
+                later = child
+            else:
+                for i, path, data, before in jobs:
+                    _remember(caches, pairs[i], scan_file_since(data, path, before))
             missing = [i for i in missing if pairs[i][0] not in earlier]
     if missing:
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
@@ -154,15 +160,15 @@ def scan_atom_stream(
         if results is None:  # few or small files, one core or no fork: here
             for i, (path, data) in zip(missing, work, strict=True):
                 _remember(caches, pairs[i], scan_file(data, path))
-    if results is None:
-        for i, (path, sha) in enumerate(pairs):
-            yield i, caches.atom.data[f"{sha}:{path}"]
-            caches.atom.data.touch(f"{sha}:{path}")  # (used recently: pruning keeps it)
-        return
-    todo_set = set(todo)
     for i, (path, sha) in enumerate(pairs):
         if f"{sha}:{path}" in caches.atom.data:
             yield i, caches.atom.data[f"{sha}:{path}"]
+            caches.atom.data.touch(f"{sha}:{path}")  # (used recently: pruning keeps it)
+    for i, calls in later:
+        yield i, _remember(caches, pairs[i], calls)
+    if results is None:
+        return
+    todo_set = set(todo)
     for k, (path, _) in enumerate(work):
         if k not in todo_set:  # cannot call aiter: not parsed
             yield missing[k], _remember(caches, pairs[missing[k]], FileCalls(path))

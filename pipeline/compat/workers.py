@@ -6,19 +6,24 @@ worker that cannot read a blob leaves it to the checker, which reports the error
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.compat.aiterapi import ModSummary, module_from_path, summarize_module
-from pipeline.compat.calls import FileCalls, scan_file
+from pipeline.compat.calls import FileCalls, scan_file, scan_file_since
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.errors import SourceError
 from pipeline.gitw import BlobReader, GitRepo
 
 PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's process,
 PARALLEL_MIN_BYTES = 256 << 10  # unless they are this big together (a night's changed model files)
+RESCAN_MIN_BYTES = 64 << 10  # a night's files re-scanned since their last scan: a child of their own
+
+Rescan = tuple[int, str, bytes, FileCalls]  # (k, path, source, the scan of an earlier version)
 
 
 def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
@@ -39,6 +44,7 @@ class Workers:
 
     def __init__(self) -> None:
         self._pool: Any = None
+        self._children: list[_Child] = []
 
     def _get(self) -> Any:
         if self._pool is None and (os.cpu_count() or 1) > 1:
@@ -59,6 +65,29 @@ class Workers:
         it: Iterator[tuple[int, FileCalls]] = pool.imap_unordered(_scan_item, items, chunksize=2)
         return it
 
+    def rescan(self, jobs: list[Rescan]) -> Iterator[tuple[int, FileCalls]] | None:
+        """(k, calls) per job, `scan_file_since` in one forked child while this process binds the
+        calls of the files that did not change; None: one core, no fork, or too little to gain.
+
+        Not the pool: a night re-scans a few files, and starting the pool (its module, its threads,
+        its workers) costs what the child saves. The child inherits the earlier scans; only the
+        new ones come back, pickled, when they are asked for.
+        """
+        if sum(len(j[2]) for j in jobs) < RESCAN_MIN_BYTES or (os.cpu_count() or 1) < 2:
+            return None
+        child = _Child.start(_rescan_all, jobs)
+        if child is None:
+            return None
+        self._children.append(child)
+        return self._rescans(child, jobs)
+
+    def _rescans(self, child: _Child, jobs: list[Rescan]) -> Iterator[tuple[int, FileCalls]]:
+        got: list[tuple[int, FileCalls]] | None = child.result()
+        self._children.remove(child)
+        if got is None:  # the child failed: here, where an error is reported as the checker's own
+            got = _rescan_all(jobs)
+        yield from got
+
     def ahead(self, cache: SummaryCache, repo: GitRepo, tree: Tree, paths: set[str]) -> int:
         """Start summarizing `paths` as they are in `tree`, unless known or on their way; how many."""
         todo = sorted(
@@ -78,10 +107,79 @@ class Workers:
         return len(todo)
 
     def close(self) -> None:
+        for child in self._children:
+            child.cancel()
+        self._children.clear()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.terminate()
             pool.join()
+
+
+def _rescan_all(jobs: list[Rescan]) -> list[tuple[int, FileCalls]]:
+    return [(k, scan_file_since(data, path, before)) for k, path, data, before in jobs]
+
+
+class _Child:
+    """One function run in a forked child; its result read back through a pipe, pickled."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid, self.fd = pid, fd
+        self.reaped = False
+
+    @classmethod
+    def start(cls, fn: Callable[[Any], object], arg: object) -> _Child | None:
+        if not hasattr(os, "fork"):
+            return None
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:  # the child: compute, write, and leave without the parent's exit work
+            code = 1
+            try:
+                os.close(r)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles signals)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                data = memoryview(pickle.dumps(fn(arg), pickle.HIGHEST_PROTOCOL))
+                while data:
+                    data = data[os.write(w, data) :]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        return cls(pid, r)
+
+    def result(self) -> Any:
+        """The function's result; None when the child failed (the caller does the work itself)."""
+        chunks = []
+        try:
+            while chunk := os.read(self.fd, 1 << 20):
+                chunks.append(chunk)
+        except BaseException:  # (interrupted: the child is not waited for)
+            self.cancel()
+            raise
+        os.close(self.fd)
+        status = os.waitpid(self.pid, 0)[1]
+        self.reaped = True
+        if status != 0:
+            return None
+        try:
+            return pickle.loads(b"".join(chunks))  # (ours: written by the child just forked)
+        except Exception:  # (a truncated result: as a failure)
+            return None
+
+    def cancel(self) -> None:
+        if self.reaped:
+            return
+        self.reaped = True
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.close(self.fd)
+        os.waitpid(self.pid, 0)
 
 
 _READERS: dict[str, BlobReader] = {}  # a worker's own `cat-file --batch` per repository

@@ -91,3 +91,45 @@ def test_the_next_night_scans_only_the_changed_functions_and_reports_as_cold(
     fresh = SummaryCache.open("atom", tmp_path / "cold").data[f"{blob}:{MODEL}"]
     for f in dataclasses.fields(night):
         assert getattr(night, f.name) == getattr(fresh, f.name), f.name
+
+
+def test_a_big_nights_rescans_run_in_a_child_and_report_and_cache_as_cold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big enough (here: any size), the night's re-scans run in a forked child while the checker
+    binds the unchanged files' calls: the report and the cache are a cold check's all the same."""
+    import os
+
+    from pipeline.compat import workers
+
+    repos = build_compat_repos(tmp_path / "fx")
+    atom, aiter = GitRepo(repos.atom), GitRepo(repos.aiter)
+    git(repos.atom, "checkout", "-q", repos.t["T3"])
+    write_files(repos.atom, {MODEL: NIGHT1})
+    first = commit_all(repos.atom, "a model", "2026-05-01T10:00:00+00:00")
+    write_files(repos.atom, {MODEL: NIGHT2})
+    second = commit_all(repos.atom, "decode changed", "2026-05-02T10:00:00+00:00")
+    cache = tmp_path / "cache"
+    run_check(atom, first, aiter, repos.a["A4"], cache_dir=cache)
+
+    where = tmp_path / "pids"
+    real = workers.scan_file_since
+
+    def spy(data: bytes, path: str, before: Any) -> Any:
+        with where.open("a") as f:  # (a child's memory is its own: the file says who scanned)
+            f.write(f"{os.getpid()} {path}\n")
+        return real(data, path, before)
+
+    monkeypatch.setattr(workers, "scan_file_since", spy)
+    monkeypatch.setattr(workers, "RESCAN_MIN_BYTES", 0)
+    got = run_check(atom, second, aiter, repos.a["A4"], cache_dir=cache)
+    monkeypatch.undo()
+    pids = [line.split() for line in where.read_text().splitlines()]
+    assert [p for _, p in pids] == [MODEL]
+    assert int(pids[0][0]) != os.getpid()
+    cold = run_check(atom, second, aiter, repos.a["A4"], cache_dir=tmp_path / "cold")
+    assert _said(got) == _said(cold)
+    blob = git(repos.atom, "rev-parse", f"{second}:{MODEL}")
+    night = SummaryCache.open("atom", cache).data[f"{blob}:{MODEL}"]
+    fresh = SummaryCache.open("atom", tmp_path / "cold").data[f"{blob}:{MODEL}"]
+    assert night == fresh

@@ -1,0 +1,68 @@
+"""The one-shot forked child a night's re-scans run in (`pipeline.compat.workers`): its result comes
+back whole, a failed child leaves the work to the checker, and none outlives the run."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pipeline.compat import calls, workers
+from pipeline.compat.workers import Workers, _Child
+
+OLD = b"import aiter\n\n\ndef f(x):\n    return aiter.gemm(x)\n\n\ndef g(x):\n    return x\n"
+NEW = OLD.replace(b"return x\n", b"return aiter.gemm(x, x)\n")
+
+
+def _jobs() -> list[workers.Rescan]:
+    before = calls.scan_file(OLD, "atom/m.py")
+    return [(7, "atom/m.py", NEW, before)]
+
+
+def test_the_childs_rescans_are_the_checkers_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "RESCAN_MIN_BYTES", 0)
+    w = Workers()
+    got = w.rescan(_jobs())
+    assert got is not None
+    assert list(got) == [(7, calls.scan_file_since(NEW, "atom/m.py", _jobs()[0][3]))]
+    assert not w._children
+
+
+def test_too_little_to_gain_is_left_to_the_checker() -> None:
+    assert Workers().rescan(_jobs()) is None  # (a few hundred bytes: no child)
+
+
+def _fails(_: object) -> object:
+    raise RuntimeError("a bug in the child")
+
+
+def test_a_failed_child_gives_none_and_says_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    child = _Child.start(_fails, None)
+    assert child is not None
+    assert child.result() is None
+    assert capfd.readouterr() == ("", "")  # (no traceback from the child)
+
+
+def test_when_the_child_fails_the_checker_rescans_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "RESCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(_Child, "result", lambda self: (self.cancel(), None)[1])
+    got = Workers().rescan(_jobs())
+    assert got is not None
+    assert [k for k, _ in got] == [7]
+
+
+def _sleeps(_: object) -> object:
+    time.sleep(60)
+    return None
+
+
+def test_close_kills_and_reaps_a_child_still_at_work() -> None:
+    w = Workers()
+    child = _Child.start(_sleeps, None)
+    assert child is not None
+    w._children.append(child)
+    w.close()
+    assert not w._children
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left
+        os.waitpid(child.pid, os.WNOHANG)
