@@ -124,29 +124,33 @@ def scan_atom_stream(
 ) -> Iterator[tuple[int, FileCalls]]:
     """(position in path order, calls) per ATOM file, as they are ready: cached ones first.
 
-    A cold check parses a hundred files in the run's worker processes; the checker binds
-    each file's calls while the workers parse the next ones (two cores: neither waits).
-    A night's few changed files are scanned here from their previous version's scan, when the
-    cache holds one: only the functions that changed are parsed (`scan_file_since`).
+    Begun when called (not when first read): the files to parse are handed to other processes
+    at once, and parsed while the checker reads aiter. A cold check parses a hundred files in
+    the run's worker processes; the checker binds each file's calls while the workers parse the
+    next ones (two cores: neither waits). A night's few changed files are parsed in one forked
+    child (`Workers.rescan`), each from its previous version's scan when the cache holds one:
+    only the functions that changed are parsed (`scan_file_since`).
     """
     tree = tree or Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
     missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
+    later: Iterable[tuple[int, FileCalls]] = ()  # a night's scans, when a child does them
     results = None
-    later: Iterable[tuple[int, FileCalls]] = ()  # re-scans, when a child does them
+    work: list[tuple[str, bytes]] = []
+    todo: list[int] = []
     if missing:
         blobs = dict(atom.read_blobs(sorted({pairs[i][1] for i in missing})))
         if len(missing) < PARALLEL_MIN_FILES:
             earlier = _earlier_scans(caches, {pairs[i][0] for i in missing})
-            again = [i for i in missing if pairs[i][0] in earlier]
-            jobs = [(i, pairs[i][0], blobs[pairs[i][1]], earlier[pairs[i][0]]) for i in again]
+            jobs = [(i, pairs[i][0], blobs[pairs[i][1]], earlier.get(pairs[i][0])) for i in missing]
             child = caches.workers.rescan(jobs)
             if child is not None:
-                later = child
+                later, missing = child, []
             else:
                 for i, path, data, before in jobs:
-                    _remember(caches, pairs[i], scan_file_since(data, path, before))
-            missing = [i for i in missing if pairs[i][0] not in earlier]
+                    if before is not None:
+                        _remember(caches, pairs[i], scan_file_since(data, path, before))
+                missing = [i for i in missing if pairs[i][0] not in earlier]
     if missing:
         work = [(pairs[i][0], blobs[pairs[i][1]]) for i in missing]
         todo = [k for k, (_, d) in enumerate(work) if worth_scanning(d)]
@@ -160,6 +164,20 @@ def scan_atom_stream(
         if results is None:  # few or small files, one core or no fork: here
             for i, (path, data) in zip(missing, work, strict=True):
                 _remember(caches, pairs[i], scan_file(data, path))
+            missing = []
+    return _scans(caches, pairs, later, missing, work, todo, results)
+
+
+def _scans(
+    caches: Caches,
+    pairs: list[tuple[str, str]],
+    later: Iterable[tuple[int, FileCalls]],
+    missing: list[int],
+    work: list[tuple[str, bytes]],
+    todo: list[int],
+    results: Iterable[tuple[int, FileCalls]] | None,
+) -> Iterator[tuple[int, FileCalls]]:
+    """`scan_atom_stream`'s results: the cached, then the child's, then the workers' as they come."""
     for i, (path, sha) in enumerate(pairs):
         if f"{sha}:{path}" in caches.atom.data:
             yield i, caches.atom.data[f"{sha}:{path}"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.compat.aiterapi import ModSummary, module_from_path, summarize_module
-from pipeline.compat.calls import FileCalls, scan_file, scan_file_since
+from pipeline.compat.calls import FileCalls, scan_file, scan_file_since, worth_scanning
 from pipeline.compat.pysource import SummaryCache, Tree
 from pipeline.errors import SourceError
 from pipeline.gitw import BlobReader, GitRepo
@@ -23,7 +23,7 @@ PARALLEL_MIN_FILES = 40  # fewer files to parse are parsed in the checker's proc
 PARALLEL_MIN_BYTES = 256 << 10  # unless they are this big together (a night's changed model files)
 RESCAN_MIN_BYTES = 64 << 10  # a night's files re-scanned since their last scan: a child of their own
 
-Rescan = tuple[int, str, bytes, FileCalls]  # (k, path, source, the scan of an earlier version)
+Rescan = tuple[int, str, bytes, FileCalls | None]  # (k, path, source, the scan of an earlier version)
 
 
 def _scan_item(item: tuple[int, str, bytes]) -> tuple[int, FileCalls]:
@@ -66,14 +66,16 @@ class Workers:
         return it
 
     def rescan(self, jobs: list[Rescan]) -> Iterator[tuple[int, FileCalls]] | None:
-        """(k, calls) per job, `scan_file_since` in one forked child while this process binds the
-        calls of the files that did not change; None: one core, no fork, or too little to gain.
+        """(k, calls) per job: `scan_file_since` its earlier scan (`scan_file` without one), in one
+        forked child while this process reads aiter and binds the calls of the files that did not
+        change; None: one core, no fork, or too little to gain.
 
         Not the pool: a night re-scans a few files, and starting the pool (its module, its threads,
         its workers) costs what the child saves. The child inherits the earlier scans; only the
         new ones come back, pickled, when they are asked for.
         """
-        if sum(len(j[2]) for j in jobs) < RESCAN_MIN_BYTES or (os.cpu_count() or 1) < 2:
+        size = sum(len(j[2]) for j in jobs if worth_scanning(j[2]))
+        if size < RESCAN_MIN_BYTES or (os.cpu_count() or 1) < 2:
             return None
         child = _Child.start(_rescan_all, jobs)
         if child is None:
@@ -117,7 +119,10 @@ class Workers:
 
 
 def _rescan_all(jobs: list[Rescan]) -> list[tuple[int, FileCalls]]:
-    return [(k, scan_file_since(data, path, before)) for k, path, data, before in jobs]
+    return [
+        (k, scan_file(data, path) if before is None else scan_file_since(data, path, before))
+        for k, path, data, before in jobs
+    ]
 
 
 class _Child:

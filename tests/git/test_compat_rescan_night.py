@@ -16,6 +16,7 @@ from tests.fixtures.compat_repos import build_compat_repos
 from tests.fixtures.gitfixture import commit_all, git, write_files
 
 MODEL = "atom/models/big.py"
+FRESH = "atom/models/fresh.py"
 
 NIGHT1 = """\
 import aiter
@@ -107,28 +108,39 @@ def test_a_big_nights_rescans_run_in_a_child_and_report_and_cache_as_cold(
     git(repos.atom, "checkout", "-q", repos.t["T3"])
     write_files(repos.atom, {MODEL: NIGHT1})
     first = commit_all(repos.atom, "a model", "2026-05-01T10:00:00+00:00")
-    write_files(repos.atom, {MODEL: NIGHT2})
+    write_files(
+        repos.atom, {MODEL: NIGHT2, FRESH: "import aiter\n\n\ndef f(x):\n    return aiter.gemm(x, x, x)\n"}
+    )
     second = commit_all(repos.atom, "decode changed", "2026-05-02T10:00:00+00:00")
     cache = tmp_path / "cache"
     run_check(atom, first, aiter, repos.a["A4"], cache_dir=cache)
 
     where = tmp_path / "pids"
-    real = workers.scan_file_since
+    since, fresh = workers.scan_file_since, workers.scan_file
 
-    def spy(data: bytes, path: str, before: Any) -> Any:
+    def said(path: str) -> None:
         with where.open("a") as f:  # (a child's memory is its own: the file says who scanned)
             f.write(f"{os.getpid()} {path}\n")
-        return real(data, path, before)
 
-    monkeypatch.setattr(workers, "scan_file_since", spy)
+    def spy_since(data: bytes, path: str, before: Any) -> Any:
+        said(path)
+        return since(data, path, before)
+
+    def spy_fresh(data: bytes, path: str) -> Any:
+        said(path)
+        return fresh(data, path)
+
+    monkeypatch.setattr(workers, "scan_file_since", spy_since)
+    monkeypatch.setattr(workers, "scan_file", spy_fresh)
     monkeypatch.setattr(workers, "RESCAN_MIN_BYTES", 0)
     got = run_check(atom, second, aiter, repos.a["A4"], cache_dir=cache)
     monkeypatch.undo()
     pids = [line.split() for line in where.read_text().splitlines()]
-    assert [p for _, p in pids] == [MODEL]
-    assert int(pids[0][0]) != os.getpid()
+    assert sorted(p for _, p in pids) == sorted([FRESH, MODEL])  # (changed, and new: no earlier scan)
+    assert {int(pid) for pid, _ in pids} - {os.getpid()} == {int(pids[0][0])}
     cold = run_check(atom, second, aiter, repos.a["A4"], cache_dir=tmp_path / "cold")
     assert _said(got) == _said(cold)
+    assert any(f.path == FRESH for f in got.findings)
     blob = git(repos.atom, "rev-parse", f"{second}:{MODEL}")
     night = SummaryCache.open("atom", cache).data[f"{blob}:{MODEL}"]
     fresh = SummaryCache.open("atom", tmp_path / "cold").data[f"{blob}:{MODEL}"]
