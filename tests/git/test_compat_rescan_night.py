@@ -17,6 +17,7 @@ from tests.fixtures.gitfixture import commit_all, git, write_files
 
 MODEL = "atom/models/big.py"
 FRESH = "atom/models/fresh.py"
+FRESH_TEXT = "from aiter.ops.norm import rms_norm\n\n\ndef f(x, w):\n    return rms_norm(x, w, bias=None)\n"
 
 NIGHT1 = """\
 import aiter
@@ -108,9 +109,7 @@ def test_a_big_nights_rescans_run_in_a_child_and_report_and_cache_as_cold(
     git(repos.atom, "checkout", "-q", repos.t["T3"])
     write_files(repos.atom, {MODEL: NIGHT1})
     first = commit_all(repos.atom, "a model", "2026-05-01T10:00:00+00:00")
-    write_files(
-        repos.atom, {MODEL: NIGHT2, FRESH: "import aiter\n\n\ndef f(x):\n    return aiter.gemm(x, x, x)\n"}
-    )
+    write_files(repos.atom, {MODEL: NIGHT2, FRESH: FRESH_TEXT})
     second = commit_all(repos.atom, "decode changed", "2026-05-02T10:00:00+00:00")
     cache = tmp_path / "cache"
     run_check(atom, first, aiter, repos.a["A4"], cache_dir=cache)
