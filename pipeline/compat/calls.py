@@ -114,6 +114,9 @@ class ScanUnit:
     calls: tuple[int, int]  # its calls: FileCalls.calls[a:b]
     unchecked: tuple[int, int]  # FileCalls.unchecked[a:b]
     inert: bool  # sets no `self.x` a class environment takes, defines no class: can be left unparsed
+    # the lines of the bindings it reads from outside (module names, `self.x`), which `context` and
+    # `names` leave out: an import added above moves them, and the results are taken moved with them
+    outside: tuple[tuple[str, int], ...] = ()
 
 
 @by_fields
@@ -875,14 +878,16 @@ class _Scanner:
             self._scan_function_body(fn, outer, cls_env)
             return
         context = said = None
+        outside: tuple[tuple[str, int], ...] = ()
         if min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) == unit[2]:
             with contextlib.suppress(_Unstable):
-                context, said = self._context(outer, cls_env, unit)
+                context, said, outside = self._context(outer, cls_env, unit)
         earlier = self.reuse.get(fn.lineno)
-        got = None
+        got = moves = None
         if earlier is not None and context is not None and self.before is not None:
             got = next((u for u in earlier if u.context == context), None)
-        if earlier is not None and got is None:
+            moves = _moves(got.outside, outside) if got is not None else None
+        if earlier is not None and moves is None:
             self.mismatched.add(fn.lineno)  # (to be parsed: the caller scans again)
             return
         if context is None or said is None:  # (a decorator above the ones its text holds; an unstable value)
@@ -891,7 +896,8 @@ class _Scanner:
             return
         c0, u0 = len(self.out.calls), len(self.out.unchecked)
         if got is not None and self.before is not None:  # left unparsed: the earlier results, moved
-            self._take(got, self.before, fn.lineno - got.first)
+            assert moves is not None
+            self._take(got, self.before, fn.lineno - got.first, moves)
             inert = got.inert
         else:
             self._scan_function_body(fn, outer, cls_env)
@@ -899,16 +905,19 @@ class _Scanner:
                 isinstance(n, ast.ClassDef) for n in _walk_stmts(fn, into_defs=True)
             )
         calls, unchecked = (c0, len(self.out.calls)), (u0, len(self.out.unchecked))
-        self.units_out.append(ScanUnit(fn.lineno, unit[0], unit[1], context, said, calls, unchecked, inert))
+        self.units_out.append(
+            ScanUnit(fn.lineno, unit[0], unit[1], context, said, calls, unchecked, inert, outside)
+        )
         self.reached.add(fn.lineno)
 
     def _context(
         self, outer: dict[str, NameRef], cls_env: dict[str, NameRef], unit: tuple[int, bytes, int]
-    ) -> tuple[bytes, bytes]:
+    ) -> tuple[bytes, bytes, tuple[tuple[str, int], ...]]:
         """Digest of everything the scan of a function's lines reads from outside them: the bindings
         of the module's names it says and of the class's `self.x` it says, the guard names among
         them, the signature variables it says, the enclosing signature guards. (Every read of a
-        scope is by a name in the function's text; a name said is a superset of a name read.)"""
+        scope is by a name in the function's text; a name said is a superset of a name read.)
+        The bindings' lines are left out: they come back apart (`ScanUnit.outside`)."""
         lo, hi = unit[2], unit[0]
         text = "\n".join(self.lines[lo - 1 : hi])
         names, said = self.names_read(outer, lo, hi)
@@ -924,7 +933,8 @@ class _Scanner:
             h.update(self._entry(n, cls_env[n], "self."))
         h.update(_stable({n: v for n, v in scope.items() if n in text}).encode())
         h.update(_stable(tuple(self.sig_guards)).encode())
-        return h.digest(), said
+        outside = (*((n, outer[n].line) for n in names), *(("self." + n, cls_env[n].line) for n in attrs))
+        return h.digest(), said, outside
 
     def names_read(self, outer: dict[str, NameRef], lo: int, hi: int) -> tuple[list[str], bytes]:
         """The module's names lines lo..hi say (as words), and the digest of their bindings."""
@@ -946,20 +956,21 @@ class _Scanner:
         got = self._entries.get(scope + name)
         if got is not None and got[0] is ref:
             return got[1]
-        b = _stable((scope + name, ref)).encode()
+        b = _stable((scope + name, ref.ref, ref.guarded)).encode()  # (not its line: `ScanUnit.outside`)
         self._entries[scope + name] = (ref, b)
         return b
 
-    def _take(self, unit: ScanUnit, before: FileCalls, delta: int) -> None:
+    def _take(self, unit: ScanUnit, before: FileCalls, delta: int, moves: dict[int, int]) -> None:
         """An earlier scan's results for a function whose lines moved by `delta`: every line inside it
-        moves with it; a line outside (an import, an enclosing guard) is in the context, unchanged."""
+        moves with it; a line outside moves as the binding on it did (`moves`: an import), or is in
+        the context, unchanged (an enclosing guard)."""
         lo, hi = unit.first, unit.last
 
         def moved(n: int) -> int:
-            return n + delta if lo <= n <= hi else n
+            return n + delta if lo <= n <= hi else moves.get(n, n)
 
         for c in before.calls[unit.calls[0] : unit.calls[1]]:
-            if delta:
+            if delta or moves:
                 c = dataclasses.replace(
                     c,
                     line=moved(c.line),
@@ -969,7 +980,7 @@ class _Scanner:
                 )
             self.out.calls.append(c)
         for u in before.unchecked[unit.unchecked[0] : unit.unchecked[1]]:
-            self.out.unchecked.append(dataclasses.replace(u, line=moved(u.line)) if delta else u)
+            self.out.unchecked.append(dataclasses.replace(u, line=moved(u.line)) if delta or moves else u)
 
     def _scan_function_body(
         self,
@@ -1582,6 +1593,19 @@ def _stood_in(tree: ast.Module, expect: dict[int, int]) -> bool:
         for c in getattr(node, "cases", None) or ():
             stack.extend(c.body)
     return found == len(expect)
+
+
+def _moves(was: tuple[tuple[str, int], ...], now: tuple[tuple[str, int], ...]) -> dict[int, int] | None:
+    """{old line: new line} of the outside bindings one function read (the same names: its context
+    matched); None when one old line went to two lines for it (an import split in two: which one a
+    call of it went through, only its parse says)."""
+    new = dict(now)
+    out: dict[int, int] = {}
+    for name, line in was:
+        to = new.get(name)
+        if to is None or out.setdefault(line, to) != to:
+            return None
+    return {a: b for a, b in out.items() if a != b}
 
 
 def _stable(x: object) -> str:

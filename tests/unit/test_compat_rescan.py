@@ -170,10 +170,41 @@ def test_a_moved_method_and_function_are_taken_from_where_they_were() -> None:
     assert names == []
 
 
-def test_an_import_moved_down_scans_every_function_reading_a_module_name() -> None:
+def test_an_import_added_above_scans_no_function_and_moves_the_import_lines_of_their_calls() -> None:
     new = edit(BASE, "import inspect\n", "import inspect\nimport os\n")
-    _, _, names = rescan(BASE, new)  # (the import lines moved: every binding read changed)
-    assert set(names) >= {"norm", "forward", "route", "experts", "register"}
+    _, got, names = rescan(BASE, new)  # (the bindings moved a line down, each as it was)
+    # (but `forward`: it says `_HAS_SCALE`, a signature variable, whose value is read where it stands)
+    assert names == ["forward"]
+    before = {c.qualname: c.import_line for c in scan_file(BASE.encode(), PATH).calls}
+    moved = {c.qualname: c.import_line for c in got.calls}
+    assert moved["aiter.fused_moe"] == before["aiter.fused_moe"] + 1 == 6
+
+
+def test_an_import_split_in_two_moves_each_names_calls_to_its_own_line() -> None:
+    new = edit(
+        BASE,
+        "from aiter import fused_moe, rms_norm\n",
+        "from aiter import fused_moe\nfrom aiter import rms_norm\n",
+    )
+    _, got, names = rescan(BASE, new)
+    assert names == ["forward"]
+    lines = {c.qualname: c.import_line for c in got.calls}
+    assert (lines["aiter.fused_moe"], lines["aiter.rms_norm"]) == (5, 6)
+
+
+def test_a_function_reading_two_names_of_a_split_import_is_scanned() -> None:
+    """One old line gone to two, in one function: which a call went through only its parse says."""
+    old = (
+        "from aiter import fused_moe, rms_norm\n\n\ndef both(x):\n    rms_norm(x)\n    return fused_moe(x)\n"
+    )
+    new = edit(
+        old,
+        "from aiter import fused_moe, rms_norm\n",
+        "from aiter import fused_moe\nfrom aiter import rms_norm\n",
+    )
+    full, _, names = rescan(old, new)
+    assert names == ["both"]
+    assert [c.import_line for c in full.calls] == [2, 1]
 
 
 def test_an_edited_import_scans_the_functions_reading_its_names() -> None:
