@@ -186,9 +186,10 @@ class Nights:
     def __init__(self, atom: Path, aiter: Path, tmp: Path) -> None:
         self.atom, self.aiter, self.tmp = GitRepo(atom), GitRepo(aiter), tmp
 
-    def __call__(self, n: int) -> CheckReport:
-        got = run_check(self.atom, "HEAD", self.aiter, "HEAD", cache_dir=self.tmp / "cache")
-        cold = run_check(self.atom, "HEAD", self.aiter, "HEAD", cache_dir=self.tmp / f"cold{n}")
+    def __call__(self, n: int, pin: str = "HEAD") -> CheckReport:
+        """`pin`: aiter's pinned commit (its HEAD, aiter's tip, by default)."""
+        got = run_check(self.atom, "HEAD", self.aiter, pin, cache_dir=self.tmp / "cache")
+        cold = run_check(self.atom, "HEAD", self.aiter, pin, cache_dir=self.tmp / f"cold{n}")
         assert _said(got) == _said(cold), f"night {n}"
         return got
 
@@ -303,3 +304,118 @@ def test_a_carried_op_call_is_bound_again_when_another_file_starts_to_name_the_o
     commit_all(aiter, "A2", "2026-01-05T00:00:00+00:00")
     assert [f.line for f in night(2).findings] == [5]
     assert seen.take() == []
+
+
+# The carry's conditions on the callee's history and on the ATOM-date screen: each test builds a
+# night whose cold check doubts a call last night's check found plain, though the pin's resolution
+# of the callee is unchanged. `f(x, kv)` binds at `f(x, y=None)`, but was written for a layout
+# with `kv` (its argument's name says so): where a screen sees that layout, the call is reported.
+WITH_KV = "def f(x, kv=None, y=None):\n    pass\n"
+WITHOUT_KV = "def f(x, y=None):\n    pass\n"
+# Beside it, a call that reads nothing these nights change: it is carried every night.
+ATOM_FILES = {
+    "atom/__init__.py": "",
+    "atom/m.py": "import aiter\n\n\ndef run(x, kv):\n    return aiter.f(x, kv)\n",
+    "atom/other.py": "from aiter.quant import g\n\n\ndef run(x):\n    return g(x)\n",
+}
+
+
+def _aiter(f: str) -> dict[str, str | None]:
+    return {
+        "aiter/__init__.py": "from .ops import *\n",
+        "aiter/ops.py": f,
+        "aiter/quant.py": "def g(x):\n    pass\n",
+    }
+
+
+def test_a_carried_verdict_is_bound_again_when_the_callees_file_changed_and_changed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overnight aiter's branch gains two commits to the callee's file, one dated before the ATOM
+    file was created: `kv` added, then taken out again. The pin's blob is last night's, but the
+    callee's layout when the ATOM file was created is now the one with `kv`."""
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    write_files(aiter, _aiter(WITHOUT_KV))
+    commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    write_files(atom, ATOM_FILES)
+    commit_all(atom, "T0", "2026-01-05T00:00:00+00:00")
+    seen = Carrying(monkeypatch)
+    night = Nights(atom, aiter, tmp_path)
+
+    assert night(0).findings == [] and seen.take() == []
+    # (older work, landed by a fast-forward: its commit date is before the ATOM file's creation)
+    write_files(aiter, {"aiter/ops.py": WITH_KV})
+    commit_all(aiter, "A1: f takes kv", "2026-01-03T00:00:00+00:00")
+    write_files(aiter, {"aiter/ops.py": WITHOUT_KV})
+    commit_all(aiter, "A2: f without kv again", "2026-01-07T00:00:00+00:00")
+    # ATOM moves past A2: its date screen is the pin (only the file's history can doubt the call).
+    write_files(atom, {"atom/__init__.py": "# T1\n"})
+    commit_all(atom, "T1", "2026-01-08T00:00:00+00:00")
+    got = night(1)
+    assert [(f.line, f.kind) for f in got.findings] == [(5, "positional-shift")]
+    assert seen.take() == ["aiter.quant.g"]
+
+
+def test_a_carried_verdict_is_bound_again_when_its_atom_file_was_re_created_earlier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ATOM file is deleted and added again by a commit authored before `kv` was taken out (a
+    cherry-pick of older work): the file is older than it was, and so is the layout it was
+    created against. aiter did not move."""
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    write_files(aiter, _aiter(WITH_KV))
+    commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    write_files(aiter, {"aiter/ops.py": WITHOUT_KV})
+    commit_all(aiter, "A1: f without kv", "2026-01-03T00:00:00+00:00")
+    write_files(atom, ATOM_FILES)
+    commit_all(atom, "T0", "2026-01-04T00:00:00+00:00")
+    seen = Carrying(monkeypatch)
+    night = Nights(atom, aiter, tmp_path)
+
+    assert night(0).findings == [] and seen.take() == []
+    write_files(atom, {"atom/m.py": None})
+    commit_all(atom, "T1: m.py removed", "2026-01-05T00:00:00+00:00")
+    write_files(atom, {"atom/m.py": ATOM_FILES["atom/m.py"]})
+    git(atom, "add", "-A")
+    git(atom, "commit", "-q", "-m", "T2: m.py again", date="2026-01-06T00:00:00+00:00",
+        env={"GIT_AUTHOR_DATE": "2026-01-02T00:00:00+00:00"})  # fmt: skip
+    got = night(1)
+    assert [(f.line, f.kind) for f in got.findings] == [(5, "positional-shift")]
+    assert seen.take() == ["aiter.quant.g"]
+
+
+@pytest.mark.parametrize(
+    ("written", "carried"),
+    [
+        # last night's date screen was the pin: no clean verdict read one, none is carried
+        ("2026-01-02T00:00:00+00:00", []),
+        # it was A1: `g`'s resolution there still holds at A2, `f`'s does not
+        ("2026-01-04T00:00:00+00:00", ["aiter.quant.g"]),
+    ],
+)
+def test_a_carried_verdict_is_bound_again_when_the_atom_date_screen_resolves_it_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, carried: list[str]
+) -> None:
+    """The pin lags aiter's tip; ATOM's next commit is dated after aiter's tip added a module that
+    defines `f` with `kv` and is star-imported after the pin's: the date screen resolves `f` there.
+    The callee's file and the pin did not change."""
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    write_files(aiter, _aiter(WITHOUT_KV))
+    pin = commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    write_files(aiter, {"README": "aiter\n"})
+    commit_all(aiter, "A1", "2026-01-03T00:00:00+00:00")
+    write_files(
+        aiter, {"aiter/__init__.py": "from .ops import *\nfrom .fast import *\n", "aiter/fast.py": WITH_KV}
+    )
+    commit_all(aiter, "A2: a faster f, with kv", "2026-01-05T00:00:00+00:00")
+    write_files(atom, ATOM_FILES)
+    commit_all(atom, "T0", written)
+    seen = Carrying(monkeypatch)
+    night = Nights(atom, aiter, tmp_path)
+
+    assert night(0, pin).findings == [] and seen.take() == []
+    write_files(atom, {"atom/__init__.py": "# T1\n"})
+    commit_all(atom, "T1", "2026-01-06T00:00:00+00:00")
+    got = night(1, pin)
+    assert [(f.line, f.kind) for f in got.findings] == [(5, "positional-shift")]
+    assert seen.take() == carried
