@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import stat
@@ -237,6 +236,8 @@ def make_temp_dir(parent: Path, prefix: str, suffix: str = ".tmp") -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    import hashlib  # (OpenSSL's: loaded by the digests only, not by every import of this module)
+
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -245,6 +246,8 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_bytes(data: bytes) -> str:
+    import hashlib
+
     return hashlib.sha256(data).hexdigest()
 
 

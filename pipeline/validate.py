@@ -10,7 +10,6 @@ a 120 kB argument does not fill the log.
 from __future__ import annotations
 
 import re
-import string
 from typing import TYPE_CHECKING
 
 from pipeline.errors import ConfigError, UsageError
@@ -136,6 +135,8 @@ def image_reference(value: str, *, what: str = "image reference") -> ImageRef:
 
 def tag_template(template: str, *, setting: str) -> str:
     """A tag template fills with the known fields into a valid registry tag."""
+    import string  # (a tag template's check only)
+
     from pipeline.oci.ref import tag_problem
 
     fields = ", ".join("{" + f + "}" for f in TEMPLATE_SAMPLE)

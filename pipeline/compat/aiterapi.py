@@ -18,7 +18,6 @@ import ast
 import dataclasses
 import functools
 import re
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -329,6 +328,8 @@ def _table_hint(body: list[bytes]) -> str | None:
     if "return" not in text or "{" not in text:
         return None
     try:
+        import textwrap  # (rare: a nested definition's text)
+
         tree = ast.parse(textwrap.dedent(text))
     except (SyntaxError, ValueError):
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -406,6 +405,8 @@ def param_map(old: Signature, new: Signature) -> dict[str, str]:
     o = [p.name for p in old.params]
     n = [p.name for p in new.params]
     out: dict[str, str] = {}
+    import difflib  # (a shift's explanation only: not on a plain check's start-up)
+
     sm = difflib.SequenceMatcher(a=o, b=n, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":
@@ -462,6 +463,8 @@ def describe_changes(old: Signature, new: Signature) -> list[tuple[str, int | No
     o = [p.name for p in old.params]
     n = [p.name for p in new.params]
     out: list[tuple[str, int | None]] = []
+    import difflib
+
     sm = difflib.SequenceMatcher(a=o, b=n, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         if tag == "equal":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -65,6 +64,8 @@ def mirror_name(url: str) -> str:
     """A readable, unique directory name for `url`'s mirror (without `.git`)."""
     key = url.rstrip("/")
     key = key.removesuffix(".git")
+    import hashlib  # (here: a plain check of local repositories never loads OpenSSL)
+
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     readable = re.sub(r"^[a-z][a-z0-9+.-]*://", "", key)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "-", readable).strip("-.")

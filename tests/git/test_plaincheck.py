@@ -61,6 +61,7 @@ def _lean_and_cli(
     cli, cli_imports = _run(tmp_path, tmp_path / "cli-cache", argv, {**(env or {}), "PIPELINE_REPLAY": "0"})
     assert "pipeline.compat.checker" in lean_imports  # it checked (no replay) ...
     assert not {"click", "pydantic", "pipeline.config", "pipeline.cli"} & lean_imports  # ... without the CLI
+    assert "_hashlib" not in lean_imports  # ... and without OpenSSL (its digests are the CLI's)
     assert {"click", "pydantic", "pipeline.cli"} <= cli_imports  # PIPELINE_REPLAY=0: the CLI, always
     return lean, cli
 
