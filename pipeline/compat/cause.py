@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 from pipeline.compat import incremental
 from pipeline.compat.aiterapi import (
@@ -226,11 +227,10 @@ class History:
         """
         fkey = f"all-logs:{rev}:{prefix}"
         store = self._log_store()
-        cached = store.data.get(fkey) if store is not None else None
+        cached = stored_log(store, rev, prefix) if store is not None else None
         if cached is not None:
-            logs_c: dict[str, list[FileVersion]] = cached[0]
             self._parents.update(cached[1])
-            return logs_c
+            return cached[0]
         base = self._log_base(rev, prefix)
         ahead = self.soon.pop(f"{fkey}:since:{base}", None) if base is not None else None
         on_chain = base is not None and (
@@ -238,29 +238,82 @@ class History:
             if chain is not None
             else incremental.first_parents_since(self.repo, rev, base) is not None
         )
-        if base is not None and on_chain:
-            assert store is not None
-            old_logs, old_parents = store.data[f"all-logs:{base}:{prefix}"]
-            new_logs, parents = _parse_raw_log(
+        older = None
+        if store is not None and base is not None and on_chain:
+            older = stored_log(store, base, prefix)
+        entry: tuple[object, ...]
+        if older is not None:
+            assert store is not None and base is not None
+            new_logs, new_parents = _parse_raw_log(
                 (ahead or self.repo.soon(*self._log_args(rev, prefix, base))).stdout()
             )
-            logs = dict(old_logs)
-            for path, versions in new_logs.items():
-                logs[path] = versions + old_logs.get(path, [])  # newest first
-            parents = {**old_parents, **parents}
+            logs, parents = _extended(older, new_logs, new_parents)
+            # kept as the commits since `base` (a night's few), not the whole log written again
+            whole = _chain_length(store, base, prefix) >= LOG_CHAIN_MAX
+            entry = (logs, parents) if whole else (SINCE, base, new_logs, new_parents)
         else:
             if ahead is not None:
                 ahead.cancel()
             logs, parents = _parse_raw_log(
                 (self.soon.pop(fkey, None) or self.repo.soon(*self._log_args(rev, prefix))).stdout()
             )
+            entry = (logs, parents)
         self._parents.update(parents)
         if store is not None:
-            for old in incremental.newest(store.data, "all-logs:")[incremental.KEEP_TIPS - 1 :]:
-                del store.data[old]  # one entry per aiter tip seen: the newest (each run loads them all)
-            store.data[fkey] = (logs, parents)
+            store.data[fkey] = entry
+            _prune_logs(store)
             store.dirty = True
         return logs
+
+
+SINCE = "since"  # a kept log entry of the commits since an older tip's: (SINCE, tip, logs, parents)
+LOG_CHAIN_MAX = 16  # such entries over one whole log, before a whole log is written again
+
+Logs = tuple[dict[str, list[FileVersion]], dict[str, str | None]]
+
+
+def stored_log(store: SummaryCache, rev: str, prefix: str) -> Logs | None:
+    """The whole first-parent log kept for `rev`: its entry, or the entries of the commits since
+    an older tip over that tip's (a night writes only its own commits: the whole log is 600 KB)."""
+    got = store.data.get(f"all-logs:{rev}:{prefix}")
+    if got is None or len(got) == 2:
+        return cast("Logs | None", got)
+    _, base, new_logs, new_parents = got
+    older = stored_log(store, base, prefix)
+    return None if older is None else _extended(older, new_logs, new_parents)
+
+
+def _extended(
+    older: Logs, new_logs: dict[str, list[FileVersion]], new_parents: dict[str, str | None]
+) -> Logs:
+    old_logs, old_parents = older
+    logs = dict(old_logs)
+    for path, versions in new_logs.items():
+        logs[path] = versions + old_logs.get(path, [])  # newest first
+    return logs, {**old_parents, **new_parents}
+
+
+def _chain_length(store: SummaryCache, rev: str, prefix: str) -> int:
+    n, got = 0, store.data.get(f"all-logs:{rev}:{prefix}")
+    while got is not None and len(got) == 4:
+        n, got = n + 1, store.data.get(f"all-logs:{got[1]}:{prefix}")
+    return n
+
+
+def _prune_logs(store: SummaryCache) -> None:
+    """Keep the newest tips' logs (each run loads them all) and the entries theirs are kept over."""
+    keep: set[str] = set()
+    for key in incremental.newest(store.data, "all-logs:")[: incremental.KEEP_TIPS]:
+        prefix = key[len("all-logs:") :].partition(":")[2]
+        while key not in keep:
+            keep.add(key)
+            got = store.data.get(key)
+            if got is None or len(got) == 2:
+                break
+            key = f"all-logs:{got[1]}:{prefix}"
+    for key in incremental.newest(store.data, "all-logs:"):
+        if key not in keep:
+            del store.data[key]
 
 
 def _parse_raw_log(out: str) -> tuple[dict[str, list[FileVersion]], dict[str, str | None]]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.compat import CheckReport, carry, incremental, run_check
+from pipeline.compat.cause import stored_log
 from pipeline.compat.pysource import SummaryCache
 from pipeline.compat.reach import ModelFacts, Reach, compute_reach
 from pipeline.gitw import GitRepo
@@ -73,7 +74,11 @@ class Extensions:
 
 
 def _fact(cache: Path, kind: str, key: str) -> Any:
-    return SummaryCache.open(kind, cache).data.get(key)
+    store = SummaryCache.open(kind, cache)
+    if key.startswith("all-logs:"):  # (a night keeps its commits over the last night's log)
+        rev, _, prefix = key[len("all-logs:") :].partition(":")
+        return stored_log(store, rev, prefix)
+    return store.data.get(key)
 
 
 def _night(fx: tuple[CompatRepos, Path], atom: str, aiter: str, cache: Path) -> CheckReport:
@@ -419,3 +424,43 @@ def test_a_carried_verdict_is_bound_again_when_the_atom_date_screen_resolves_it_
     got = night(1, pin)
     assert [(f.line, f.kind) for f in got.findings] == [(5, "positional-shift")]
     assert seen.take() == carried
+
+
+@pytest.mark.parametrize(
+    ("chain", "kinds", "kept"),
+    [
+        (1, [2, 4, 2, 4], ("A3", "A4")),  # whole, A2's commits over A1, whole (chain full), A4's over A3
+        (3, [2, 4, 4, 4], ("A1", "A2", "A3", "A4")),  # the newest two, and the entries they are over
+    ],
+)
+def test_a_night_keeps_only_its_commits_of_aiters_log_over_the_last_nights_and_reads_it_whole(
+    fx: tuple[CompatRepos, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chain: int,
+    kinds: list[int],
+    kept: tuple[str, ...],
+) -> None:
+    """aiter's whole first-parent log (600 KB on the real mirror) is not written again each night:
+    a night keeps its own commits over the last night's entry, up to `LOG_CHAIN_MAX` nights, then
+    the whole log again; what a night reads back is what a cold check reads."""
+    from pipeline.compat import cause
+
+    monkeypatch.setattr(cause, "LOG_CHAIN_MAX", chain)
+    repos, _ = fx
+    t, a = repos.t, repos.a
+    cache = tmp_path / "cache"
+    got = []
+    for i, aiter_sha in enumerate([a["A1"], a["A2"], a["A3"], a["A4"]]):
+        _night(fx, t["T2"], aiter_sha, cache)
+        _night(fx, t["T2"], aiter_sha, tmp_path / f"cold{i}")
+        key = f"all-logs:{aiter_sha}:aiter/"
+        got.append(len(_raw(cache, key)))
+        assert _fact(cache, "logs", key) == _fact(tmp_path / f"cold{i}", "logs", key), i
+    assert got == kinds  # 2: a whole log; 4: the commits since an older tip's
+    left = [k for k in SummaryCache.open("logs", cache).data if k.startswith("all-logs:")]
+    assert sorted(left) == sorted(f"all-logs:{a[x]}:aiter/" for x in kept)
+
+
+def _raw(cache: Path, key: str) -> Any:
+    return SummaryCache.open("logs", cache).data.get(key)
