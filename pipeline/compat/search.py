@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.compat.checker import AITER_PREFIX, Caches, Checker, resolve_sha
+from pipeline.compat.checker import AITER_PREFIX, Caches, Checker, no_collections, resolve_sha
 from pipeline.compat.report import CheckReport, Finding
 from pipeline.gitw import CommitInfo, GitRepo
 
@@ -56,6 +56,7 @@ class SearchResult:
         }
 
 
+@no_collections()  # (a search makes what a check makes, a hundred times over)
 def search_compatible(
     atom: GitRepo,
     atom_rev: str,

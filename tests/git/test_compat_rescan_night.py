@@ -144,3 +144,42 @@ def test_a_big_nights_rescans_run_in_a_child_and_report_and_cache_as_cold(
     night = SummaryCache.open("atom", cache).data[f"{blob}:{MODEL}"]
     fresh = SummaryCache.open("atom", tmp_path / "cold").data[f"{blob}:{MODEL}"]
     assert night == fresh
+
+
+def test_no_garbage_collection_runs_during_a_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from pipeline.compat.checker import Checker
+
+    repos = build_compat_repos(tmp_path / "fx")
+    ran: list[int] = []
+    checking = [False]
+    real = Checker.check
+
+    def check(self: Checker, *a: Any, **k: Any) -> Any:
+        checking[0] = True
+        try:
+            return real(self, *a, **k)
+        finally:
+            checking[0] = False
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and checking[0]:
+            ran.append(info["generation"])
+
+    monkeypatch.setattr(Checker, "check", check)
+    gc.callbacks.append(seen)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # (else a collection at almost every allocation)
+    try:
+        run_check(
+            GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), repos.a["A4"], cache_dir=tmp_path / "c"
+        )
+        assert ran == [] and gc.isenabled()
+        checking[0] = True
+        gc.collect()
+        assert ran  # (the spy sees collections when they run)
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
