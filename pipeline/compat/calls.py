@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from pipeline.compat import guards
 from pipeline.compat.aiterapi import CALL, TORCH_OPS, VALUE_REASONS, table_key
 from pipeline.compat.guards import GuardForm, Scope
-from pipeline.compat.pysource import blake2b, def_spans, parse_source
+from pipeline.compat.pysource import blake2b, def_spans, parse_source, says_word, words_at
 from pipeline.pickling import by_fields
 
 if TYPE_CHECKING:
@@ -1301,27 +1301,10 @@ _IMPORTS_AITER = re.compile(
 _SELF_ATTR_RE = re.compile(rb"self\.(\w+)\s*=(?!=)(?=([^\n]*(?:\n[^\n]*){0,2}))")
 
 
-_WORDS_RE = re.compile(rb"\w+")  # (bytes: ASCII word characters, those of `_WORD_BYTES`)
-_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_WORDS_RE = re.compile(rb"\w+")  # (bytes: ASCII word characters, those of `pysource.WORD_BYTES`)
 _CALL_TAIL_RE = re.compile(rb"(?:\s*\.\s*\w+)*\s*\(")  # after a name: `(`, or `.m(`, `.a.m(` ...
 _SPACE = frozenset(b" \t\r\n\f\v")
 _PASSING = frozenset(b"=(,")
-
-
-def _words_at(text: bytes, name: bytes) -> Iterator[tuple[int, int]]:
-    """(start, end) of each whole-word occurrence of `name` (a `\\b` on both sides, as in `re`)."""
-    n = len(text)
-    at = text.find(name)
-    while at >= 0:
-        end = at + len(name)
-        if (at == 0 or text[at - 1] not in _WORD_BYTES) and (end >= n or text[end] not in _WORD_BYTES):
-            yield at, end
-        at = text.find(name, end)
-
-
-def _says(text: bytes, name: bytes) -> bool:
-    """`name` occurs in `text` as a whole word."""
-    return name in text and next(_words_at(text, name), None) is not None
 
 
 def _may_call(body: bytes, bound: set[bytes]) -> bool:
@@ -1331,12 +1314,12 @@ def _may_call(body: bytes, bound: set[bytes]) -> bool:
     A search per name, not one regex of all of them: compiling an alternation of a file's
     names cost more than the whole search (re compiles in Python).
     """
-    if _says(body, b"aiter"):
+    if says_word(body, b"aiter"):
         return True
     for name in bound:
         if name not in body:
             continue
-        for at, end in _words_at(body, name):
+        for at, end in words_at(body, name):
             if _CALL_TAIL_RE.match(body, end):
                 return True
             k = at - 1
@@ -1434,7 +1417,7 @@ def _scan_file(
             skel = _Scanner(path, sk, text)
             skel.collect_env(sk.body, env, {}, False, module_level=True, shadow=set())
             bound = {n.encode() for n in (ROOT, *env)}
-            bound |= {  # (`self.x = <a bound name ...>`: its words, each a `_says` of it)
+            bound |= {  # (`self.x = <a bound name ...>`: its words, each a `says_word` of it)
                 m.group(1)
                 for m in _SELF_ATTR_RE.finditer(data)
                 if not bound.isdisjoint(_WORDS_RE.findall(m.group(2)))

@@ -18,7 +18,7 @@ import pickle
 import re
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,25 @@ class Tree:
     @classmethod
     def load(cls, repo: GitRepo, sha: str, prefix: str = "") -> Tree:
         return cls(repo, sha, repo.blob_shas(sha, prefix=prefix, suffix=".py"))
+
+
+WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")  # `\w` in bytes
+
+
+def words_at(text: bytes, name: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each whole-word occurrence of `name` (a `\\b` on both sides, as in `re`)."""
+    n = len(text)
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        if (at == 0 or text[at - 1] not in WORD_BYTES) and (end >= n or text[end] not in WORD_BYTES):
+            yield at, end
+        at = text.find(name, end)
+
+
+def says_word(text: bytes, name: bytes) -> bool:
+    """`name` occurs in `text` as a whole word."""
+    return name in text and next(words_at(text, name), None) is not None
 
 
 def parse_source(data: bytes, path: str) -> ast.Module | str:
