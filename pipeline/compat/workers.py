@@ -10,6 +10,7 @@ import contextlib
 import os
 import pickle
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -134,8 +135,9 @@ class _Child:
 
     @classmethod
     def start(cls, fn: Callable[[Any], object], arg: object) -> _Child | None:
-        if not hasattr(os, "fork"):
-            return None
+        threading = sys.modules.get("threading")
+        if not hasattr(os, "fork") or (threading is not None and threading.active_count() > 1):
+            return None  # (a thread could hold a lock the child would wait on forever)
         r, w = os.pipe()
         try:
             pid = os.fork()

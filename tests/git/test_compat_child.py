@@ -66,3 +66,16 @@ def test_close_kills_and_reaps_a_child_still_at_work() -> None:
     assert not w._children
     with pytest.raises(ChildProcessError):  # reaped: no zombie left
         os.waitpid(child.pid, os.WNOHANG)
+
+
+def test_no_child_is_forked_while_another_thread_runs() -> None:
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert _Child.start(_sleeps, None) is None  # (the work is done where it is asked for)
+    finally:
+        stop.set()
+        t.join()
