@@ -27,7 +27,7 @@ from pipeline.compat.aiterapi import (
 )
 from pipeline.compat.bind import Binding, arg_desc, bind, show_param
 from pipeline.compat.calls import RawCall
-from pipeline.compat.pysource import SummaryCache, _header_end, module_of
+from pipeline.compat.pysource import WORD_BYTES, SummaryCache, _header_end, module_of
 from pipeline.gitw import CommitInfo, GitRepo, GitSoon
 from pipeline.pickling import by_fields
 
@@ -108,6 +108,13 @@ class History:
             self._prefix = prefix
             self._all = self.first_parent_log(tip, prefix, {sha for _, sha in commits})
             self._order = {sha: i for i, (_, sha) in enumerate(commits)}
+
+    def first_parent_changes(self) -> Iterator[tuple[str, str]]:
+        """(path, commit) of each change to a file of the log `use_first_parent` read."""
+        assert self._all is not None
+        for path, versions in self._all.items():
+            for v in versions:
+                yield path, v.commit.sha
 
     def parent(self, sha: str) -> str | None:
         """First parent (known from the file logs read so far, else asked)."""
@@ -355,9 +362,6 @@ def _raw_lines(out: str) -> Iterator[tuple[str, str | None]]:
 _OP_WORDS = (b"compile_ops", b"torch_compile_guard", b"custom_op")
 
 
-_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
 def _top_level_bindings(raw: bytes, nb: bytes) -> tuple[list[int], bool]:
     """(starts of the lines `def nb(` / `async def nb(` at column 0, whether `class nb` or `nb =` is too).
 
@@ -380,7 +384,7 @@ def _top_level_bindings(raw: bytes, nb: bytes) -> tuple[list[int], bool]:
         if not head or (head[0] not in b" \t" and head[-1] in b" \t"):  # at column 0, a whole word
             if words in ([b"def"], [b"async", b"def"]) and nxt == b"(":
                 hits.append(line)
-            elif (words == [b"class"] and (end >= n or raw[end] not in _WORD)) or (not words and nxt == b"="):
+            elif (words == [b"class"] and (end >= n or raw[end] not in WORD_BYTES)) or (not words and nxt == b"="):
                 other = True
         at = raw.find(nb, end)
     return hits, other

@@ -617,15 +617,12 @@ class Checker:
         d0, d1 = order.get(night.date or ""), order.get(self.date_baseline or "")
         oldest = max(i for i in (p0, t0, p1, d0, d1) if i is not None)
         changed: list[set[str]] = [set() for _ in range(oldest)]  # per first parent, tip first
-        if oldest > 0:
-            out = self.aiter.git(
-                "log", "--first-parent", "-m", "--name-only", "--format=%x00%H", self.tip,
-                f"^{self.first_parent.commits[oldest][1]}", "--", AITER_PREFIX + "/",
-            )  # fmt: skip
-            for chunk in out.split("\0")[1:]:
-                sha, _, names = chunk.partition("\n")
-                if sha in order and order[sha] < oldest:
-                    changed[order[sha]].update(n for n in names.splitlines() if n)
+        if oldest > 0:  # (from aiter's first-parent log of its Python files, read for the causes too)
+            self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
+            for path, sha in self.hist.first_parent_changes():
+                i = order.get(sha)
+                if i is not None and i < oldest:
+                    changed[i].add(path)
 
         def between(a: int, b: int) -> frozenset[str]:
             """Files changed from the older of two first parents to the newer."""
