@@ -384,7 +384,9 @@ def _top_level_bindings(raw: bytes, nb: bytes) -> tuple[list[int], bool]:
         if not head or (head[0] not in b" \t" and head[-1] in b" \t"):  # at column 0, a whole word
             if words in ([b"def"], [b"async", b"def"]) and nxt == b"(":
                 hits.append(line)
-            elif (words == [b"class"] and (end >= n or raw[end] not in WORD_BYTES)) or (not words and nxt == b"="):
+            elif (words == [b"class"] and (end >= n or raw[end] not in WORD_BYTES)) or (
+                not words and nxt == b"="
+            ):
                 other = True
         at = raw.find(nb, end)
     return hits, other
