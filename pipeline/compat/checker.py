@@ -408,26 +408,47 @@ class Checker:
             self.atom_sha, "--", f"{ATOM_PREFIX}/",
         )  # fmt: skip
 
+    def _added_since_args(self, base: str) -> tuple[str, ...]:
+        # (no pathspec: with single parents no history simplification applies)
+        return (
+            "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
+            self.atom_sha, f"^{base}",
+        )  # fmt: skip
+
     def _start_file_added(self) -> None:
         key = f"added:{self.atom_sha}"
-        if incremental.newest(self.caches.facts.data, "added:")[:1]:
-            return  # a previous run's: extended when needed (a few commits on, in most runs)
-        if key not in self.caches.facts.data and key not in self.caches.soon:
-            self.caches.soon[key] = self.atom.soon(*self._added_args())
+        if key in self.caches.facts.data or key in self.caches.soon:
+            return
+        for old in incremental.newest(self.caches.facts.data, "added:")[:1]:
+            # a previous run's: extended by the commits since (a few, in most runs), both read now
+            base = old.split(":", 1)[1]
+            if base != self.atom_sha:
+                self.caches.soon[f"{key}:chain"] = self.atom.soon(
+                    *incremental.linear_args(self.atom_sha, base)
+                )
+                self.caches.soon[f"{key}:since"] = self.atom.soon(*self._added_since_args(base))
+            return
+        self.caches.soon[key] = self.atom.soon(*self._added_args())
 
     def _added_since(self) -> dict[str, int] | None:
         """The last run's `added` table extended by the commits since, when they are a plain chain."""
+        key = f"added:{self.atom_sha}"
         for old in incremental.newest(self.caches.facts.data, "added:")[:1]:
-            chain = incremental.linear_since(self.atom, self.atom_sha, old.split(":", 1)[1])
-            if chain is None:
-                return None
+            base = old.split(":", 1)[1]
+            chain = incremental.linear_since(
+                self.atom, self.atom_sha, base, self.caches.soon.pop(f"{key}:chain", None)
+            )
+            since = self.caches.soon.pop(f"{key}:since", None)
+            if not chain:
+                if since is not None:
+                    since.cancel()
+                if chain is None:
+                    return None
             got = dict(self.caches.facts.data[old])
-            if chain:  # (no pathspec: with single parents no history simplification applies)
-                out = self.atom.git(
-                    "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
-                    self.atom_sha, f"^{old.split(':', 1)[1]}",
-                )  # fmt: skip
-                _add_times(got, out, f"{ATOM_PREFIX}/")
+            if chain:
+                _add_times(
+                    got, (since or self.atom.soon(*self._added_since_args(base))).stdout(), f"{ATOM_PREFIX}/"
+                )
             return got
         return None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from pipeline.gitw import GitRepo
+from pipeline.gitw import GitRepo, GitSoon
 
 KEEP_TIPS = 2  # whole-history entries kept per kind (the newest): each is read by every run
 
@@ -29,12 +29,20 @@ def first_parents_since(repo: GitRepo, tip: str, base: str) -> list[tuple[int, s
     return [(int(r[0]), r[1]) for r in rows]
 
 
-def linear_since(repo: GitRepo, new: str, base: str) -> list[str] | None:
+def linear_args(new: str, base: str) -> tuple[str, ...]:
+    """The git command `linear_since` reads (started early by a caller that knows it will ask)."""
+    return ("rev-list", "--topo-order", "--parents", new, f"^{base}")
+
+
+def linear_since(repo: GitRepo, new: str, base: str, ahead: GitSoon | None = None) -> list[str] | None:
     """The commits from `base` (excluded) to `new`, newest first, when each has a single parent and
-    the chain ends on `base`: then any history walk from `new` is the one from `base` plus these."""
+    the chain ends on `base`: then any history walk from `new` is the one from `base` plus these.
+    `ahead`: `linear_args` begun earlier."""
     if new == base:
+        if ahead is not None:
+            ahead.cancel()
         return []
-    out = repo.git("rev-list", "--topo-order", "--parents", new, f"^{base}")
+    out = ahead.stdout() if ahead is not None else repo.git(*linear_args(new, base))
     rows = [line.split() for line in out.splitlines() if line]
     if not rows or any(len(r) != 2 for r in rows):
         return None  # a merge in between (its other side may hold anything), or `base` not below
