@@ -480,13 +480,19 @@ class GitRepo:
         out = self.git(*args)
         return [p for p in out.splitlines() if p and p.endswith(suffix)]
 
-    def blob_shas(self, rev: str, prefix: str = "", suffix: str = "") -> dict[str, str]:
-        """{path: blob sha} under `prefix` at `rev` (for caches keyed by content)."""
-        args = ["ls-tree", "-r", "--full-tree", rev]
-        if prefix:
-            args += ["--", prefix]
+    @staticmethod
+    def blob_shas_args(rev: str, prefix: str = "") -> tuple[str, ...]:
+        """The git command `blob_shas` reads (begun early by a caller that knows it will ask)."""
+        return ("ls-tree", "-r", "--full-tree", rev, *(("--", prefix) if prefix else ()))
+
+    def blob_shas(
+        self, rev: str, prefix: str = "", suffix: str = "", ahead: GitSoon | None = None
+    ) -> dict[str, str]:
+        """{path: blob sha} under `prefix` at `rev` (for caches keyed by content); `ahead`:
+        `blob_shas_args` begun earlier."""
+        out = ahead.stdout() if ahead is not None else self.git(*self.blob_shas_args(rev, prefix))
         result: dict[str, str] = {}
-        for line in self.git(*args).splitlines():
+        for line in out.splitlines():
             meta, _, path = line.partition("\t")
             parts = meta.split()
             if len(parts) == 3 and parts[1] == "blob" and path.endswith(suffix):

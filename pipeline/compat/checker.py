@@ -111,6 +111,13 @@ class Caches:
                 c.save()
 
 
+def begin_tree(caches: Caches, aiter: GitRepo, sha: str) -> None:
+    """Begin listing aiter's tree at `sha` for `Checker.index` (cancelled if never read)."""
+    key = f"tree:{sha}"
+    if key not in caches.soon:
+        caches.soon[key] = aiter.soon(*GitRepo.blob_shas_args(sha, AITER_PREFIX))
+
+
 def resolve_sha(repo: GitRepo, rev: str, what: str) -> str:
     sha = repo.rev_parse(rev)
     if sha is None:
@@ -325,11 +332,15 @@ class Checker:
         self.date_baseline = explicit_baseline or self.first_parent.as_of(
             int(atom.commit_info(dated_by or atom_sha).date.timestamp())
         )
+        if self.date_baseline is not None:  # (its tree is read next: the screen, last night's carry)
+            begin_tree(caches, aiter, self.date_baseline)
 
     def index(self, aiter_sha: str) -> ApiIndex:
         got = self._index.get(aiter_sha)
         if got is None:
-            got = ApiIndex(Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX), self.caches.aiter)
+            ahead = self.caches.soon.pop(f"tree:{aiter_sha}", None)
+            tree = Tree.load(self.aiter, aiter_sha, prefix=AITER_PREFIX, ahead=ahead)
+            got = ApiIndex(tree, self.caches.aiter)
             got.op_names = self.op_names
             self._index[aiter_sha] = got
         return got
@@ -1283,6 +1294,7 @@ def run_check(
     got = caches.reports.get(key)  # a warm run reads this one small file and nothing else
     if isinstance(got, CheckReport):
         return got
+    begin_tree(caches, aiter, aiter_sha)  # (read by the check's first step: git lists it meanwhile)
     with no_collections():
         try:
             checker = Checker(

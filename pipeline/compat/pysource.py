@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.gitw import GitRepo
+from pipeline.gitw import GitRepo, GitSoon
 
 try:  # hashlib loads OpenSSL (3 ms of every check's start-up); a file name needs no more than BLAKE2
     from _blake2 import blake2b as blake2b
@@ -45,8 +45,8 @@ class Tree:
     blobs: dict[str, str]
 
     @classmethod
-    def load(cls, repo: GitRepo, sha: str, prefix: str = "") -> Tree:
-        return cls(repo, sha, repo.blob_shas(sha, prefix=prefix, suffix=".py"))
+    def load(cls, repo: GitRepo, sha: str, prefix: str = "", ahead: GitSoon | None = None) -> Tree:
+        return cls(repo, sha, repo.blob_shas(sha, prefix=prefix, suffix=".py", ahead=ahead))
 
 
 WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")  # `\w` in bytes

@@ -183,3 +183,27 @@ def test_no_garbage_collection_runs_during_a_check(tmp_path: Path, monkeypatch: 
         gc.callbacks.remove(seen)
         gc.set_threshold(*threshold)
         gc.unfreeze()
+
+
+def test_the_pins_tree_is_listed_while_the_checker_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiter's tree at the pin (the check's first read) is listed by git begun before it is asked
+    for (`checker.begin_tree`), not by a git run then; the report is the same."""
+    from pipeline.gitw import GitRepo as Repo
+
+    repos = build_compat_repos(tmp_path / "fx")
+    pin = git(repos.aiter, "rev-parse", repos.a["A4"])
+    asked: list[tuple[str, ...]] = []
+    real = Repo.git
+
+    def spy(self: Repo, *args: str, **kw: Any) -> Any:
+        asked.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Repo, "git", spy)
+    got = run_check(GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), pin, cache_dir=tmp_path / "c")
+    assert not [a for a in asked if a[:1] == ("ls-tree",) and pin in a]  # (git begun earlier listed it)
+    monkeypatch.undo()
+    cold = run_check(GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), pin, cache_dir=tmp_path / "d")
+    assert _said(got) == _said(cold) and got.findings
