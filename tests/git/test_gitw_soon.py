@@ -73,10 +73,11 @@ def test_a_check_reads_its_early_logs_and_leaves_none_behind(fx: CompatRepos) ->
     caches = checker.Caches.open(None)
     chk = checker.Checker(atom, fx.t["T1"], aiter, caches, tip=fx.a["A4"])
     started = dict(caches.soon)
-    assert len(started) == 2  # aiter's whole-history log and ATOM's file creations
+    # aiter's whole-history log, ATOM's file creations, aiter's tree at the ATOM-date screen
+    assert len(started) == 3 and f"tree:{chk.date_baseline}" in started
     report = chk.check(fx.a["A4"])
     assert not report.ok
-    assert all(s._proc is None for s in started.values())  # both read by the check itself
+    assert all(s._proc is None for s in started.values())  # all read by the check itself
     caches.close()
     assert caches.soon == {}
 
