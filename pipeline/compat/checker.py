@@ -413,18 +413,12 @@ class Checker:
             self._as_of[ts] = self.first_parent.as_of(ts)
         return self._as_of[ts]
 
-    def _added_args(self) -> tuple[str, ...]:
-        return (
-            "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
-            self.atom_sha, "--", f"{ATOM_PREFIX}/",
-        )  # fmt: skip
-
-    def _added_since_args(self, base: str) -> tuple[str, ...]:
-        # (no pathspec: with single parents no history simplification applies)
-        return (
-            "log", "--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only",
-            self.atom_sha, f"^{base}",
-        )  # fmt: skip
+    def _added_args(self, base: str | None = None) -> tuple[str, ...]:
+        """`git log` of the ATOM files added up to this commit; since `base` when given (then no
+        pathspec: with single parents no history simplification applies)."""
+        only = (f"^{base}",) if base is not None else ("--", f"{ATOM_PREFIX}/")
+        fmt = ("--diff-filter=A", "--no-renames", "--format=%x01%at", "--name-only")
+        return ("log", *fmt, self.atom_sha, *only)
 
     def _start_file_added(self) -> None:
         key = f"added:{self.atom_sha}"
@@ -437,7 +431,7 @@ class Checker:
                 self.caches.soon[f"{key}:chain"] = self.atom.soon(
                     *incremental.linear_args(self.atom_sha, base)
                 )
-                self.caches.soon[f"{key}:since"] = self.atom.soon(*self._added_since_args(base))
+                self.caches.soon[f"{key}:since"] = self.atom.soon(*self._added_args(base))
             return
         self.caches.soon[key] = self.atom.soon(*self._added_args())
 
@@ -450,15 +444,14 @@ class Checker:
                 self.atom, self.atom_sha, base, self.caches.soon.pop(f"{key}:chain", None)
             )
             since = self.caches.soon.pop(f"{key}:since", None)
-            if not chain:
-                if since is not None:
-                    since.cancel()
-                if chain is None:
-                    return None
+            if not chain and since is not None:
+                since.cancel()  # (nothing since, or not a plain chain: not read)
+            if chain is None:
+                return None
             got = dict(self.caches.facts.data[old])
             if chain:
                 _add_times(
-                    got, (since or self.atom.soon(*self._added_since_args(base))).stdout(), f"{ATOM_PREFIX}/"
+                    got, (since or self.atom.soon(*self._added_args(base))).stdout(), f"{ATOM_PREFIX}/"
                 )
             return got
         return None
