@@ -1129,8 +1129,13 @@ class ApiIndex:
         return raw
 
     def _star_targets(self, module: str, path: str, sha: str) -> list[str]:
+        """The modules a file star-imports (kept per blob and path, across runs: a nightly check
+        walks the same unchanged star-imports of aiter/__init__.py, and reading their text is
+        most of the walk's cost)."""
         key = (sha, path)
         got: list[str] | None = self.cache.star_targets.get(key)
+        if got is None:
+            got = self.cache.data.get(f"stars:{sha}:{path}")
         if got is None:
             got = []
             for m in _STAR_RE.finditer(self._raw(sha)):
@@ -1139,7 +1144,9 @@ class ApiIndex:
                 )
                 if target:
                     got.append(target)
-            self.cache.star_targets[key] = got
+            self.cache.data[f"stars:{sha}:{path}"] = got
+            self.cache.dirty = True
+        self.cache.star_targets[key] = got
         return got
 
     def attr_of(self, t: Target, name: str, depth: int = 0) -> Target:

@@ -207,3 +207,72 @@ def test_the_pins_tree_is_listed_while_the_checker_is_made(
     monkeypatch.undo()
     cold = run_check(GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), pin, cache_dir=tmp_path / "d")
     assert _said(got) == _said(cold) and got.findings
+
+
+def _checker(repos: Any, cache: Path) -> Any:
+    from pipeline.compat.checker import Caches, Checker, aiter_tip, resolve_sha
+
+    aiter, atom = GitRepo(repos.aiter), GitRepo(repos.atom)
+    pin = resolve_sha(aiter, repos.a["A4"], "aiter")
+    caches = Caches.open(cache)
+    return Checker(atom, resolve_sha(atom, repos.t["T1"], "ATOM"), aiter, caches, tip=aiter_tip(aiter, pin))
+
+
+def test_a_signature_at_a_commit_no_index_was_built_for_is_kept_across_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finding's baseline (aiter when its lines were written) is asked every night: its callee's
+    signature there is kept, and the next run lists no tree of that commit to answer it again."""
+    from pipeline.gitw import GitRepo as Repo
+
+    repos = build_compat_repos(tmp_path / "fx")
+    old = git(repos.aiter, "rev-parse", repos.a["A2"])
+    first = _checker(repos, tmp_path / "c")
+    call = next(c for f in first.files for c in f.calls if c.ref == ("aiter.mla", ("mla_decode_fwd",)))
+    sig = first._sig_at(old, call)
+    assert sig is not None and sig.name == "mla_decode_fwd"
+    assert first._sig_at(first.tip, call) is not None  # (an index built before: nothing kept for it)
+    first.caches.close()
+    first.caches.save()
+
+    listed: list[tuple[str, ...]] = []
+    real = Repo.git
+
+    def spy(self: Repo, *args: str, **kw: Any) -> Any:
+        listed.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Repo, "git", spy)
+    again = _checker(repos, tmp_path / "c")
+    assert again._sig_at(old, call) == sig
+    assert not [a for a in listed if a[:1] == ("ls-tree",) and old in a]
+    assert old not in again._index
+    again.caches.close()
+
+
+def test_the_modules_a_star_import_names_are_kept_per_blob(tmp_path: Path) -> None:
+    """`from .x import *` chains are walked from cached text facts: a later run over the same blobs
+    reads none of them (a night resolves through aiter/__init__.py's unchanged star-imports)."""
+    from pipeline.compat.aiterapi import ApiIndex
+    from pipeline.compat.pysource import Tree
+
+    repos = build_compat_repos(tmp_path / "fx")
+    aiter = GitRepo(repos.aiter)
+    pin = git(repos.aiter, "rev-parse", repos.a["A4"])
+
+    def index(cache: SummaryCache) -> ApiIndex:
+        return ApiIndex(Tree.load(aiter, pin, prefix="aiter"), cache)
+
+    first = SummaryCache.open("aiter", tmp_path / "c")
+    idx = index(first)
+    path = idx.mods["aiter"]
+    targets = idx._star_targets("aiter", path, idx.tree.blobs[path])
+    assert targets  # (the fixture's aiter/__init__.py star-imports)
+    first.save()
+
+    later = SummaryCache.open("aiter", tmp_path / "c")
+    idx2 = index(later)
+    read: list[object] = []
+    idx2.tree.repo.read_blobs = lambda shas: read.append(shas) or iter(())  # type: ignore[method-assign]
+    assert idx2._star_targets("aiter", path, idx2.tree.blobs[path]) == targets
+    assert read == []
