@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from pipeline.compat import incremental
 from pipeline.compat.aiterapi import (
@@ -320,6 +321,7 @@ class Checker:
         self._start_file_added()
         self.first_parent = FirstParent(aiter, tip, caches.facts)
         self._index: dict[str, ApiIndex] = {}
+        self._sig_built: set[str] = set()  # commits whose index `_sig_at` built: its answers are kept
         self._as_of: dict[int, str | None] = {}
         self._fit: dict[tuple[str, int, int, str], Fit | None] = {}
         self._runs: dict[tuple[str, str, str, int, int], list[Candidate]] = {}
@@ -697,10 +699,29 @@ class Checker:
         return f
 
     def _sig_at(self, aiter_sha: str | None, call: RawCall) -> Signature | None:
+        """The callee's signature at an aiter commit. At a commit whose index is not built, kept
+        across runs: a commit's tree is fixed, and a finding's baseline (when its lines were written)
+        is asked again every night; building that index (a tree listing) costs more than the check."""
         if aiter_sha is None:
             return None
+        facts = self.caches.facts
+        key = f"sig-at:{aiter_sha}:{call.ref!r}"
+        known = facts is not None and call.ref[0] != TORCH_OPS
+        known = known and (aiter_sha not in self._index or aiter_sha in self._sig_built)
+        if known:
+            assert facts is not None
+            got = facts.data.get(key)
+            if got is not None:
+                return cast("Signature | None", got[0])
+            if aiter_sha not in self._index:
+                self._sig_built.add(aiter_sha)
         t = target_of(self.index(aiter_sha), call)
-        return t.sig if t.kind in ("func", "class") else None
+        sig = t.sig if t.kind in ("func", "class") else None
+        if known:  # (an op is found by the files that name it: not kept, see `ApiIndex._torch_op`)
+            assert facts is not None
+            facts.data[key] = (sig,)
+            facts.dirty = True
+        return sig
 
     def _sig_in_file(self, aiter_sha: str, path: str, name: str) -> Signature | None:
         """`name` as defined in `path` at an aiter commit (no index: one tree lookup, cached summary)."""
