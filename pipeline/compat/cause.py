@@ -39,6 +39,64 @@ class FileVersion:
     blob: str | None  # None: the file is absent after this commit
 
 
+class FileLogs:
+    """{path: versions newest first} of a first-parent log, kept as plain tuples and made into
+    `FileVersion`s per path when asked: a night reads its 600 KB log to learn which files a few
+    commits changed (`changes`), and the versions of a handful of files."""
+
+    __slots__ = ("_built", "_commits", "_infos", "_paths")
+
+    def __init__(
+        self,
+        paths: dict[str, tuple[tuple[str, str | None], ...]],  # path -> ((commit, blob after), ...)
+        commits: dict[str, tuple[int, str, str]],  # commit -> (committer time, subject, author)
+    ) -> None:
+        self._paths = paths
+        self._commits = commits
+        self._built: dict[str, list[FileVersion]] = {}
+        self._infos: dict[str, CommitInfo] = {}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return FileLogs, (self._paths, self._commits)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FileLogs) and (self._paths, self._commits) == (other._paths, other._commits)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def get(self, path: str, default: list[FileVersion] | None = None) -> list[FileVersion]:
+        got = self._built.get(path)
+        if got is None:
+            raw = self._paths.get(path)
+            if raw is None:
+                return default if default is not None else []
+            got = self._built[path] = [FileVersion(self._info(sha), blob) for sha, blob in raw]
+        return got
+
+    def _info(self, sha: str) -> CommitInfo:
+        got = self._infos.get(sha)
+        if got is None:
+            ts, subject, author = self._commits[sha]
+            got = self._infos[sha] = CommitInfo(sha, datetime.fromtimestamp(ts, tz=UTC), subject, author)
+        return got
+
+    def items(self) -> Iterator[tuple[str, list[FileVersion]]]:
+        return ((path, self.get(path)) for path in self._paths)
+
+    def changes(self) -> Iterator[tuple[str, str]]:
+        """(path, commit) of every change, with no version made."""
+        for path, raw in self._paths.items():
+            for sha, _ in raw:
+                yield path, sha
+
+    def over(self, older: FileLogs) -> FileLogs:
+        """This log's commits (newer) on top of an older tip's log."""
+        paths = dict(older._paths)
+        for path, raw in self._paths.items():
+            paths[path] = raw + older._paths.get(path, ())
+        return FileLogs(paths, {**older._commits, **self._commits})
+
+
 @dataclass(frozen=True, slots=True)
 class Cause:
     commit: CommitInfo  # first aiter commit where the call is broken
@@ -74,7 +132,7 @@ class History:
         self._logs: dict[tuple[str, str], list[FileVersion]] = {}
         self._parents: dict[str, str | None] = {}
         # One whole-history log of the tip serves every file of every commit on its first parents.
-        self._all: dict[str, list[FileVersion]] | None = None
+        self._all: FileLogs | None = None
         self._order: dict[str, int] = {}  # first-parent commit -> position (0: the tip)
         self._prefix = ""  # the whole-history log's (`use_first_parent`)
 
@@ -112,9 +170,7 @@ class History:
     def first_parent_changes(self) -> Iterator[tuple[str, str]]:
         """(path, commit) of each change to a file of the log `use_first_parent` read."""
         assert self._all is not None
-        for path, versions in self._all.items():
-            for v in versions:
-                yield path, v.commit.sha
+        return self._all.changes()
 
     def parent(self, sha: str) -> str | None:
         """First parent (known from the file logs read so far, else asked)."""
@@ -224,9 +280,7 @@ class History:
         else:
             self.soon[fkey] = self.repo.soon(*self._log_args(rev, prefix))
 
-    def first_parent_log(
-        self, rev: str, prefix: str, chain: set[str] | None = None
-    ) -> dict[str, list[FileVersion]]:
+    def first_parent_log(self, rev: str, prefix: str, chain: set[str] | None = None) -> FileLogs:
         """Every file's versions under `prefix` along `rev`'s first parents: one `git log --raw`.
 
         When the log of an older tip on these first parents is kept (`chain`: the first
@@ -276,7 +330,7 @@ class History:
 SINCE = "since"  # a kept log entry of the commits since an older tip's: (SINCE, tip, logs, parents)
 LOG_CHAIN_MAX = 16  # such entries over one whole log, before a whole log is written again
 
-Logs = tuple[dict[str, list[FileVersion]], dict[str, str | None]]
+Logs = tuple[FileLogs, dict[str, str | None]]
 
 
 def stored_log(store: SummaryCache, rev: str, prefix: str) -> Logs | None:
@@ -290,14 +344,9 @@ def stored_log(store: SummaryCache, rev: str, prefix: str) -> Logs | None:
     return None if older is None else _extended(older, new_logs, new_parents)
 
 
-def _extended(
-    older: Logs, new_logs: dict[str, list[FileVersion]], new_parents: dict[str, str | None]
-) -> Logs:
+def _extended(older: Logs, new_logs: FileLogs, new_parents: dict[str, str | None]) -> Logs:
     old_logs, old_parents = older
-    logs = dict(old_logs)
-    for path, versions in new_logs.items():
-        logs[path] = versions + old_logs.get(path, [])  # newest first
-    return logs, {**old_parents, **new_parents}
+    return new_logs.over(old_logs), {**old_parents, **new_parents}
 
 
 def _chain_length(store: SummaryCache, rev: str, prefix: str) -> int:
@@ -323,30 +372,38 @@ def _prune_logs(store: SummaryCache) -> None:
             del store.data[key]
 
 
-def _parse_raw_log(out: str) -> tuple[dict[str, list[FileVersion]], dict[str, str | None]]:
+def _parse_raw_log(out: str) -> Logs:
     """{path: versions newest first} of the Python files, and {commit: first parent}, of a
     `git log --raw` in `History._log_args`' format."""
-    logs: dict[str, list[FileVersion]] = {}
+    paths: dict[str, list[tuple[str, str | None]]] = {}
+    commits: dict[str, tuple[int, str, str]] = {}
     parents: dict[str, str | None] = {}
-    for info, parent, changes in _raw_log_commits(out):
-        parents[info.sha] = parent
+    for sha, parent, ts, author, subject, changes in _raw_log_entries(out):
+        parents[sha] = parent
+        commits[sha] = (ts, subject, author)
         for fpath, blob in changes:
             if fpath.endswith(".py"):
-                logs.setdefault(fpath, []).append(FileVersion(info, blob))
-    return logs, parents
+                paths.setdefault(fpath, []).append((sha, blob))
+    return FileLogs({p: tuple(v) for p, v in paths.items()}, commits), parents
 
 
 def _raw_log_commits(out: str) -> Iterator[tuple[CommitInfo, str | None, list[tuple[str, str | None]]]]:
     """Each commit of a `git log --raw` in `History._log_args`' format, newest first: the commit, its
     first parent, and the (path, blob after it) of each raw line (blob None: the path is deleted)."""
+    for sha, parent, ts, author, subject, changes in _raw_log_entries(out):
+        yield CommitInfo(sha, datetime.fromtimestamp(ts, tz=UTC), subject, author), parent, changes
+
+
+def _raw_log_entries(
+    out: str,
+) -> Iterator[tuple[str, str | None, int, str, str, list[tuple[str, str | None]]]]:
+    """(commit, first parent, committer time, author, subject, raw changes) of each commit."""
     for chunk in out.split("\x01"):
         if not chunk.strip():
             continue
         header, _, rest = chunk.partition("\n")
         sha, par, ts, author, subject = header.split("\x00", 4)
-        changes = list(_raw_lines(rest))
-        info = CommitInfo(sha, datetime.fromtimestamp(int(ts), tz=UTC), subject, author)
-        yield info, (par.split()[0] if par.split() else None), changes
+        yield sha, (par.split()[0] if par.split() else None), int(ts), author, subject, list(_raw_lines(rest))
 
 
 def _raw_lines(out: str) -> Iterator[tuple[str, str | None]]:

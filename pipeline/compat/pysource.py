@@ -30,7 +30,7 @@ try:  # hashlib loads OpenSSL (3 ms of every check's start-up); a file name need
 except ImportError:  # pragma: no cover (not CPython)
     from hashlib import blake2b as blake2b
 
-SCHEMA = 22  # bump when a summary's shape or its extraction rules change
+SCHEMA = 23  # bump when a summary's shape or its extraction rules change
 # Past this size a summary pickle loses its oldest entries at the next save: a scheduled CI keeps
 # one cache dir for months, and every warm run loads the whole file.
 MAX_CACHE_BYTES = 64 << 20
