@@ -508,6 +508,8 @@ class Checker:
         checked = 0
         ops: list[tuple[int, int, RawCall]] = []  # torch.ops calls: bound once every file says its ops
         tonight = Night(self._night_context(), aiter_sha, self.date_baseline, self.tip) if nightly else None
+        if nightly:
+            self._summarize_ahead(aiter_sha)
         carried = self._last_night(aiter_sha) if nightly else None
         one = functools.partial(
             self._check_one, idx, aiter_sha=aiter_sha, causes=with_causes, carried=carried, tonight=tonight
@@ -666,6 +668,22 @@ class Checker:
     def _leave_night(self, tonight: Night) -> None:
         if self.caches.nights is not None:
             self.caches.nights.put(self._night_key(), tonight)
+            read = [
+                self._index[s].paths_used() for s in (tonight.pin, self.date_baseline) if s in self._index
+            ]
+            self.caches.nights.put(f"read:{self._night_key()}", frozenset().union(*read))
+
+    def _summarize_ahead(self, aiter_sha: str) -> None:
+        """The aiter modules the last check read that changed since: summarized in a child while
+        this process reads the last night's verdicts and binds the calls that did not change."""
+        store = self.caches.nights
+        read = store.get(f"read:{self._night_key()}") if store is not None else None
+        if not isinstance(read, frozenset):
+            return
+        shas = {aiter_sha, self.date_baseline} - {None}
+        trees = [self.index(s).tree for s in sorted(s for s in shas if s is not None)]
+        todo = {(p, t.blobs[p]) for t in trees for p in read if p in t.blobs}
+        self.caches.workers.summaries(self.caches.aiter, self.aiter, sorted(todo))
 
     # -- one call ------------------------------------------------------------
     def check_guarded(

@@ -157,6 +157,10 @@ class LazyValues(dict[str, Any]):
     def copy(self) -> dict[str, Any]:
         return dict(self.items())
 
+    def has(self, key: str) -> bool:
+        """Is `key` kept? Its value not unpickled (a stale one is found when it is read)."""
+        return dict.__contains__(self, key)
+
     def touch(self, key: str) -> None:
         """Move an entry last (used recently: pruning keeps the newest), as it is."""
         v = dict.pop(self, key)

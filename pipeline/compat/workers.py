@@ -109,6 +109,24 @@ class Workers:
             cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
         return len(todo)
 
+    def summaries(self, cache: SummaryCache, repo: GitRepo, todo: list[tuple[str, str]]) -> bool:
+        """Summarize the `(path, blob)` modules `todo` in one forked child, which reads them with a
+        `cat-file` of its own; each lands in the cache's `pending`, taken by `get_many` when first
+        read (waiting for the child: it has worked since; a child that failed leaves the work to
+        the checker). A night's aiter modules that changed and that the last night read: this
+        process meanwhile reads the last night's verdicts and binds the unchanged calls."""
+        todo = [(p, b) for p, b in todo if not cache.data.has(f"{b}:{p}") and f"{b}:{p}" not in cache.pending]
+        if not todo or (os.cpu_count() or 1) < 2:
+            return False
+        child = _Child.start(_summarize_all, (repo.git_dir, todo))
+        if child is None:
+            return False
+        self._children.append(child)
+        got = _Summaries(self, child)
+        for path, blob in todo:
+            cache.pending[f"{blob}:{path}"] = _Pending(got, f"{blob}:{path}")
+        return True
+
     def close(self) -> None:
         for child in self._children:
             child.cancel()
@@ -124,6 +142,44 @@ def _rescan_all(jobs: list[Rescan]) -> list[tuple[int, FileCalls]]:
         (k, scan_file(data, path) if before is None else scan_file_since(data, path, before))
         for k, path, data, before in jobs
     ]
+
+
+def _summarize_all(job: tuple[str, list[tuple[str, str]]]) -> dict[str, ModSummary]:
+    git_dir, todo = job
+    out: dict[str, ModSummary] = {}
+    for path, blob in todo:
+        got = _summarize_blob(git_dir, blob, path, module_from_path(path))
+        if got is not None:
+            out[f"{blob}:{path}"] = got
+    return out
+
+
+class _Summaries:
+    """A child's summaries, read once, when the first is asked for."""
+
+    def __init__(self, workers: Workers, child: _Child) -> None:
+        self._workers, self._child = workers, child
+        self._got: dict[str, ModSummary] | None = None
+
+    def get(self, key: str) -> ModSummary | None:
+        if self._got is None:
+            self._got = self._child.result() or {}
+            with contextlib.suppress(ValueError):
+                self._workers._children.remove(self._child)
+        return self._got.get(key)
+
+
+class _Pending:
+    """One of a child's summaries, as `SummaryCache.pending` holds a worker's (`ready`, `get`)."""
+
+    def __init__(self, of: _Summaries, key: str) -> None:
+        self._of, self._key = of, key
+
+    def ready(self) -> bool:
+        return True  # (the child has worked on it since the night began: waiting costs less)
+
+    def get(self) -> ModSummary | None:
+        return self._of.get(self._key)
 
 
 class _Child:

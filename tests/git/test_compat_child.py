@@ -79,3 +79,38 @@ def test_no_child_is_forked_while_another_thread_runs() -> None:
     finally:
         stop.set()
         t.join()
+
+
+def test_a_childs_summaries_are_taken_by_the_cache_and_a_failed_one_leaves_them_to_it(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from pipeline.compat.aiterapi import summarize_module
+    from pipeline.compat.pysource import SummaryCache
+    from pipeline.gitw import GitRepo
+    from tests.fixtures.gitfixture import commit_all, git, init_repo, write_files
+
+    repo = init_repo(Path(str(tmp_path)) / "aiter")
+    text = b"def rms_norm(x, w, eps: float = 1e-6):\n    return x\n"
+    write_files(repo, {"aiter/ops/norm.py": text.decode()})
+    commit_all(repo, "A1", "2026-01-01T10:00:00+00:00")
+    blob = git(repo, "rev-parse", "HEAD:aiter/ops/norm.py")
+    todo = [("aiter/ops/norm.py", blob)]
+    want = summarize_module(text, "aiter/ops/norm.py", "aiter.ops.norm")
+
+    def summaries() -> dict[str, object]:
+        cache = SummaryCache.open("aiter", None)
+        w = Workers()
+        assert w.summaries(cache, GitRepo(repo), todo)
+        assert f"{blob}:aiter/ops/norm.py" in cache.pending
+        made: list[str] = []
+        got = cache.get_many(
+            GitRepo(repo), todo, lambda b, p: made.append(p) or summarize_module(b, p, "aiter.ops.norm")
+        )
+        w.close()
+        return {"got": got["aiter/ops/norm.py"], "made here": made}
+
+    assert summaries() == {"got": want, "made here": []}
+    monkeypatch.setattr(workers, "_summarize_blob", _fails)  # (the child inherits it: fails)
+    assert summaries() == {"got": want, "made here": ["aiter/ops/norm.py"]}

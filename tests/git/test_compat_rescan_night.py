@@ -276,3 +276,40 @@ def test_the_modules_a_star_import_names_are_kept_per_blob(tmp_path: Path) -> No
     idx2.tree.repo.read_blobs = lambda shas: read.append(shas) or iter(())  # type: ignore[method-assign]
     assert idx2._star_targets("aiter", path, idx2.tree.blobs[path]) == targets
     assert read == []
+
+
+def test_the_changed_aiter_modules_the_last_night_read_are_summarized_in_a_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The aiter modules the last check summarized that changed since are summarized in a forked
+    child while the checker binds the calls that did not change; report as cold."""
+    import os
+
+    from pipeline.compat import workers
+
+    repos = build_compat_repos(tmp_path / "fx")
+    atom, aiter = GitRepo(repos.atom), GitRepo(repos.aiter)
+    cache = tmp_path / "cache"
+    run_check(atom, repos.t["T3"], aiter, repos.a["A4"], cache_dir=cache)
+    git(repos.aiter, "checkout", "-q", repos.a["A4"])
+    norm = (repos.aiter / "aiter/ops/norm.py").read_text()
+    write_files(repos.aiter, {"aiter/ops/norm.py": norm + "\n\ndef rms_norm2(x, w):\n    return x\n"})
+    pin = commit_all(repos.aiter, "A5: a function added beside rms_norm", "2026-06-01T10:00:00+00:00")
+
+    where = tmp_path / "pids"
+    real = workers.summarize_module
+
+    def spy(data: bytes, path: str, module: str) -> Any:
+        with where.open("a") as f:  # (a child's memory is its own: the file says who summarized)
+            f.write(f"{os.getpid()} {path}\n")
+        return real(data, path, module)
+
+    monkeypatch.setattr(workers, "summarize_module", spy)
+    got = run_check(atom, repos.t["T3"], aiter, pin, cache_dir=cache)
+    monkeypatch.undo()
+    changed = set(git(repos.aiter, "diff", "--name-only", repos.a["A4"], pin).split())
+    ahead = [line.split() for line in where.read_text().splitlines()]
+    assert ahead and {p for _, p in ahead} <= changed
+    assert {int(pid) for pid, _ in ahead} - {os.getpid()} == {int(ahead[0][0])} != {os.getpid()}
+    cold = run_check(atom, repos.t["T3"], aiter, pin, cache_dir=tmp_path / "cold")
+    assert _said(got) == _said(cold) and got.findings
