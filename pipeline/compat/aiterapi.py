@@ -22,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.compat import incremental
 from pipeline.compat.extbind import SOURCES as EXT_SOURCES
 from pipeline.compat.extbind import extension_names, is_extension_module
 from pipeline.compat.pysource import (
+    OPS_AHEAD,
     SummaryCache,
     Tree,
     def_spans,
@@ -1499,6 +1501,15 @@ class ApiIndex:
         prefix = self.root + "/"
         blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
         todo = {p: b for p, b in blobs.items() if b not in table}
+        ahead = self.cache.pending.pop(OPS_AHEAD, None) if todo else None
+        got = ahead.get() if ahead is not None else None  # (a night's: read by a child meanwhile)
+        if got is not None and set(names) <= got[0]:
+            for p, b in list(todo.items()):
+                if b in got[1]:
+                    table[b] = frozenset(n for n in got[1][b] if n in self.op_names)
+                    del todo[p]
+            self.cache.data[key] = table  # (set again: a value changed in place is not saved)
+            self.cache.dirty = True
         if todo:
             words = [n.encode() for n in names]
             if len(todo) > 64:  # one `git grep` of just those files, not a read of each
@@ -1523,6 +1534,18 @@ class ApiIndex:
             for n in table.get(b, ()):
                 self._op_files.setdefault(n, []).append(p)
         return self._op_files
+
+    def ops_unread(self) -> tuple[frozenset[str], list[str]]:
+        """The op names of the newest op-mentions table kept, and the blobs here it does not cover:
+        what `_files_mentioning_ops` will read if this run's ATOM calls the same ops."""
+        for key in incremental.newest(self.cache.data, "op-mentions:"):
+            table = self.cache.data.get(key)
+            if table is None:
+                continue
+            prefix = self.root + "/"
+            unread = {b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
+            return frozenset(key[len("op-mentions:") :].split(",")), sorted(unread - table.keys())
+        return frozenset(), []
 
     def _mentions_from_before(self, names: list[str]) -> dict[str, frozenset[str]]:
         """The blobs' mentions for `names`, from the table of a wider set of names (an ATOM that

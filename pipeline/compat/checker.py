@@ -680,10 +680,13 @@ class Checker:
         read = store.get(f"read:{self._night_key()}") if store is not None else None
         if not isinstance(read, frozenset):
             return
-        shas = {aiter_sha, self.date_baseline} - {None}
-        trees = [self.index(s).tree for s in sorted(s for s in shas if s is not None)]
-        todo = {(p, t.blobs[p]) for t in trees for p in read if p in t.blobs}
-        self.caches.workers.summaries(self.caches.aiter, self.aiter, sorted(todo))
+        date = self.date_baseline
+        indexes = [self.index(aiter_sha), *([self.index(date)] if date not in (None, aiter_sha) else [])]
+        todo = {(p, i.tree.blobs[p]) for i in indexes for p in read if p in i.tree.blobs}
+        names, unread = indexes[0].ops_unread()
+        for i in indexes[1:]:
+            unread = sorted({*unread, *i.ops_unread()[1]})
+        self.caches.workers.summaries(self.caches.aiter, self.aiter, sorted(todo), (names, unread))
 
     # -- one call ------------------------------------------------------------
     def check_guarded(

@@ -192,6 +192,9 @@ LAZY_FORMAT = "lazy-values-1"  # the on-disk shape: (LAZY_FORMAT, {key: pickled 
 _ABSENT = object()
 
 
+OPS_AHEAD = "op-mentions-ahead"  # `pending`'s key of a child's op mentions: (names, {blob: names named})
+
+
 @dataclass
 class SummaryCache:
     """`{blob sha: summary}` for one kind of summary, persisted as one pickle (read on first use;

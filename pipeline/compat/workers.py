@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.compat.aiterapi import ModSummary, module_from_path, summarize_module
 from pipeline.compat.calls import FileCalls, scan_file, scan_file_since, worth_scanning
-from pipeline.compat.pysource import SummaryCache, Tree
+from pipeline.compat.pysource import OPS_AHEAD, SummaryCache, Tree, says_word
 from pipeline.errors import SourceError
 from pipeline.gitw import BlobReader, GitRepo
 
@@ -109,22 +109,34 @@ class Workers:
             cache.pending[f"{sha}:{path}"] = pool.apply_async(_summarize_blob, args)
         return len(todo)
 
-    def summaries(self, cache: SummaryCache, repo: GitRepo, todo: list[tuple[str, str]]) -> bool:
-        """Summarize the `(path, blob)` modules `todo` in one forked child, which reads them with a
-        `cat-file` of its own; each lands in the cache's `pending`, taken by `get_many` when first
-        read (waiting for the child: it has worked since; a child that failed leaves the work to
-        the checker). A night's aiter modules that changed and that the last night read: this
+    def summaries(
+        self,
+        cache: SummaryCache,
+        repo: GitRepo,
+        todo: list[tuple[str, str]],
+        ops: tuple[frozenset[str], list[str]] = (frozenset(), []),
+    ) -> bool:
+        """Summarize the `(path, blob)` modules `todo`, and say which of the op names `ops[0]` each
+        blob of `ops[1]` names, in one forked child that reads them with a `cat-file` of its own.
+        A summary lands in the cache's `pending`, taken by `get_many` when first read; the op
+        mentions under `OPS_AHEAD`, taken by `ApiIndex` (each waits for the child: it has worked
+        since; a child that failed leaves the work to the checker). A night's aiter modules that
+        changed and that the last night read, and the changed files its op search reads: this
         process meanwhile reads the last night's verdicts and binds the unchanged calls."""
         todo = [(p, b) for p, b in todo if not cache.data.has(f"{b}:{p}") and f"{b}:{p}" not in cache.pending]
-        if not todo or (os.cpu_count() or 1) < 2:
+        if not ops[0]:
+            ops = (frozenset(), [])
+        if not (todo or ops[1]) or (os.cpu_count() or 1) < 2:
             return False
-        child = _Child.start(_summarize_all, (repo.git_dir, todo))
+        child = _Child.start(_ahead_all, (repo.git_dir, todo, sorted(ops[0]), ops[1]))
         if child is None:
             return False
         self._children.append(child)
-        got = _Summaries(self, child)
+        got = _Ahead(self, child)
         for path, blob in todo:
             cache.pending[f"{blob}:{path}"] = _Pending(got, f"{blob}:{path}")
+        if ops[1]:
+            cache.pending[OPS_AHEAD] = _Pending(got, OPS_AHEAD)
         return True
 
     def close(self) -> None:
@@ -144,24 +156,33 @@ def _rescan_all(jobs: list[Rescan]) -> list[tuple[int, FileCalls]]:
     ]
 
 
-def _summarize_all(job: tuple[str, list[tuple[str, str]]]) -> dict[str, ModSummary]:
-    git_dir, todo = job
-    out: dict[str, ModSummary] = {}
+def _ahead_all(job: tuple[str, list[tuple[str, str]], list[str], list[str]]) -> dict[str, Any]:
+    git_dir, todo, names, blobs = job
+    out: dict[str, Any] = {}
     for path, blob in todo:
         got = _summarize_blob(git_dir, blob, path, module_from_path(path))
         if got is not None:
             out[f"{blob}:{path}"] = got
+    if blobs:
+        words = [n.encode() for n in names]
+        reader = _reader(git_dir)
+        named: dict[str, frozenset[str]] = {}
+        with contextlib.suppress(SourceError, OSError, ValueError):  # (else the checker reads them)
+            for b in blobs:
+                text = reader.read(b)
+                named[b] = frozenset(n.decode() for n in words if says_word(text, n))
+            out[OPS_AHEAD] = (frozenset(names), named)
     return out
 
 
-class _Summaries:
-    """A child's summaries, read once, when the first is asked for."""
+class _Ahead:
+    """A child's results, read once, when the first is asked for."""
 
     def __init__(self, workers: Workers, child: _Child) -> None:
         self._workers, self._child = workers, child
-        self._got: dict[str, ModSummary] | None = None
+        self._got: dict[str, Any] | None = None
 
-    def get(self, key: str) -> ModSummary | None:
+    def get(self, key: str) -> Any:
         if self._got is None:
             self._got = self._child.result() or {}
             with contextlib.suppress(ValueError):
@@ -170,15 +191,15 @@ class _Summaries:
 
 
 class _Pending:
-    """One of a child's summaries, as `SummaryCache.pending` holds a worker's (`ready`, `get`)."""
+    """One of a child's results, as `SummaryCache.pending` holds a worker's (`ready`, `get`)."""
 
-    def __init__(self, of: _Summaries, key: str) -> None:
+    def __init__(self, of: _Ahead, key: str) -> None:
         self._of, self._key = of, key
 
     def ready(self) -> bool:
         return True  # (the child has worked on it since the night began: waiting costs less)
 
-    def get(self) -> ModSummary | None:
+    def get(self) -> Any:
         return self._of.get(self._key)
 
 
@@ -248,12 +269,17 @@ class _Child:
 _READERS: dict[str, BlobReader] = {}  # a worker's own `cat-file --batch` per repository
 
 
-def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary | None:
-    """A module's summary, or None when this worker cannot read it (the checker then summarizes
-    it itself, and reports whatever went wrong there, as an error of its own)."""
+def _reader(git_dir: str) -> BlobReader:
     reader = _READERS.get(git_dir)
     if reader is None:
         reader = _READERS[git_dir] = BlobReader(git_dir)
+    return reader
+
+
+def _summarize_blob(git_dir: str, sha: str, path: str, module: str) -> ModSummary | None:
+    """A module's summary, or None when this worker cannot read it (the checker then summarizes
+    it itself, and reports whatever went wrong there, as an error of its own)."""
+    reader = _reader(git_dir)
     try:
         data = reader.read(sha)
     except (SourceError, OSError, ValueError):

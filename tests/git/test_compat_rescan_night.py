@@ -313,3 +313,55 @@ def test_the_changed_aiter_modules_the_last_night_read_are_summarized_in_a_child
     assert {int(pid) for pid, _ in ahead} - {os.getpid()} == {int(ahead[0][0])} != {os.getpid()}
     cold = run_check(atom, repos.t["T3"], aiter, pin, cache_dir=tmp_path / "cold")
     assert _said(got) == _said(cold) and got.findings
+
+
+def test_which_ops_a_nights_changed_aiter_files_name_is_read_in_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.ops.aiter.<op>` is found through the aiter files that name it: the night's changed
+    files are searched for the last night's op names in the child, not read by the checker."""
+    import os
+
+    from pipeline.compat import aiterapi, workers
+    from tests.fixtures.gitfixture import init_repo
+
+    atom, aiter = init_repo(tmp_path / "atom"), init_repo(tmp_path / "aiter")
+    register = 'def {f}({params}):\n    pass\n\n\ndirect_register_custom_op("norm_op", {f})\n'
+    files = {"aiter/__init__.py": "", "aiter/ops/__init__.py": ""}
+    write_files(aiter, {**files, "aiter/ops/norm.py": register.format(f="norm_impl", params="x, eps")})
+    commit_all(aiter, "A0", "2026-01-01T00:00:00+00:00")
+    caller = "import torch\n\n\ndef run(x):\n    return torch.ops.aiter.norm_op(x, 1e-6)\n"
+    write_files(atom, {"atom/__init__.py": "", "atom/m.py": caller})
+    t0 = commit_all(atom, "T0", "2026-01-02T00:00:00+00:00")
+    cache = tmp_path / "cache"
+    assert not run_check(GitRepo(atom), t0, GitRepo(aiter), "HEAD", cache_dir=cache).findings
+    # A file before norm.py in path order now registers the op, taking one argument.
+    early_text = register.format(f="early_impl", params="x")
+    write_files(aiter, {"aiter/ops/early.py": early_text})
+    a1 = commit_all(aiter, "A1", "2026-01-05T00:00:00+00:00")
+
+    where = tmp_path / "pids"
+    real = workers.says_word
+
+    def spy(text: bytes, name: bytes) -> bool:
+        with where.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(text, name)
+
+    searched: list[bytes] = []
+    here = aiterapi.says_word
+
+    def searched_here(text: bytes, name: bytes) -> bool:
+        searched.append(text)
+        return here(text, name)
+
+    monkeypatch.setattr(workers, "says_word", spy)
+    monkeypatch.setattr(aiterapi, "says_word", searched_here)
+    got = run_check(GitRepo(atom), t0, GitRepo(aiter), a1, cache_dir=cache)
+    monkeypatch.undo()
+    assert {int(p) for p in where.read_text().split()} - {os.getpid()}  # (a child searched)
+    assert early_text.encode() not in searched  # (the checker searched no changed file for the op)
+    assert [f.line for f in got.findings] == [5]
+    cold = run_check(GitRepo(atom), t0, GitRepo(aiter), a1, cache_dir=tmp_path / "cold")
+    assert _said(got) == _said(cold)
+    assert aiterapi.OPS_AHEAD not in SummaryCache.open("aiter", cache).data
