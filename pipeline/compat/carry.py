@@ -22,7 +22,8 @@ histories against cold checks, and the benchmark compares on the real mirrors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,24 +47,69 @@ class Verdict(NamedTuple):  # (a tuple: a night's hundreds of them pickle and un
 
 @dataclass
 class Night:
-    """What one check leaves for the next: its pair's moving commits and its verdicts."""
+    """What one check leaves for the next: its pair's moving commits and its verdicts.
+
+    The verdicts are kept per ATOM file, each file's pickled on its own: the next night
+    unpickles a file's when its calls are checked, and writes back as they were read the
+    files whose verdicts it carried unchanged (most of them: a night re-pickled all ~800)."""
 
     context: tuple[object, ...]  # what every verdict shares (the explicit baseline)
     pin: str
     date: str | None  # the ATOM-date screen's aiter
     tip: str  # aiter's default branch, whose first-parent history was read
-    verdicts: dict[tuple[object, ...], Verdict] = field(default_factory=dict)  # by `position_free`
+    # ATOM file -> `position_free` call -> verdict
+    verdicts: dict[str, dict[tuple[object, ...], Verdict]] = field(default_factory=dict)
+    packed: dict[str, bytes] = field(default_factory=dict)  # a file's verdicts as read, not yet unpickled
+    before: Night | None = None  # the night this one carried from (whose files it may write back)
+    _read: dict[str, bytes] = field(default_factory=dict)  # a file's verdicts' bytes, when unpickled
 
     def keep(self, call: RawCall, verdict: Verdict) -> None:
-        self.verdicts[position_free(call)] = verdict
+        self.verdicts.setdefault(call.path, {})[position_free(call)] = verdict
+
+    def get(self, call: RawCall) -> Verdict | None:
+        return self.file(call.path).get(position_free(call))
+
+    def file(self, path: str) -> dict[tuple[object, ...], Verdict]:
+        got = self.verdicts.get(path)
+        if got is None:
+            raw = self.packed.pop(path, None)
+            got = self.verdicts[path] = pickle.loads(raw) if raw is not None else {}
+            if raw is not None:
+                self._read[path] = raw
+        return got
+
+    def all(self) -> Iterator[Verdict]:
+        for path in [*self.verdicts, *self.packed]:
+            yield from self.file(path).values()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        packed = dict(self.packed)
+        for path, got in self.verdicts.items():
+            packed[path] = self._as_before(path, got) or pickle.dumps(got, pickle.HIGHEST_PROTOCOL)
+        return _night, (self.context, self.pin, self.date, self.tip, packed)
+
+    def _as_before(self, path: str, got: dict[tuple[object, ...], Verdict]) -> bytes | None:
+        """The bytes the last night's verdicts of `path` were read from, when these are those."""
+        was = self.before.verdicts.get(path) if self.before is not None else None
+        raw = self.before._read.get(path) if self.before is not None else None
+        if raw is None or was is None or was.keys() != got.keys():
+            return None
+        return raw if all(v is was[k] for k, v in got.items()) else None
+
+
+def _night(
+    context: tuple[object, ...], pin: str, date: str | None, tip: str, packed: dict[str, bytes]
+) -> Night:
+    return Night(context, pin, date, tip, packed=packed)
 
 
 def position_free(call: RawCall) -> tuple[object, ...]:
-    """The call without where it stands (line, column, import line, the guards' lines): a plain
-    verdict does not depend on it (an edit above a call moves it, and its verdict moves with it)."""
+    """The call without where it stands (line, column, import line, the guards' lines) or its file:
+    a plain verdict does not depend on it (an edit above a call moves it, and its verdict moves
+    with it). Its arguments as plain tuples: thousands of them are read back every night."""
     return (
-        call.path, call.display, call.ref, call.args, call.kwargs, call.star_args, call.star_kwargs,
-        call.guarded,
+        call.display, call.ref, tuple((a.text, a.etype) for a in call.args),
+        tuple((k, a.text, a.etype) for k, a in call.kwargs), call.star_args, call.star_kwargs, call.guarded,
     )  # fmt: skip
 
 
@@ -93,7 +139,7 @@ class Carried:
         self._valid: list[dict[int, bool]] = [{}, {}]  # per index: id(deps) -> still holds
 
     def verdict(self, call: RawCall) -> Verdict | None:
-        v = self.night.verdicts.get(position_free(call))
+        v = self.night.get(call)
         if v is None:
             return None
         if not self._holds(0, v.at_pin):

@@ -511,6 +511,8 @@ class Checker:
         if nightly:
             self._summarize_ahead(aiter_sha)
         carried = self._last_night(aiter_sha) if nightly else None
+        if tonight is not None and carried is not None:
+            tonight.before = carried.night  # (its files' verdicts carried unchanged are written as read)
         one = functools.partial(
             self._check_one, idx, aiter_sha=aiter_sha, causes=with_causes, carried=carried, tonight=tonight
         )
@@ -527,7 +529,7 @@ class Checker:
         unparseable = [Unparseable("atom", f.path, f.error) for f in self.files if f.error]
         broken = set(idx.unparseable())
         if tonight is not None:
-            broken.update(u for v in tonight.verdicts.values() for u in v.unparseable)
+            broken.update(u for v in tonight.all() for u in v.unparseable)
             self._leave_night(tonight)
         unparseable += [Unparseable("aiter", p, e) for p, e in sorted(broken)]
         findings.sort(key=lambda f: (f.path, f.line, f.col))
