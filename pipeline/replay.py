@@ -93,8 +93,34 @@ def cache_dir(env: Mapping[str, str], project: bytes | None) -> str | None:
     return os.path.join(base, "atom-image-pipeline")  # platformdirs' user_cache_dir on Linux
 
 
-def _git_lines(repo: str, revs: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
-    """`git rev-parse REV^{commit}...` in `repo`, without the subprocess module (start-up)."""
+def _git_lines(asks: Sequence[tuple[str, Sequence[str]]], env: Mapping[str, str]) -> list[list[str]] | None:
+    """`git rev-parse REV^{commit}...` in each `(repo, revs)`, the gits run side by side, without
+    the subprocess module (start-up)."""
+    started: list[tuple[int, int, int]] = []  # (pid, read end, how many lines)
+    try:
+        for repo, revs in asks:
+            started.append(_rev_parse(repo, revs, env))
+    except OSError:
+        for pid, r, _ in started:
+            os.close(r)
+            os.waitpid(pid, 0)
+        return None
+    out: list[list[str]] | None = []
+    for pid, r, n in started:
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        lines = b"".join(chunks).decode("ascii", "replace").split()
+        if os.waitstatus_to_exitcode(status) != 0 or len(lines) != n:
+            out = None
+        elif out is not None:
+            out.append(lines)
+    return out
+
+
+def _rev_parse(repo: str, revs: Sequence[str], env: Mapping[str, str]) -> tuple[int, int, int]:
     r, w = os.pipe()
     try:
         pid = os.posix_spawnp(
@@ -110,22 +136,23 @@ def _git_lines(repo: str, revs: Sequence[str], env: Mapping[str, str]) -> list[s
         )
     except OSError:
         os.close(r)
+        raise
+    finally:
         os.close(w)
-        return None
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    lines = b"".join(chunks).decode("ascii", "replace").split()
-    if os.waitstatus_to_exitcode(status) != 0 or len(lines) != len(revs):
-        return None
-    return lines
+    return pid, r, len(revs)
+
+
+_STAMP: list[bytes] = []  # (once per process: the code that answers is the code loaded at start)
 
 
 def _code_stamp() -> bytes:
     """The tool's own code and data files (an edit of the checker changes every answer)."""
+    if not _STAMP:
+        _STAMP.append(_stamp_files())
+    return _STAMP[0]
+
+
+def _stamp_files() -> bytes:
     root = os.path.dirname(os.path.abspath(__file__))
     h = blake2b(digest_size=16)
     stack = [root]
@@ -184,11 +211,11 @@ def _question(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> _Questio
     where = cache_dir(env, project)
     if where is None:
         return None
-    atom = _git_lines(flags["atom_repo"], [flags["atom"]], env)
     aiter_revs = [flags["aiter"], "HEAD", *([flags["baseline"]] if "baseline" in flags else [])]
-    aiter = _git_lines(flags["aiter_repo"], aiter_revs, env)
-    if atom is None or aiter is None:
+    got = _git_lines([(flags["atom_repo"], [flags["atom"]]), (flags["aiter_repo"], aiter_revs)], env)
+    if got is None:
         return None  # a ref that does not resolve: the full CLI says why
+    atom, aiter = got
     h = blake2b(digest_size=20)
     parts: list[object] = [
         SCHEMA, _code_stamp().hex(), sys.version, cwd, project or b"",

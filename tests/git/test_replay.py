@@ -99,3 +99,35 @@ def test_errors_are_never_recorded(fx: CompatRepos, tmp_path: Path) -> None:
     assert _records(tmp_path) == []
     again, full = _check(tmp_path, fx, "no-such-ref", fx.a["A4"])
     assert full and again.returncode == 3
+
+
+def test_the_key_asks_both_repositories_at_once(fx: CompatRepos, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both `git rev-parse`s run side by side (each is a process start on the way to the answer);
+    a ref that does not resolve gives no key, and no git is left unwaited."""
+    from pipeline import replay
+
+    seen: list[str] = []
+    spawn, read, wait = os.posix_spawnp, os.read, os.waitpid
+
+    def spy_spawn(*a: object, **k: object) -> int:
+        seen.append("spawn")
+        return spawn(*a, **k)  # type: ignore[arg-type]
+
+    def spy_read(fd: int, n: int) -> bytes:
+        seen.append("read")
+        return read(fd, n)
+
+    waited: list[int] = []
+
+    def spy_wait(pid: int, options: int) -> tuple[int, int]:
+        waited.append(pid)
+        return wait(pid, options)
+
+    monkeypatch.setattr(replay.os, "posix_spawnp", spy_spawn)
+    monkeypatch.setattr(replay.os, "read", spy_read)
+    monkeypatch.setattr(replay.os, "waitpid", spy_wait)
+    got = replay._git_lines([(str(fx.atom), ["HEAD"]), (str(fx.aiter), [fx.a["A1"], "HEAD"])], os.environ)
+    assert got is not None and [len(x) for x in got] == [1, 2] and got[1][0] == fx.a["A1"]
+    assert seen[:2] == ["spawn", "spawn"]
+    assert replay._git_lines([(str(fx.atom), ["no-such-ref"]), (str(fx.aiter), ["HEAD"])], os.environ) is None
+    assert len(waited) == 4
