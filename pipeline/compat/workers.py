@@ -73,22 +73,37 @@ class Workers:
 
         Not the pool: a night re-scans a few files, and starting the pool (its module, its threads,
         its workers) costs what the child saves. The child inherits the earlier scans; only the
-        new ones come back, pickled, when they are asked for.
+        new ones come back, pickled, when they are asked for. The jobs wait in a pipe, biggest
+        first, each taken by whoever reads it: when this process asks for the results before the
+        child is done, it re-scans the jobs left itself (on two cores neither waits long).
         """
         size = sum(len(j[2]) for j in jobs if worth_scanning(j[2]))
         if size < RESCAN_MIN_BYTES or (os.cpu_count() or 1) < 2:
             return None
-        child = _Child.start(_rescan_all, jobs)
-        if child is None:
+        queue = _JobQueue.of(sorted(range(len(jobs)), key=lambda i: -len(jobs[i][2])))
+        if queue is None:
             return None
+        child = _Child.start(_rescan_taken, (jobs, queue))
+        if child is None:
+            queue.close()
+            return None
+        child.also_close.append(queue)
         self._children.append(child)
-        return self._rescans(child, jobs)
+        return self._rescans(child, jobs, queue)
 
-    def _rescans(self, child: _Child, jobs: list[Rescan]) -> Iterator[tuple[int, FileCalls]]:
+    def _rescans(
+        self, child: _Child, jobs: list[Rescan], queue: _JobQueue
+    ) -> Iterator[tuple[int, FileCalls]]:
+        done: set[int] = set()
+        if HELP:
+            while (i := queue.take()) is not None:
+                done.add(i)
+                yield _rescan_one(jobs[i])
+        queue.close()
         got: list[tuple[int, FileCalls]] | None = child.result()
         self._children.remove(child)
         if got is None:  # the child failed: here, where an error is reported as the checker's own
-            got = _rescan_all(jobs)
+            got = [_rescan_one(j) for i, j in enumerate(jobs) if i not in done]
         yield from got
 
     def ahead(self, cache: SummaryCache, repo: GitRepo, tree: Tree, paths: set[str]) -> int:
@@ -149,11 +164,51 @@ class Workers:
             pool.join()
 
 
-def _rescan_all(jobs: list[Rescan]) -> list[tuple[int, FileCalls]]:
-    return [
-        (k, scan_file(data, path) if before is None else scan_file_since(data, path, before))
-        for k, path, data, before in jobs
-    ]
+HELP = True  # the checker re-scans the jobs the child has not taken when it needs the results
+
+
+def _rescan_one(job: Rescan) -> tuple[int, FileCalls]:
+    k, path, data, before = job
+    return k, scan_file(data, path) if before is None else scan_file_since(data, path, before)
+
+
+def _rescan_taken(arg: tuple[list[Rescan], _JobQueue]) -> list[tuple[int, FileCalls]]:
+    jobs, queue = arg
+    out = []
+    while (i := queue.take()) is not None:
+        out.append(_rescan_one(jobs[i]))
+    return out
+
+
+class _JobQueue:
+    """Job numbers in a pipe whose writing end is closed: a reader takes the next with one 4-byte
+    read (the kernel hands each read whole to one reader), and finds none at the end."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    @classmethod
+    def of(cls, order: list[int]) -> _JobQueue | None:
+        data = b"".join(i.to_bytes(4, "little") for i in order)
+        if len(data) > 4096:  # (written before anyone reads: it must fit the pipe at once)
+            return None
+        r, w = os.pipe()
+        try:
+            os.write(w, data)
+        finally:
+            os.close(w)
+        return cls(r)
+
+    def take(self) -> int | None:
+        if self.fd is None:
+            return None
+        got = os.read(self.fd, 4)
+        return int.from_bytes(got, "little") if len(got) == 4 else None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _ahead_all(job: tuple[str, list[tuple[str, str]], list[str], list[str]]) -> dict[str, Any]:
@@ -209,6 +264,7 @@ class _Child:
     def __init__(self, pid: int, fd: int) -> None:
         self.pid, self.fd = pid, fd
         self.reaped = False
+        self.also_close: list[_JobQueue] = []  # closed with the child when it is cancelled
 
     @classmethod
     def start(cls, fn: Callable[[Any], object], arg: object) -> _Child | None:
@@ -262,6 +318,8 @@ class _Child:
         self.reaped = True
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
+        for other in self.also_close:
+            other.close()
         os.close(self.fd)
         os.waitpid(self.pid, 0)
 

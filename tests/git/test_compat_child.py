@@ -114,3 +114,41 @@ def test_a_childs_summaries_are_taken_by_the_cache_and_a_failed_one_leaves_them_
     assert summaries() == {"got": want, "made here": []}
     monkeypatch.setattr(workers, "_summarize_blob", _fails)  # (the child inherits it: fails)
     assert summaries() == {"got": want, "made here": ["aiter/ops/norm.py"]}
+
+
+def test_the_checker_rescans_the_jobs_the_child_has_not_taken(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jobs wait in a pipe, biggest first: asked for the results while the child is still on
+    its first, the checker takes the others itself; every job is done once, as a direct re-scan."""
+    from pathlib import Path
+
+    parent = os.getpid()
+    where = Path(str(tmp_path)) / "who"
+    since = calls.scan_file_since
+
+    def slow_in_child(data: bytes, path: str, before: object) -> object:
+        with where.open("a") as f:
+            f.write(f"{os.getpid()} {path}\n")
+        if os.getpid() != parent:
+            time.sleep(1.0)  # (the checker asks meanwhile)
+        return since(data, path, before)  # type: ignore[arg-type]
+
+    before = calls.scan_file(OLD, "atom/m.py")
+    jobs: list[workers.Rescan] = [
+        (0, "atom/m.py", NEW, before),
+        (1, "atom/m.py", NEW + b"\n\ndef h(x):\n    return aiter.gemm(x)\n" * 20, before),  # (biggest)
+        (2, "atom/m.py", NEW + b"\n", before),
+    ]
+    monkeypatch.setattr(workers, "RESCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(workers, "scan_file_since", slow_in_child)
+    w = Workers()
+    got = w.rescan(jobs)
+    assert got is not None
+    time.sleep(0.3)  # (the child has taken the first job)
+    results = dict(got)
+    who = [line.split() for line in where.read_text().splitlines()]
+    assert sorted(results) == [0, 1, 2]
+    assert results == {k: since(data, path, b) for k, path, data, b in jobs}
+    assert len(who) == 3 and sum(int(pid) == parent for pid, _ in who) == 2
+    assert not w._children
