@@ -34,11 +34,13 @@ from peers import (  # (run as a script from anywhere: bench/ is on the path)
     ROOT,
     Run,
     bytecode_env,
+    cpu_steal,
     griffe_breakages,
     have_mirrors,
     interpreter_floor,
     measure,
     scratch,
+    steal_since,
     willitbreak,
 )
 
@@ -78,6 +80,7 @@ def main() -> None:
         f"pipeline check: ATOM {atom_rev} × aiter {aiter_rev} on {'the real mirrors' if real else 'fixtures'}"
     )
     check(tmp / "prime")  # compiles the bytecode an installed tool would have
+    steal0 = cpu_steal()
     colds, warms = [], []
     for i in range(args.runs):
         cache = tmp / f"cache{i}"
@@ -122,7 +125,10 @@ def main() -> None:
         f"start-up on this machine: `pipeline --version` {version:.3f} s; "
         f"`python -c pass` {full:.3f} s (`python -S` {bare:.3f} s: the site hooks installed here)"
     )
-    print(f"load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
+    print(
+        f"load average during the runs: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s); "
+        f"CPU time the VM's host took (steal): {steal_since(steal0)}"
+    )
     if args.no_peers or not real:
         return
     baseline = report["baseline_aiter"] or report["aiter"]

@@ -52,11 +52,15 @@ class Run:
 
 
 def _tree_rss_kb(root: int) -> int:
-    """RSS of `root` and all its descendants, from /proc."""
+    """RSS of `root` and all its descendants, from /proc. Sampled every 10 ms while the measured
+    run shares the machine's two cores: only processes younger than the root are read (a pid
+    above it), unless the pid counter wrapped since (then all): a read of every process's stat
+    took ~10 % of a core from the run measured."""
     parents: dict[int, int] = {}
     rss: dict[int, int] = {}
+    floor = root if _last_pid() >= root else 0
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) < floor:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
@@ -76,6 +80,14 @@ def _tree_rss_kb(root: int) -> int:
                 tree.add(pid)
                 grew = True
     return sum(rss.get(p, 0) for p in tree)
+
+
+def _last_pid() -> int:
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0  # (unknown: every process is read)
 
 
 def measure(cmd: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Run:
@@ -114,6 +126,23 @@ def measure(cmd: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path 
         wall, usage.ru_utime + usage.ru_stime, max(peak, usage.ru_maxrss) / 1024, proc.returncode,
         b"".join(out_chunks).decode(errors="replace"), b"".join(err_chunks).decode(errors="replace"),
     )  # fmt: skip
+
+
+def cpu_steal() -> tuple[int, int]:
+    """(steal, total) CPU ticks since boot, from /proc/stat: on a virtual machine, the time its host
+    ran something else while this machine had work (a figure taken then is slower than this code)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks)
+
+
+def steal_since(start: tuple[int, int]) -> str:
+    now = cpu_steal()
+    total = now[1] - start[1]
+    return f"{100 * (now[0] - start[0]) / total:.0f} %" if total > 0 else "unknown"
 
 
 def bytecode_env(tmp: Path) -> dict[str, str]:
