@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.compat.calls import Arg, RawCall, SigGuard
-from pipeline.compat.carry import position_free
+from pipeline.compat.carry import CLEAN, UNCHECKED, Night, Verdict, position_free
 
 
 def _call(**kw: object) -> RawCall:
@@ -17,8 +17,9 @@ def _call(**kw: object) -> RawCall:
 
 
 def test_where_a_call_stands_is_not_in_its_key_and_everything_else_is() -> None:
-    # A field added to RawCall must be placed: in the key, or named here as a position.
-    position = {"line", "col", "end_line", "import_line", "sig_guards"}
+    # A field added to RawCall must be placed: in the key, or named here as a position (the path
+    # is the file a night keeps the key under: `Night.keep`).
+    position = {"line", "col", "end_line", "import_line", "sig_guards", "path"}
     names = {f.name for f in dataclasses.fields(RawCall)}
     moved = _call(
         line=99, col=0, end_line=101, import_line=3, sig_guards=(SigGuard(98, "t", ("aiter", ()), None),)
@@ -35,3 +36,13 @@ def test_where_a_call_stands_is_not_in_its_key_and_everything_else_is() -> None:
         )  # fmt: skip
         assert position_free(_call(**{name: other})) != position_free(_call()), name
     assert len(position_free(_call())) == len(names - position)
+
+
+def test_calls_alike_in_two_files_are_kept_apart() -> None:
+    night = Night((None,), "p", None, "p")
+    here, there = _call(), _call(path="atom/n.py")
+    night.keep(here, Verdict(CLEAN, "", frozenset(), None, None))
+    night.keep(there, Verdict(UNCHECKED, "why", frozenset(), None, None))
+    got = night.get(there)
+    assert got is not None and got.reason == "why" and night.get(here) != got
+    assert night.get(_call(path="atom/o.py")) is None
