@@ -143,8 +143,10 @@ def scan_atom_stream(
     """
     tree = tree or Tree.load(atom, atom_sha, prefix=ATOM_PREFIX)
     pairs = sorted(tree.blobs.items())
-    missing = [i for i, (p, s) in enumerate(pairs) if f"{s}:{p}" not in caches.atom.data]
+    # (keys only: the cached scans are unpickled as they are read, after the child is forked)
+    missing = [i for i, (p, s) in enumerate(pairs) if not caches.atom.data.has(f"{s}:{p}")]
     later: Iterable[tuple[int, FileCalls]] = ()  # a night's scans, when a child does them
+    elsewhere: set[int] = set()  # the files the child scans
     results = None
     work: list[tuple[str, bytes]] = []
     todo: list[int] = []
@@ -155,7 +157,7 @@ def scan_atom_stream(
             jobs = [(i, pairs[i][0], blobs[pairs[i][1]], earlier.get(pairs[i][0])) for i in missing]
             child = caches.workers.rescan(jobs)
             if child is not None:
-                later, missing = child, []
+                later, missing, elsewhere = child, [], set(missing)
             else:
                 for i, path, data, before in jobs:
                     if before is not None:
@@ -175,13 +177,15 @@ def scan_atom_stream(
             for i, (path, data) in zip(missing, work, strict=True):
                 _remember(caches, pairs[i], scan_file(data, path))
             missing = []
-    return _scans(caches, pairs, later, missing, work, todo, results)
+    return _scans(atom, caches, pairs, later, elsewhere | set(missing), missing, work, todo, results)
 
 
 def _scans(
+    atom: GitRepo,
     caches: Caches,
     pairs: list[tuple[str, str]],
     later: Iterable[tuple[int, FileCalls]],
+    elsewhere: set[int],
     missing: list[int],
     work: list[tuple[str, bytes]],
     todo: list[int],
@@ -192,6 +196,8 @@ def _scans(
         if f"{sha}:{path}" in caches.atom.data:
             yield i, caches.atom.data[f"{sha}:{path}"]
             caches.atom.data.touch(f"{sha}:{path}")  # (used recently: pruning keeps it)
+        elif i not in elsewhere:  # kept, but not readable by this code (found when unpickled)
+            yield i, _remember(caches, pairs[i], scan_file(next(iter(atom.read_blobs([sha])))[1], path))
     for i, calls in later:
         yield i, _remember(caches, pairs[i], calls)
     if results is None:

@@ -366,3 +366,27 @@ def test_which_ops_a_nights_changed_aiter_files_name_is_read_in_the_child(
     cold = run_check(GitRepo(atom), t0, GitRepo(aiter), a1, cache_dir=tmp_path / "cold")
     assert _said(got) == _said(cold)
     assert aiterapi.OPS_AHEAD not in SummaryCache.open("aiter", cache).data
+
+
+def test_a_kept_scan_this_code_cannot_read_is_scanned_again(tmp_path: Path) -> None:
+    """The cached scans are unpickled only as they are read (after the night's child is forked):
+    one that no longer unpickles is found then, and that file is scanned again there."""
+    import pickle
+    import shutil
+
+    from pipeline.compat.pysource import LAZY_FORMAT, SCHEMA
+
+    repos = build_compat_repos(tmp_path / "fx")
+    atom, aiter = GitRepo(repos.atom), GitRepo(repos.aiter)
+    cache = tmp_path / "cache"
+    first = run_check(atom, repos.t["T1"], aiter, repos.a["A4"], cache_dir=cache)
+    f = cache / f"compat-atom-v{SCHEMA}.pickle"
+    fmt, entries = pickle.loads(f.read_bytes())
+    assert fmt == LAZY_FORMAT
+    spoiled = [k for k in entries if k.endswith(first.findings[0].path)]
+    assert spoiled
+    entries[spoiled[0]] = b"not a pickle"
+    f.write_bytes(pickle.dumps((fmt, entries)))
+    shutil.rmtree(cache / f"compat-reports-v{SCHEMA}")
+    again = run_check(atom, repos.t["T1"], aiter, repos.a["A4"], cache_dir=cache)
+    assert _said(again) == _said(first)
