@@ -136,7 +136,7 @@ class Carried:
         self.history = history
         self._born = born
         self._atom_op = atom_op
-        self._valid: list[dict[int, bool]] = [{}, {}]  # per index: id(deps) -> still holds
+        self._valid: list[dict[frozenset[Dep], bool]] = [{}, {}]  # per index: deps -> still holds
 
     def verdict(self, call: RawCall) -> Verdict | None:
         v = self.night.get(call)
@@ -167,9 +167,9 @@ class Carried:
         index, same = self._indexes[which], self._same[which]
         if index is None:
             return False
-        memo = self._valid[which]  # (one object per resolution: shared by the calls that made it)
-        got = memo.get(id(deps))
+        memo = self._valid[which]  # (by value: the calls of one resolution share it, in all files)
+        got = memo.get(deps)
         if got is None:
             unchanged = (lambda path: path not in same) if same is not None else None
-            got = memo[id(deps)] = index.still_holds(deps, unchanged)
+            got = memo[deps] = index.still_holds(deps, unchanged)
         return got

@@ -83,10 +83,13 @@ class FileLogs:
     def items(self) -> Iterator[tuple[str, list[FileVersion]]]:
         return ((path, self.get(path)) for path in self._paths)
 
-    def changes(self) -> Iterator[tuple[str, str]]:
-        """(path, commit) of every change, with no version made."""
+    def changes(self, newer: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str]]:
+        """(path, commit) of every change, with no version made; with `newer`, of the changes by
+        commits it accepts, each file's read only down to its first older change (newest first)."""
         for path, raw in self._paths.items():
             for sha, _ in raw:
+                if newer is not None and not newer(sha):
+                    break
                 yield path, sha
 
     def over(self, older: FileLogs) -> FileLogs:
@@ -167,10 +170,10 @@ class History:
             self._all = self.first_parent_log(tip, prefix, {sha for _, sha in commits})
             self._order = {sha: i for i, (_, sha) in enumerate(commits)}
 
-    def first_parent_changes(self) -> Iterator[tuple[str, str]]:
-        """(path, commit) of each change to a file of the log `use_first_parent` read."""
+    def first_parent_changes(self, newer: Callable[[str], bool] | None = None) -> Iterator[tuple[str, str]]:
+        """(path, commit) of each change to a file of the log `use_first_parent` read (`FileLogs.changes`)."""
         assert self._all is not None
-        return self._all.changes()
+        return self._all.changes(newer)
 
     def parent(self, sha: str) -> str | None:
         """First parent (known from the file logs read so far, else asked)."""

@@ -656,9 +656,10 @@ class Checker:
         changed: list[set[str]] = [set() for _ in range(oldest)]  # per first parent, tip first
         if oldest > 0:  # (from aiter's first-parent log of its Python files, read for the causes too)
             self.hist.use_first_parent(self.tip, self.first_parent.commits, AITER_PREFIX + "/")
-            for path, sha in self.hist.first_parent_changes():
+            newer = lambda sha: order.get(sha, 0) < oldest  # noqa: E731 (each file's log is newest first)
+            for path, sha in self.hist.first_parent_changes(newer):
                 i = order.get(sha)
-                if i is not None and i < oldest:
+                if i is not None:
                     changed[i].add(path)
 
         def between(a: int, b: int) -> frozenset[str]:

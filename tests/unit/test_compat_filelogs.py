@@ -50,3 +50,15 @@ def test_a_nights_commits_go_on_top_of_the_older_log() -> None:
     rest, _ = _parse_raw_log("\x01c2" + RAW.split("\x01c2")[1])
     assert night.over(rest) == logs
     assert [v.blob for v in night.over(rest).get("aiter/ops/a.py")] == ["b3", "b2", "b1"]
+
+
+def test_the_changes_of_the_newest_commits_are_read_without_the_rest_of_each_file() -> None:
+    logs, _ = _parse_raw_log(RAW)
+    asked: list[str] = []
+
+    def newer(sha: str) -> bool:
+        asked.append(sha)
+        return sha == "c3"
+
+    assert sorted(logs.changes(newer)) == [("aiter/gone.py", "c3"), ("aiter/ops/a.py", "c3")]
+    assert sorted(asked) == ["c1", "c2", "c3", "c3"]  # (each file read down to its first older change)

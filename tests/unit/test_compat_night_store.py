@@ -28,7 +28,7 @@ def test_a_night_reads_back_its_verdicts_per_file_and_writes_unchanged_ones_as_r
     tonight = Night((None,), "p2", None, "p2", before=read)
     tonight.keep(A, read.get(A))  # carried
     tonight.keep(B, _verdict("aiter.ops.norm"))  # bound again
-    packed = tonight.__reduce__()[1][4]
+    packed: dict[str, bytes] = tonight.__reduce__()[1][4]  # type: ignore[index]
     assert packed["atom/a.py"] is read._read["atom/a.py"]  # (written as it was read)
     assert packed["atom/b.py"] is not read._read["atom/b.py"]
     again = pickle.loads(pickle.dumps(tonight))
@@ -43,3 +43,27 @@ def test_a_calls_key_leaves_out_where_it_stands_and_holds_no_argument_record() -
     assert moved.line != A.line and position_free(moved) == position_free(A)
     kept = pickle.dumps(position_free(A))
     assert b"Arg" not in kept and b"calls" not in kept  # (plain tuples: read back in C)
+
+
+def test_what_calls_in_different_files_read_alike_is_validated_once() -> None:
+    """Each file's verdicts are unpickled apart: equal facts are no longer one object, and are
+    still checked against tonight's aiter once."""
+    from pipeline.compat.carry import Carried
+
+    last = Night((None,), "p1", None, "p1")
+    last.keep(A, _verdict("aiter"))
+    last.keep(B, _verdict("aiter"))
+    read = pickle.loads(pickle.dumps(last))
+    got_a, got_b = read.get(A), read.get(B)
+    assert got_a is not None and got_b is not None and got_a.at_pin is not got_b.at_pin
+
+    class Index:
+        asked = 0
+
+        def still_holds(self, deps: object, unchanged: object) -> bool:
+            Index.asked += 1
+            return True
+
+    carried = Carried(read, (Index(), frozenset()), (None, None), frozenset(), lambda p: 0, lambda n: None)  # type: ignore[arg-type]
+    assert carried.verdict(A) is not None and carried.verdict(B) is not None
+    assert Index.asked == 1
