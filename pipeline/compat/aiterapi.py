@@ -1134,10 +1134,7 @@ class ApiIndex:
         """The modules a file star-imports (kept per blob and path, across runs: a nightly check
         walks the same unchanged star-imports of aiter/__init__.py, and reading their text is
         most of the walk's cost)."""
-        key = (sha, path)
-        got: list[str] | None = self.cache.star_targets.get(key)
-        if got is None:
-            got = self.cache.data.get(f"stars:{sha}:{path}")
+        got: list[str] | None = self.cache.data.get(f"stars:{sha}:{path}")  # (unpickled once a run)
         if got is None:
             got = []
             for m in _STAR_RE.finditer(self._raw(sha)):
@@ -1148,7 +1145,6 @@ class ApiIndex:
                     got.append(target)
             self.cache.data[f"stars:{sha}:{path}"] = got
             self.cache.dirty = True
-        self.cache.star_targets[key] = got
         return got
 
     def attr_of(self, t: Target, name: str, depth: int = 0) -> Target:
@@ -1498,8 +1494,7 @@ class ApiIndex:
         if table is None:
             table = self.cache.data[key] = self._mentions_from_before(names)
         # Only Python modules can register an op (a registration is read from the module's summary).
-        prefix = self.root + "/"
-        blobs = {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
+        blobs = self._module_blobs()
         todo = {p: b for p, b in blobs.items() if b not in table}
         ahead = self.cache.pending.pop(OPS_AHEAD, None) if todo else None
         got = ahead.get() if ahead is not None else None  # (a night's: read by a child meanwhile)
@@ -1540,12 +1535,15 @@ class ApiIndex:
         what `_files_mentioning_ops` will read if this run's ATOM calls the same ops."""
         for key in incremental.newest(self.cache.data, "op-mentions:"):
             table = self.cache.data.get(key)
-            if table is None:
-                continue
-            prefix = self.root + "/"
-            unread = {b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
-            return frozenset(key[len("op-mentions:") :].split(",")), sorted(unread - table.keys())
+            if table is not None:
+                unread = set(self._module_blobs().values()) - table.keys()
+                return frozenset(key[len("op-mentions:") :].split(",")), sorted(unread)
         return frozenset(), []
+
+    def _module_blobs(self) -> dict[str, str]:
+        """{path: blob} of the package's Python modules (only a module can register an op)."""
+        prefix = self.root + "/"
+        return {p: b for p, b in self.tree.blobs.items() if p.startswith(prefix) and p.endswith(".py")}
 
     def _mentions_from_before(self, names: list[str]) -> dict[str, frozenset[str]]:
         """The blobs' mentions for `names`, from the table of a wider set of names (an ATOM that

@@ -64,12 +64,13 @@ class FileLogs:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def get(self, path: str, default: list[FileVersion] | None = None) -> list[FileVersion]:
+    def get(self, path: str) -> list[FileVersion]:
+        """The file's versions, newest first ([] for a file the log does not name)."""
         got = self._built.get(path)
         if got is None:
             raw = self._paths.get(path)
             if raw is None:
-                return default if default is not None else []
+                return []
             got = self._built[path] = [FileVersion(self._info(sha), blob) for sha, blob in raw]
         return got
 
@@ -190,7 +191,7 @@ class History:
             return got
         if self._all is not None and rev in self._order:
             k = self._order[rev]
-            got = [v for v in self._all.get(path, []) if self._order.get(v.commit.sha, -1) >= k]
+            got = [v for v in self._all.get(path) if self._order.get(v.commit.sha, -1) >= k]
             self._logs[key] = got
             return got
         fkey = f"log:{rev}:{path}"

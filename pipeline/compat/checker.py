@@ -692,10 +692,9 @@ class Checker:
         date = self.date_baseline
         indexes = [self.index(aiter_sha), *([self.index(date)] if date not in (None, aiter_sha) else [])]
         todo = {(p, i.tree.blobs[p]) for i in indexes for p in read if p in i.tree.blobs}
-        names, unread = indexes[0].ops_unread()
-        for i in indexes[1:]:
-            unread = sorted({*unread, *i.ops_unread()[1]})
-        self.caches.workers.summaries(self.caches.aiter, self.aiter, sorted(todo), (names, unread))
+        unread = [i.ops_unread() for i in indexes]  # (both from the one newest table: the same names)
+        ops = (unread[0][0], sorted({b for _, blobs in unread for b in blobs}))
+        self.caches.workers.summaries(self.caches.aiter, self.aiter, sorted(todo), ops)
 
     # -- one call ------------------------------------------------------------
     def check_guarded(
@@ -734,21 +733,19 @@ class Checker:
         is asked again every night; building that index (a tree listing) costs more than the check."""
         if aiter_sha is None:
             return None
-        facts = self.caches.facts
+        # (an op is found by the files that name it, not kept: see `ApiIndex._torch_op`)
+        facts = self.caches.facts if call.ref[0] != TORCH_OPS else None
         key = f"sig-at:{aiter_sha}:{call.ref!r}"
-        known = facts is not None and call.ref[0] != TORCH_OPS
-        known = known and (aiter_sha not in self._index or aiter_sha in self._sig_built)
-        if known:
-            assert facts is not None
+        if facts is not None and (aiter_sha not in self._index or aiter_sha in self._sig_built):
             got = facts.data.get(key)
             if got is not None:
                 return cast("Signature | None", got[0])
-            if aiter_sha not in self._index:
-                self._sig_built.add(aiter_sha)
+            self._sig_built.add(aiter_sha)
+        else:
+            facts = None
         t = target_of(self.index(aiter_sha), call)
         sig = t.sig if t.kind in ("func", "class") else None
-        if known:  # (an op is found by the files that name it: not kept, see `ApiIndex._torch_op`)
-            assert facts is not None
+        if facts is not None:
             facts.data[key] = (sig,)
             facts.dirty = True
         return sig

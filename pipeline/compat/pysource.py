@@ -208,7 +208,6 @@ class SummaryCache:
     mentions: dict[tuple[str, str, str], bool] = field(default_factory=dict)  # (sha, path, name)
     resolved: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # shared resolutions
     recent: list[Any] = field(default_factory=list)  # the last indexes built over this cache (a run's)
-    star_targets: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (sha, path) -> modules
     loaded_bytes: int = 0  # the pickle's size when it was read
     pending: dict[str, Any] = field(default_factory=dict)  # key -> a worker's summary to come (.get())
     from_workers: set[str] = field(default_factory=set)  # keys whose summary a worker made, this run

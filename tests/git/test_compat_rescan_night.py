@@ -191,23 +191,27 @@ def test_the_pins_tree_is_listed_while_the_checker_is_made(
 ) -> None:
     """aiter's tree at the pin (the check's first read) is listed by git begun before it is asked
     for (`checker.begin_tree`), not by a git run then; the report is the same."""
-    from pipeline.gitw import GitRepo as Repo
-
     repos = build_compat_repos(tmp_path / "fx")
     pin = git(repos.aiter, "rev-parse", repos.a["A4"])
-    asked: list[tuple[str, ...]] = []
-    real = Repo.git
-
-    def spy(self: Repo, *args: str, **kw: Any) -> Any:
-        asked.append(args)
-        return real(self, *args, **kw)
-
-    monkeypatch.setattr(Repo, "git", spy)
+    asked = _git_runs(monkeypatch)
     got = run_check(GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), pin, cache_dir=tmp_path / "c")
     assert not [a for a in asked if a[:1] == ("ls-tree",) and pin in a]  # (git begun earlier listed it)
     monkeypatch.undo()
     cold = run_check(GitRepo(repos.atom), repos.t["T1"], GitRepo(repos.aiter), pin, cache_dir=tmp_path / "d")
     assert _said(got) == _said(cold) and got.findings
+
+
+def _git_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """The arguments of every git command run (not begun early) from now on."""
+    runs: list[tuple[str, ...]] = []
+    real = GitRepo.git
+
+    def spy(self: GitRepo, *args: str, **kw: Any) -> Any:
+        runs.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(GitRepo, "git", spy)
+    return runs
 
 
 def _checker(repos: Any, cache: Path) -> Any:
@@ -224,26 +228,21 @@ def test_a_signature_at_a_commit_no_index_was_built_for_is_kept_across_runs(
 ) -> None:
     """A finding's baseline (aiter when its lines were written) is asked every night: its callee's
     signature there is kept, and the next run lists no tree of that commit to answer it again."""
-    from pipeline.gitw import GitRepo as Repo
-
     repos = build_compat_repos(tmp_path / "fx")
     old = git(repos.aiter, "rev-parse", repos.a["A2"])
     first = _checker(repos, tmp_path / "c")
     call = next(c for f in first.files for c in f.calls if c.ref == ("aiter.mla", ("mla_decode_fwd",)))
     sig = first._sig_at(old, call)
     assert sig is not None and sig.name == "mla_decode_fwd"
-    assert first._sig_at(first.tip, call) is not None  # (an index built before: nothing kept for it)
+    first.index(first.tip)  # (an index built otherwise, as the pin's: nothing is kept for it)
+    assert first._sig_at(first.tip, call) is not None
     first.caches.close()
     first.caches.save()
 
-    listed: list[tuple[str, ...]] = []
-    real = Repo.git
+    facts = SummaryCache.open("facts", tmp_path / "c").data
+    assert facts.has(f"sig-at:{old}:{call.ref!r}") and not facts.has(f"sig-at:{first.tip}:{call.ref!r}")
 
-    def spy(self: Repo, *args: str, **kw: Any) -> Any:
-        listed.append(args)
-        return real(self, *args, **kw)
-
-    monkeypatch.setattr(Repo, "git", spy)
+    listed = _git_runs(monkeypatch)
     again = _checker(repos, tmp_path / "c")
     assert again._sig_at(old, call) == sig
     assert not [a for a in listed if a[:1] == ("ls-tree",) and old in a]

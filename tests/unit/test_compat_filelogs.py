@@ -39,7 +39,7 @@ def test_the_log_is_kept_without_a_version_object_and_reads_as_the_parsed_commit
         (commits["c1"], "b1"),
     ]
     assert [v.blob for v in again.get("aiter/gone.py")] == [None, "b9"]
-    assert again.get("README.md") == [] and again.get("aiter/none.py", []) == []
+    assert again.get("README.md") == [] and again.get("aiter/none.py") == []
     assert again.get("aiter/ops/a.py")[0].commit is again.get("aiter/gone.py")[0].commit  # (one per commit)
 
 
